@@ -1,0 +1,274 @@
+"""Qwen3.5 text decoder (Gated DeltaNet + gated full attention, 3:1) over a round's flat stream.
+
+Parameter names mirror the Hugging Face checkpoints (`layers.N.linear_attn.in_proj_qkv.weight`, ...), so a
+state dict loads by name. The forward reads request structure only through `RoundTensors` and the three
+stream ops of `flide_sdk.ops`; everything else is per-token dense math, written to match
+transformers' `Qwen3_5ForCausalLM` operation for operation:
+RMSNorm scales by (1 + w); attention queries carry an output gate (sigmoid) and q/k are RMS-normalised per
+head before a partial rotary embedding; Gated DeltaNet runs a SiLU short convolution over q|k|v, decay
+g = -exp(A_log) * softplus(a + dt_bias), rate beta = sigmoid(b), and a gated RMSNorm (w * norm(o) * silu(z)).
+Selective readout: the last layer runs its token mixer's keys/values for every token but everything after
+it only at the readout rows, and the head computes only the label rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flide_sdk.layout import RoundTensors
+from flide_sdk.ops import Ops
+
+FULL_ATTENTION = "full_attention"
+LINEAR_ATTENTION = "linear_attention"
+
+
+@dataclass(frozen=True)
+class Qwen35Config:
+    """The text decoder's hyper-parameters, read from either checkpoint layout's config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    layer_types: tuple[str, ...]
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    gdn_key_heads: int
+    gdn_value_heads: int
+    gdn_key_dim: int
+    gdn_value_dim: int
+    conv_kernel: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    eos_token_id: int | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_types)
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.gdn_key_heads * self.gdn_key_dim + self.gdn_value_heads * self.gdn_value_dim
+
+    @classmethod
+    def from_text_config(cls, text: dict[str, Any], tie_word_embeddings: bool | None = None) -> Qwen35Config:
+        """From a `qwen3_5_text` config dict (the release layout's `text_config`, or a text-only config.json)."""
+        rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+        rope_theta = rope.get("rope_theta", text.get("rope_theta", 10_000.0))
+        partial = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"unsupported rope_type {rope_type!r} (only 'default' is implemented)")
+        head_dim = int(text.get("head_dim", 256))
+        layers = int(text["num_hidden_layers"])
+        layer_types = text.get("layer_types")
+        if layer_types is None:
+            interval = int(text.get("full_attention_interval", 4))
+            layer_types = [FULL_ATTENTION if (i + 1) % interval == 0 else LINEAR_ATTENTION for i in range(layers)]
+        unknown = set(layer_types) - {FULL_ATTENTION, LINEAR_ATTENTION}
+        if unknown or len(layer_types) != layers:
+            raise ValueError(f"layer_types must list {layers} of {FULL_ATTENTION}/{LINEAR_ATTENTION}, got {layer_types}")
+        tie = text.get("tie_word_embeddings", False) if tie_word_embeddings is None else tie_word_embeddings
+        eos = text.get("eos_token_id")
+        return cls(
+            vocab_size=int(text["vocab_size"]),
+            hidden_size=int(text["hidden_size"]),
+            intermediate_size=int(text["intermediate_size"]),
+            layer_types=tuple(layer_types),
+            num_heads=int(text["num_attention_heads"]),
+            num_kv_heads=int(text["num_key_value_heads"]),
+            head_dim=head_dim,
+            rotary_dim=int(head_dim * partial),
+            rope_theta=float(rope_theta),
+            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+            gdn_key_heads=int(text.get("linear_num_key_heads", 16)),
+            gdn_value_heads=int(text.get("linear_num_value_heads", 32)),
+            gdn_key_dim=int(text.get("linear_key_head_dim", 128)),
+            gdn_value_dim=int(text.get("linear_value_head_dim", 128)),
+            conv_kernel=int(text.get("linear_conv_kernel_dim", 4)),
+            tie_word_embeddings=bool(tie),
+            max_position_embeddings=int(text.get("max_position_embeddings", 32768)),
+            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm of Qwen3.5: x / rms(x) * (1 + w), computed in float32."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * (1.0 + weight.float())).to(x.dtype)
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """w * rmsnorm(x) * silu(gate), as the Gated DeltaNet output norm."""
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (weight * normed * F.silu(gate.float())).to(x.dtype)
+
+
+def rotary_tables(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [T, rotary_dim] for positions, frequencies computed in float32 and cast to `dtype`."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=positions.device) / rotary_dim
+    inv_freq = 1.0 / (theta**exponents)
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first rotary_dim channels of x [T, H, D] (half-split convention); the rest pass through."""
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    half = rot // 2
+    rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
+    x_rot = x_rot * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat([x_rot, x_pass], dim=-1)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: Qwen35Config) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class GatedAttention(nn.Module):
+    """Full attention with an output gate; queries only at `rows` when given (selective readout)."""
+
+    def __init__(self, config: Qwen35Config) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim * 2, bias=False)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+
+    def forward(self, h: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None) -> torch.Tensor:
+        c = self.config
+        cos, sin = rope
+        h_q = h if rows is None else h[rows]
+        cos_q, sin_q = (cos, sin) if rows is None else (cos[rows], sin[rows])
+        q, gate = self.q_proj(h_q).view(h_q.shape[0], c.num_heads, 2 * c.head_dim).chunk(2, dim=-1)
+        q = apply_rotary(self.q_norm(q), cos_q, sin_q)
+        k = apply_rotary(self.k_norm(self.k_proj(h).view(h.shape[0], c.num_kv_heads, c.head_dim)), cos, sin)
+        v = self.v_proj(h).view(h.shape[0], c.num_kv_heads, c.head_dim)
+        out = ops.fork_attention(q, k, v, rnd.attention, rows)
+        out = out.reshape(h_q.shape[0], -1) * torch.sigmoid(gate.reshape(h_q.shape[0], -1))
+        return self.o_proj(out)
+
+
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet token mixer; its recurrent states of the round live in a per-round state table."""
+
+    def __init__(self, config: Qwen35Config) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        key_dim = c.gdn_key_heads * c.gdn_key_dim
+        value_dim = c.gdn_value_heads * c.gdn_value_dim
+        self.in_proj_qkv = nn.Linear(c.hidden_size, 2 * key_dim + value_dim, bias=False)
+        self.in_proj_z = nn.Linear(c.hidden_size, value_dim, bias=False)
+        self.in_proj_b = nn.Linear(c.hidden_size, c.gdn_value_heads, bias=False)
+        self.in_proj_a = nn.Linear(c.hidden_size, c.gdn_value_heads, bias=False)
+        self.conv1d = nn.Module()
+        self.conv1d.weight = nn.Parameter(torch.zeros(c.conv_dim, 1, c.conv_kernel))
+        self.dt_bias = nn.Parameter(torch.zeros(c.gdn_value_heads))
+        self.A_log = nn.Parameter(torch.zeros(c.gdn_value_heads))
+        self.norm = nn.Module()
+        self.norm.weight = nn.Parameter(torch.ones(c.gdn_value_dim))
+        self.out_proj = nn.Linear(value_dim, c.hidden_size, bias=False)
+
+    def forward(self, h: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None) -> torch.Tensor:
+        c = self.config
+        tokens = h.shape[0]
+        key_dim = c.gdn_key_heads * c.gdn_key_dim
+        mixed = ops.indexed_conv(self.in_proj_qkv(h), self.conv1d.weight[:, 0, :], rnd.conv_src)
+        q, k, v = mixed.split([key_dim, key_dim, c.gdn_value_heads * c.gdn_value_dim], dim=-1)
+        q = q.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
+        k = k.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
+        v = v.view(tokens, c.gdn_value_heads, c.gdn_value_dim)
+        beta = torch.sigmoid(self.in_proj_b(h)).float()
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(h).float() + self.dt_bias.float())
+        states = torch.zeros(
+            rnd.delta.num_slots, c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim, dtype=torch.float32, device=h.device
+        )
+        core = ops.gated_delta(q, k, v, g, beta, rnd.delta, states)
+        z = self.in_proj_z(h if rows is None else h[rows])
+        if rows is not None:
+            core = core[rows]
+        out = gated_rms_norm(core, z.view(-1, c.gdn_value_heads, c.gdn_value_dim), self.norm.weight, c.rms_norm_eps)
+        return self.out_proj(out.reshape(out.shape[0], -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: Qwen35Config, layer_type: str) -> None:
+        super().__init__()
+        self.is_attention = layer_type == FULL_ATTENTION
+        if self.is_attention:
+            self.self_attn = GatedAttention(config)
+        else:
+            self.linear_attn = GatedDeltaNet(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None) -> torch.Tensor:
+        mixer = self.self_attn if self.is_attention else self.linear_attn
+        mixed = mixer(self.input_layernorm(x), rnd, ops, rope, rows)
+        x = (x if rows is None else x[rows]) + mixed
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen35Model(nn.Module):
+    """The decoder; `forward(rnd, ops)` returns each question's option probabilities [R, L] (float32)."""
+
+    def __init__(self, config: Qwen35Config) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, kind) for kind in config.layer_types)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+
+    @torch.inference_mode()
+    def forward(self, rnd: RoundTensors, ops: Ops) -> torch.Tensor:
+        c = self.config
+        x = self.embed_tokens(rnd.ids)
+        rope = rotary_tables(rnd.positions, c.rotary_dim, c.rope_theta, x.dtype)
+        last = len(self.layers) - 1
+        for index, layer in enumerate(self.layers):
+            x = layer(x, rnd, ops, rope, rnd.readout.rows if index == last else None)
+        h = self.norm(x)  # [R, hidden]
+        label_rows = self.head_weight()[rnd.readout.label_ids]  # [R, L, hidden]
+        logits = torch.einsum("rh,rlh->rl", h, label_rows).float()
+        logits = logits.masked_fill(~rnd.readout.label_valid, float("-inf"))
+        return torch.softmax(logits, dim=-1)

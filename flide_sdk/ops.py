@@ -1,0 +1,36 @@
+"""The op interface the model forward calls for its three stream-structured operations.
+
+The model never touches request structure itself: attention, the gated delta rule and the short
+convolution read it from the round's metadata through these three functions. `reference_ops` binds the
+pure-torch definitions (CPU, and CUDA until the Triton kernels replace them); a kernel set drops in by
+providing another `Ops` with the same signatures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from flide_sdk.kernels.fork_attention import fork_attention_reference
+from flide_sdk.kernels.gated_delta import gated_delta_reference
+from flide_sdk.kernels.short_conv import indexed_conv_reference
+from flide_sdk.layout import AttentionPlan, DeltaPlan
+
+
+@dataclass(frozen=True)
+class Ops:
+    fork_attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, torch.Tensor | None], torch.Tensor]
+    gated_delta: Callable[
+        [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, DeltaPlan, torch.Tensor], torch.Tensor
+    ]
+    indexed_conv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+reference_ops = Ops(
+    fork_attention=fork_attention_reference,
+    gated_delta=gated_delta_reference,
+    indexed_conv=indexed_conv_reference,
+)
+

@@ -1,0 +1,212 @@
+"""Question and answer types (Noul, Choice, Score), their validation, and the answer formulas.
+
+The types mirror the TypeSafe System One SDK (fields `instructions` and `criteria`; answers with `noul`,
+`choice`, `score`, `legend`, `probabilities`, `confidence`) so that code written against it ports by
+changing the client. They are msgspec Structs tagged by a `type` field, so plain dicts with a `"type"` key
+convert to them losslessly. Formulas (DESIGN.md §4), for option probabilities p over k options:
+Noul = P(yes); Choice confidence = (max p - 1/k) / (1 - 1/k); Score = sum_i i * p_i and score confidence =
+1 - sum_i p_i * |i - mode| / MAD_uniform with MAD_uniform = sum_i |i - (k - 1) / 2| / k, clipped at 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Union
+
+import msgspec
+import numpy as np
+
+from .errors import InvalidQuestionError
+
+Content = Union[str, dict, list]
+"""Instructions and option descriptions: text, or a JSON object / array rendered with json.dumps."""
+
+NOUL_OUTCOMES = ("true", "false")
+
+
+def _check_content(where: str, value: Any, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, (str, dict, list)):
+        raise InvalidQuestionError(f"{where} must be a string, a JSON object or a list, not {type(value).__name__}")
+
+
+class Noul(msgspec.Struct, tag="noul", tag_field="type", frozen=True):
+    """A yes/no question. `criteria` may describe the outcomes: {"true": ..., "false": ...}."""
+
+    instructions: Content | None = None
+    criteria: dict[str, Content | None] | None = None
+
+    def __post_init__(self) -> None:
+        _check_content("Noul instructions", self.instructions, optional=True)
+        if self.criteria is not None:
+            if not isinstance(self.criteria, Mapping):
+                raise InvalidQuestionError("Noul criteria must be a mapping with keys 'true' and/or 'false'")
+            unknown = set(self.criteria) - set(NOUL_OUTCOMES)
+            if unknown:
+                raise InvalidQuestionError(f"Noul criteria keys must be 'true'/'false', got {sorted(map(str, unknown))}")
+            for key, value in self.criteria.items():
+                _check_content(f"Noul criteria[{key!r}]", value, optional=True)
+        described = self.criteria is not None and any(v is not None for v in self.criteria.values())
+        if self.instructions is None and not described:
+            raise InvalidQuestionError("a Noul needs instructions or a described outcome in criteria")
+
+    def option_names(self) -> list[str]:
+        return ["yes", "no"]
+
+    def option_descriptions(self) -> list[Content | None]:
+        criteria = self.criteria or {}
+        return [criteria.get("true"), criteria.get("false")]
+
+    def answer(self, probabilities: np.ndarray) -> NoulAnswer:
+        return NoulAnswer(noul=float(probabilities[0]))
+
+
+class Choice(msgspec.Struct, tag="choice", tag_field="type", frozen=True):
+    """A multiple-choice question: `criteria` maps each option name to a description (or None)."""
+
+    instructions: Content | None = None
+    criteria: dict[str, Content | None] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_content("Choice instructions", self.instructions, optional=True)
+        if not isinstance(self.criteria, Mapping):
+            raise InvalidQuestionError("Choice criteria must be a mapping of option name -> description or None")
+        if not self.criteria:
+            raise InvalidQuestionError("a Choice needs at least one option in criteria")
+        for name, description in self.criteria.items():
+            if not isinstance(name, str):
+                raise InvalidQuestionError(f"Choice option names must be strings, got {name!r}")
+            if not name.strip():
+                raise InvalidQuestionError("Choice option names must not be empty")
+            _check_content(f"Choice option {name!r}", description, optional=True)
+
+    def option_names(self) -> list[str]:
+        return list(self.criteria)
+
+    def option_descriptions(self) -> list[Content | None]:
+        return list(self.criteria.values())
+
+    def answer(self, probabilities: np.ndarray) -> ChoiceAnswer:
+        names = self.option_names()
+        best = int(np.argmax(probabilities))
+        return ChoiceAnswer(
+            choice=names[best],
+            probabilities={name: float(p) for name, p in zip(names, probabilities)},
+            confidence=choice_confidence(probabilities),
+        )
+
+
+class Score(msgspec.Struct, tag="score", tag_field="type", frozen=True):
+    """A score question: `criteria` lists the levels in order, one description per score from zero."""
+
+    instructions: Content | None = None
+    criteria: list[Content] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check_content("Score instructions", self.instructions, optional=True)
+        if not isinstance(self.criteria, (list, tuple)):
+            raise InvalidQuestionError("Score criteria must be a list of level descriptions")
+        if not self.criteria:
+            raise InvalidQuestionError("a Score needs at least one level in criteria")
+        for level, description in enumerate(self.criteria):
+            _check_content(f"Score level {level}", description, optional=False)
+
+    def option_names(self) -> list[str]:
+        return [str(level) for level in range(len(self.criteria))]
+
+    def option_descriptions(self) -> list[Content | None]:
+        return list(self.criteria)
+
+    def answer(self, probabilities: np.ndarray) -> ScoreAnswer:
+        levels = np.arange(len(probabilities), dtype=np.float64)
+        return ScoreAnswer(
+            score=float(np.dot(levels, probabilities)),
+            confidence=score_confidence(probabilities),
+            legend=dict(enumerate(self.criteria)),
+            probabilities={level: float(p) for level, p in enumerate(probabilities)},
+        )
+
+
+Question = Union[Noul, Choice, Score]
+
+
+class NoulAnswer(msgspec.Struct, tag="noul", tag_field="type", frozen=True):
+    """P(yes) of a Noul question."""
+
+    noul: float
+
+
+class ChoiceAnswer(msgspec.Struct, tag="choice", tag_field="type", frozen=True):
+    """The most probable option, every option's probability, and a confidence in [0, 1]."""
+
+    choice: str
+    probabilities: dict[str, float]
+    confidence: float
+
+
+class ScoreAnswer(msgspec.Struct, tag="score", tag_field="type", frozen=True):
+    """The expected level index, the levels (legend), their probabilities, and a confidence in [0, 1]."""
+
+    score: float
+    confidence: float
+    legend: dict[int, Content]
+    probabilities: dict[int, float]
+
+
+Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]
+
+
+def choice_confidence(probabilities: np.ndarray) -> float:
+    """(max p - 1/k) / (1 - 1/k); a one-option choice is certain."""
+    k = len(probabilities)
+    if k == 1:
+        return 1.0
+    return float((np.max(probabilities) - 1.0 / k) / (1.0 - 1.0 / k))
+
+
+def score_confidence(probabilities: np.ndarray) -> float:
+    """1 - expected distance to the mode, relative to that of a uniform distribution; clipped at 0."""
+    k = len(probabilities)
+    if k == 1:
+        return 1.0
+    levels = np.arange(k, dtype=np.float64)
+    mode = float(np.argmax(probabilities))
+    mad_uniform = float(np.abs(levels - (k - 1) / 2).sum() / k)
+    spread = float(np.dot(probabilities, np.abs(levels - mode)))
+    return max(0.0, 1.0 - spread / mad_uniform)
+
+
+def parse_questions(questions: Any) -> dict[str, Question]:
+    """Validate a questions mapping: names are non-empty strings; values are our Structs or dicts with "type"."""
+    if not isinstance(questions, Mapping):
+        raise InvalidQuestionError(
+            f"questions must be a mapping of name -> question, not {type(questions).__name__}"
+        )
+    if not questions:
+        raise InvalidQuestionError("at least one question is required")
+    parsed: dict[str, Question] = {}
+    for name, question in questions.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidQuestionError(f"question names must be non-empty strings, got {name!r}")
+        parsed[name] = parse_question(name, question)
+    return parsed
+
+
+def parse_question(name: str, question: Any) -> Question:
+    if isinstance(question, (Noul, Choice, Score)):
+        return question
+    if isinstance(question, Mapping):
+        kind = question.get("type")
+        if kind not in ("noul", "choice", "score"):
+            raise InvalidQuestionError(
+                f"question {name!r} has unknown type {kind!r}; expected 'noul', 'choice' or 'score'"
+            )
+        try:
+            return msgspec.convert(dict(question), type=Question)
+        except msgspec.ValidationError as error:
+            raise InvalidQuestionError(f"question {name!r}: {error}") from None
+    raise InvalidQuestionError(
+        f"question {name!r} must be a Noul, Choice or Score (or a dict with a 'type' key), "
+        f"not {type(question).__name__}"
+    )

@@ -1,0 +1,214 @@
+"""Rendering of a state and its questions into token ids (DESIGN.md §4): prompt text, labels, trunk/branch split.
+
+A question is one user turn of the model's own chat template (thinking off, generation prompt on) holding
+the state (a string as is, anything else as `json.dumps(state, ensure_ascii=False)`), a blank line, then
+`Question: <instructions>`, one line per option and a reply instruction. Each option's label is read as
+one token, the first of the reply. The trunk of a request is the template head + state + blank line; each
+branch is the question text + template tail, so `trunk + branch` is exactly the tokenizer's ids of the
+whole prompt. That holds because the split falls where the tokenizer's pre-tokenizer always splits (after
+a newline, before a letter or digit); `Renderer` checks this property of the tokenizer once at load.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.sandbox
+import numpy as np
+from tokenizers import Tokenizer
+
+from flide_sdk.errors import CheckpointError, InvalidQuestionError, InvalidStateError, StateTooLongError
+from flide_sdk.questions import Choice, Content, Noul, Question, Score
+
+LETTERS = tuple(string.ascii_uppercase)
+DIGITS = tuple(string.digits)
+SEPARATOR = "\n\n"
+REPLY = {
+    Choice: "Answer with the letter of one option only.",
+    Noul: "Answer with yes or no only.",
+    Score: "Answer with the number of one level only.",
+}
+_SENTINELS = ("\x00flide-content-a\x00", "\x00flide-content-b\x00")
+_SPLIT_PROBES = (
+    ("<|im_start|>user\nword", "Question: Is it?"),
+    ("a sentence.", "A: first"),
+    ("trailing space ", "yes"),
+    ("lines\n", "0: low"),
+    ('{"k": [1, 2]}', "no: not"),
+    ("digits 123", "Question"),
+    ("café", "B: x"),
+    ("", "Question: x"),
+)
+
+
+@dataclass(frozen=True)
+class RenderedQuestion:
+    """One question's branch: its token ids (after the trunk), its label tokens and labels, its text."""
+
+    ids: np.ndarray
+    label_ids: np.ndarray
+    labels: tuple[str, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A request at token level: `state_ids` is the trunk; `trunk + questions[name].ids` is a whole prompt."""
+
+    state_ids: np.ndarray
+    questions: dict[str, RenderedQuestion]
+
+    def prompt_ids(self, name: str) -> np.ndarray:
+        """The standalone prompt of one question: trunk + its branch."""
+        return np.concatenate([self.state_ids, self.questions[name].ids])
+
+
+def load_chat_template(path: Path) -> str:
+    """The chat template of a checkpoint: chat_template.jinja, or `chat_template` in tokenizer_config.json."""
+    jinja_file = path / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text()
+    config_file = path / "tokenizer_config.json"
+    template = json.loads(config_file.read_text()).get("chat_template") if config_file.is_file() else None
+    if isinstance(template, list):
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    if not isinstance(template, str):
+        raise CheckpointError(f"{path}: no chat template (chat_template.jinja or tokenizer_config.json)")
+    return template
+
+
+def split_user_turn(template_source: str) -> tuple[str, str]:
+    """(head, tail) around the content of one user turn, thinking off, generation prompt on."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    env.globals["raise_exception"] = raise_exception
+    template = env.from_string(template_source)
+
+    def render(content: str) -> str:
+        return template.render(
+            messages=[{"role": "user", "content": content}], add_generation_prompt=True, enable_thinking=False
+        )
+
+    first, second = (render(s) for s in _SENTINELS)
+    if first.count(_SENTINELS[0]) != 1:
+        raise CheckpointError("the chat template does not place the user content exactly once")
+    head, tail = first.split(_SENTINELS[0])
+    if second != head + _SENTINELS[1] + tail:
+        raise CheckpointError("the chat template transforms the user content; cannot render states verbatim")
+    return head, tail
+
+
+def content_text(value: Content) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def state_text(state: Any) -> str:
+    """A state as it appears in the prompt: a string as is, anything else as JSON."""
+    if isinstance(state, str):
+        return state
+    try:
+        return json.dumps(state, ensure_ascii=False)
+    except (TypeError, ValueError) as error:
+        raise InvalidStateError(f"the state must be a string or JSON-serializable: {error}") from None
+
+
+def question_labels(question: Question) -> tuple[str, ...]:
+    """Single-token labels of a question's options: yes/no, letters, or digits (letters past ten levels)."""
+    count = len(question.option_names())
+    if isinstance(question, Noul):
+        return ("yes", "no")
+    alphabet = DIGITS if isinstance(question, Score) and count <= len(DIGITS) else LETTERS
+    if count > len(alphabet):
+        kind = type(question).__name__
+        raise InvalidQuestionError(f"a {kind} has {count} options; at most {len(alphabet)} single-token labels exist")
+    return alphabet[:count]
+
+
+def question_text(question: Question) -> str:
+    """The question block of a prompt: `Question: ...`, one line per option, the reply instruction."""
+    lines = [] if question.instructions is None else [f"Question: {content_text(question.instructions)}"]
+    labels = question_labels(question)
+    for label, name, description in zip(labels, question.option_names(), question.option_descriptions()):
+        if isinstance(question, Choice):
+            line = f"{label}: {name}" if description is None else f"{label}: {name} - {content_text(description)}"
+        elif isinstance(question, Noul):
+            line = label if description is None else f"{label}: {content_text(description)}"
+        else:
+            line = f"{label}: {content_text(description)}"
+        lines.append(line)
+    lines.append(REPLY[type(question)])
+    return "\n".join(lines)
+
+
+class Renderer:
+    """Turns (state, questions) into token ids with the checkpoint's tokenizer and chat template."""
+
+    def __init__(self, tokenizer: Tokenizer, template_source: str, max_prompt_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.head, self.tail = split_user_turn(template_source)
+        self.max_prompt_tokens = max_prompt_tokens
+        self._check_split()
+        self._branch_ids = lru_cache(maxsize=4096)(self._encode)
+        self._label_ids: dict[str, int] = {}
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, max_prompt_tokens: int) -> Renderer:
+        path = Path(path)
+        tokenizer_file = path / "tokenizer.json"
+        if not tokenizer_file.is_file():
+            raise CheckpointError(f"{path}: no tokenizer.json")
+        return cls(Tokenizer.from_file(str(tokenizer_file)), load_chat_template(path), max_prompt_tokens)
+
+    def _encode(self, text: str) -> np.ndarray:
+        ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
+        ids.flags.writeable = False  # shared through the branch cache
+        return ids
+
+    def _check_split(self) -> None:
+        for before, after in _SPLIT_PROBES:
+            before = before + SEPARATOR
+            whole = self._encode(before + after)
+            parts = np.concatenate([self._encode(before), self._encode(after)])
+            if not np.array_equal(whole, parts):
+                raise CheckpointError(
+                    "the tokenizer merges across the blank line before a question; trunk/branch split is unsafe"
+                )
+
+    def label_id(self, label: str) -> int:
+        if label not in self._label_ids:
+            ids = self._encode(label)
+            if len(ids) != 1:
+                raise InvalidQuestionError(f"label {label!r} is {len(ids)} tokens in this tokenizer, not one")
+            self._label_ids[label] = int(ids[0])
+        return self._label_ids[label]
+
+    def trunk_text(self, state: Any) -> str:
+        return self.head + state_text(state) + SEPARATOR
+
+    def prompt_text(self, state: Any, question: Question) -> str:
+        """The whole standalone prompt of one question, as text."""
+        return self.trunk_text(state) + question_text(question) + self.tail
+
+    def render(self, state: Any, questions: Mapping[str, Question]) -> Rendered:
+        trunk = self._encode(self.trunk_text(state))
+        rendered = {name: self.render_question(question) for name, question in questions.items()}
+        longest = len(trunk) + max(len(q.ids) for q in rendered.values())
+        if longest > self.max_prompt_tokens:
+            raise StateTooLongError(longest, self.max_prompt_tokens)
+        return Rendered(trunk, rendered)
+
+    def render_question(self, question: Question) -> RenderedQuestion:
+        text = question_text(question)
+        labels = question_labels(question)
+        label_ids = np.array([self.label_id(label) for label in labels], dtype=np.int64)
+        return RenderedQuestion(self._branch_ids(text + self.tail), label_ids, labels, text)

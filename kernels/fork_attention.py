@@ -1,0 +1,46 @@
+"""ForkAttention: causal grouped-query attention over a round's flat stream, following each request's tree.
+
+Token t sees the stream keys [key_lo[t], ctx_hi[t]) (its request's trunk, for branch tokens) and
+[seg_lo[t], t] (its own segment up to itself) and nothing else: never another branch, never another
+request. `fork_attention_reference` is the definition: it runs one dense masked attention per request,
+which is exact and simple and is what the engine uses on CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from flide_sdk.layout import AttentionPlan
+
+
+def fork_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: AttentionPlan,
+    query_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention output for every stream token, or only for `query_rows` (then q holds just those rows).
+
+    q: [Tq, Hq, D]; k, v: [T, Hkv, D]; returns [Tq, Hq, D] in q's dtype. Scale 1/sqrt(D).
+    """
+    heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    group = heads // kv_heads
+    rows = torch.arange(k.shape[0], device=q.device) if query_rows is None else query_rows
+    out = torch.empty_like(q)
+    for start, end in plan.request_bounds:
+        mine = ((rows >= start) & (rows < end)).nonzero().squeeze(1)
+        if mine.numel() == 0:
+            continue
+        token = rows[mine]
+        keys = torch.arange(start, end, device=q.device)
+        visible = (keys[None, :] < plan.ctx_hi[token, None]) | (
+            (keys[None, :] >= plan.seg_lo[token, None]) & (keys[None, :] <= token[:, None])
+        )
+        qh = q[mine].transpose(0, 1)
+        kh = k[start:end].transpose(0, 1).repeat_interleave(group, dim=0)
+        vh = v[start:end].transpose(0, 1).repeat_interleave(group, dim=0)
+        attended = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible, scale=head_dim**-0.5)
+        out[mine] = attended.transpose(0, 1)
+    return out
