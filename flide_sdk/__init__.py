@@ -31,6 +31,7 @@ def _register_source_kernels() -> None:
 
 _register_source_kernels()
 
+from flide_sdk.engine import Engine  # noqa: E402
 from flide_sdk.errors import (  # noqa: E402
     CheckpointError,
     EngineClosedError,
@@ -40,16 +41,20 @@ from flide_sdk.errors import (  # noqa: E402
     StateTooLongError,
 )
 from flide_sdk.questions import Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer  # noqa: E402
+from flide_sdk.render import Rendered, RenderedQuestion  # noqa: E402
 
 __all__ = [
     "CheckpointError",
     "Choice",
     "ChoiceAnswer",
+    "Engine",
     "EngineClosedError",
     "FlideError",
     "InvalidQuestionError",
     "InvalidStateError",
     "Noul",
+    "Rendered",
+    "RenderedQuestion",
     "NoulAnswer",
     "Score",
     "ScoreAnswer",

@@ -133,10 +133,28 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat([x_rot, x_pass], dim=-1)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+class Linear(nn.Module):
+    """A bias-free linear layer whose weight is created uninitialised (checkpoints overwrite it)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class Weight(nn.Module):
+    """A module holding one uninitialised `weight`, for checkpoint names such as `conv1d.weight`."""
+
+    def __init__(self, *shape: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(shape))
+
+
+class RMSNorm(Weight):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__(dim)
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -146,9 +164,9 @@ class RMSNorm(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: Qwen35Config) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_proj = Linear(config.hidden_size, config.intermediate_size)
+        self.up_proj = Linear(config.hidden_size, config.intermediate_size)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -161,10 +179,10 @@ class GatedAttention(nn.Module):
         super().__init__()
         self.config = config
         c = config
-        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim * 2, bias=False)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
-        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.q_proj = Linear(c.hidden_size, c.num_heads * c.head_dim * 2)
+        self.k_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim)
+        self.v_proj = Linear(c.hidden_size, c.num_kv_heads * c.head_dim)
+        self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
 
@@ -191,17 +209,15 @@ class GatedDeltaNet(nn.Module):
         c = config
         key_dim = c.gdn_key_heads * c.gdn_key_dim
         value_dim = c.gdn_value_heads * c.gdn_value_dim
-        self.in_proj_qkv = nn.Linear(c.hidden_size, 2 * key_dim + value_dim, bias=False)
-        self.in_proj_z = nn.Linear(c.hidden_size, value_dim, bias=False)
-        self.in_proj_b = nn.Linear(c.hidden_size, c.gdn_value_heads, bias=False)
-        self.in_proj_a = nn.Linear(c.hidden_size, c.gdn_value_heads, bias=False)
-        self.conv1d = nn.Module()
-        self.conv1d.weight = nn.Parameter(torch.zeros(c.conv_dim, 1, c.conv_kernel))
-        self.dt_bias = nn.Parameter(torch.zeros(c.gdn_value_heads))
-        self.A_log = nn.Parameter(torch.zeros(c.gdn_value_heads))
-        self.norm = nn.Module()
-        self.norm.weight = nn.Parameter(torch.ones(c.gdn_value_dim))
-        self.out_proj = nn.Linear(value_dim, c.hidden_size, bias=False)
+        self.in_proj_qkv = Linear(c.hidden_size, 2 * key_dim + value_dim)
+        self.in_proj_z = Linear(c.hidden_size, value_dim)
+        self.in_proj_b = Linear(c.hidden_size, c.gdn_value_heads)
+        self.in_proj_a = Linear(c.hidden_size, c.gdn_value_heads)
+        self.conv1d = Weight(c.conv_dim, 1, c.conv_kernel)
+        self.dt_bias = nn.Parameter(torch.empty(c.gdn_value_heads))
+        self.A_log = nn.Parameter(torch.empty(c.gdn_value_heads))
+        self.norm = Weight(c.gdn_value_dim)
+        self.out_proj = Linear(value_dim, c.hidden_size)
 
     def forward(self, h: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None) -> torch.Tensor:
         c = self.config
@@ -250,11 +266,11 @@ class Qwen35Model(nn.Module):
     def __init__(self, config: Qwen35Config) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Weight(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, kind) for kind in config.layer_types)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size)
 
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
@@ -262,7 +278,7 @@ class Qwen35Model(nn.Module):
     @torch.inference_mode()
     def forward(self, rnd: RoundTensors, ops: Ops) -> torch.Tensor:
         c = self.config
-        x = self.embed_tokens(rnd.ids)
+        x = F.embedding(rnd.ids, self.embed_tokens.weight)
         rope = rotary_tables(rnd.positions, c.rotary_dim, c.rope_theta, x.dtype)
         last = len(self.layers) - 1
         for index, layer in enumerate(self.layers):

@@ -1,0 +1,85 @@
+"""The main job: an agent loop that asks typed decision questions about its growing history every step.
+
+    python examples/agent_loop.py                      # embedded tiny model, random weights, CPU
+    python examples/agent_loop.py --model DIR --device cuda
+
+Each step appends the agent's action and the tool's observation to the history (a list of messages) and
+asks three questions at once: a Noul (is the agent stuck?), a Choice (what kind of action comes next?)
+and a Score (how close to done?). All three run as branches of one request over the same history.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import flide_sdk as fl
+
+SCRIPT = [
+    ("assistant", "I will look at the failing test first: run `pytest tests/test_orders.py -x`."),
+    ("tool", "FAILED tests/test_orders.py::test_refund_total - AssertionError: 17.5 != 17.0"),
+    ("assistant", "The refund total is off by the shipping fee. Open `orders/refund.py` around line 40."),
+    ("tool", "def refund_total(order):\n    return order.items_total + order.shipping_fee  # line 41"),
+    ("assistant", "Shipping is not refundable. Edit line 41 to return only `order.items_total`."),
+    ("tool", "Edited orders/refund.py (1 line changed)."),
+    ("assistant", "Run the test again: `pytest tests/test_orders.py -x`."),
+    ("tool", "1 passed in 0.12s"),
+]
+
+QUESTIONS = {
+    "stuck": fl.Noul("Is the agent repeating itself without making progress?"),
+    "next": fl.Choice(
+        "What kind of action should come next?",
+        {"inspect": "read code or logs", "edit": "change a file", "test": "run the tests", "submit": None},
+    ),
+    "progress": fl.Score("How close is the task to done?", ["not started", "investigating", "fix written", "verified"]),
+}
+
+
+def describe(answers: dict) -> str:
+    stuck, nxt, progress = answers["stuck"], answers["next"], answers["progress"]
+    return (
+        f"stuck P(yes)={stuck.noul:.3f} | next={nxt.choice} (conf {nxt.confidence:.2f}) | "
+        f"progress={progress.score:.2f}/3 (conf {progress.confidence:.2f})"
+    )
+
+
+async def run(engine: fl.Engine, steps: int) -> None:
+    history = [{"role": "user", "content": "Fix the failing refund test in the orders service."}]
+    for step in range(steps):
+        for role, content in SCRIPT[2 * step : 2 * step + 2]:
+            history.append({"role": role, "content": content})
+        rendered = engine.render(history, QUESTIONS)
+        started = time.perf_counter()
+        answers = await engine.ask(history, QUESTIONS)
+        latency_ms = (time.perf_counter() - started) * 1000
+        print(f"step {step + 1}: {len(rendered.state_ids):4d} history tokens, {latency_ms:7.1f} ms | {describe(answers)}")
+    stats = engine.stats()
+    print(f"done: {stats['rounds']} rounds, {stats['tokens_computed']} tokens computed, {stats['round_seconds']:.2f} s in rounds")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", help="HF-format Qwen3.5 checkpoint directory (default: embedded tiny model)")
+    parser.add_argument("--device", help="cpu or cuda (default: cuda when available for --model, else cpu)")
+    parser.add_argument("--dtype", help="float32 or bfloat16 (default: bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--steps", type=int, default=len(SCRIPT) // 2, help="agent steps to run (at most 4)")
+    args = parser.parse_args()
+    steps = max(1, min(args.steps, len(SCRIPT) // 2))
+    if args.model:
+        engine = fl.Engine.load(args.model, device=args.device, dtype=args.dtype)
+        print(f"model: {args.model} on {engine.device}")
+    else:
+        engine = fl.Engine.tiny(device=args.device or "cpu", dtype=args.dtype)
+        print("model: embedded tiny Qwen3.5 with RANDOM weights - the answers show the machinery, not judgement")
+
+    async def session() -> None:
+        async with engine:
+            await run(engine, steps)
+
+    asyncio.run(session())
+
+
+if __name__ == "__main__":
+    main()
