@@ -31,7 +31,7 @@ def _check_content(where: str, value: Any, optional: bool) -> None:
         raise InvalidQuestionError(f"{where} must be a string, a JSON object or a list, not {type(value).__name__}")
 
 
-class Noul(msgspec.Struct, tag="noul", tag_field="type", frozen=True):
+class Noul(msgspec.Struct, tag="noul", tag_field="type", frozen=True, forbid_unknown_fields=True):
     """A yes/no question. `criteria` may describe the outcomes: {"true": ..., "false": ...}."""
 
     instructions: Content | None = None
@@ -62,7 +62,7 @@ class Noul(msgspec.Struct, tag="noul", tag_field="type", frozen=True):
         return NoulAnswer(noul=float(probabilities[0]))
 
 
-class Choice(msgspec.Struct, tag="choice", tag_field="type", frozen=True):
+class Choice(msgspec.Struct, tag="choice", tag_field="type", frozen=True, forbid_unknown_fields=True):
     """A multiple-choice question: `criteria` maps each option name to a description (or None)."""
 
     instructions: Content | None = None
@@ -97,7 +97,7 @@ class Choice(msgspec.Struct, tag="choice", tag_field="type", frozen=True):
         )
 
 
-class Score(msgspec.Struct, tag="score", tag_field="type", frozen=True):
+class Score(msgspec.Struct, tag="score", tag_field="type", frozen=True, forbid_unknown_fields=True):
     """A score question: `criteria` lists the levels in order, one description per score from zero."""
 
     instructions: Content | None = None

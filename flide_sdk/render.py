@@ -30,11 +30,10 @@ from flide_sdk.questions import Choice, Content, Noul, Question, Score
 LETTERS = tuple(string.ascii_uppercase)
 DIGITS = tuple(string.digits)
 SEPARATOR = "\n\n"
-REPLY = {
-    Choice: "Answer with the letter of one option only.",
-    Noul: "Answer with yes or no only.",
-    Score: "Answer with the number of one level only.",
-}
+REPLY_CHOICE = "Answer with the letter of one option only."
+REPLY_NOUL = "Answer with yes or no only."
+REPLY_SCORE = "Answer with the number of one level only."
+REPLY_LETTERED_SCORE = "Answer with the letter of one level only."  # scores past ten levels use letters
 _SENTINELS = ("\x00flide-content-a\x00", "\x00flide-content-b\x00")
 _SPLIT_PROBES = (
     ("<|im_start|>user\nword", "Question: Is it?"),
@@ -146,8 +145,16 @@ def question_text(question: Question) -> str:
         else:
             line = f"{label}: {content_text(description)}"
         lines.append(line)
-    lines.append(REPLY[type(question)])
+    lines.append(_reply(question, labels))
     return "\n".join(lines)
+
+
+def _reply(question: Question, labels: tuple[str, ...]) -> str:
+    if isinstance(question, Choice):
+        return REPLY_CHOICE
+    if isinstance(question, Noul):
+        return REPLY_NOUL
+    return REPLY_SCORE if labels[0] == DIGITS[0] else REPLY_LETTERED_SCORE
 
 
 class Renderer:

@@ -1,0 +1,69 @@
+"""Shared fixtures: the tiny checkpoint, engines over it, and transformers' float32 reference model."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import flide_sdk as fl
+from flide_sdk.render import Rendered
+from flide_sdk.testing import tiny_checkpoint
+
+TOLERANCE = 1e-4  # max |delta p| against transformers in float32 (DESIGN.md §8); never loosen it
+WORDS = (
+    "the agent read the file and found an error in line 12 then it ran the test again and the test failed "
+    "because the refund total was wrong so it opened the module to look at the function that returns the value"
+).split()
+
+
+@pytest.fixture(scope="session")
+def tiny_path() -> Path:
+    return tiny_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def hf_tiny(tiny_path: Path):
+    from transformers import Qwen3_5ForCausalLM
+
+    return Qwen3_5ForCausalLM.from_pretrained(tiny_path, dtype=torch.float32).eval()
+
+
+@pytest.fixture
+def engine(tiny_path: Path):
+    with fl.Engine.load(tiny_path, device="cpu", dtype="float32") as engine:
+        yield engine
+
+
+def text_of_tokens(renderer, target: int, seed: int = 0) -> str:
+    """Prose whose token count (as a state string) is exactly `target`."""
+    rng = random.Random(seed)
+    words: list[str] = []
+    while len(renderer._encode(" ".join(words))) < target:
+        words.append(rng.choice(WORDS))
+    while len(renderer._encode(" ".join(words))) > target and words:
+        words.pop()
+    text = " ".join(words)
+    filler = ["a", "b", "c", "d"]
+    while len(renderer._encode(text)) < target:
+        text += " " + filler[len(text) % 4]
+    return text
+
+
+def reference_probabilities(hf_model, rendered: Rendered, name: str) -> np.ndarray:
+    """Option probabilities of transformers' model on the standalone prompt trunk + branch (float32)."""
+    ids = torch.as_tensor(rendered.prompt_ids(name))[None]
+    with torch.no_grad():
+        logits = hf_model(ids).logits[0, -1].float()
+    labels = torch.as_tensor(rendered.questions[name].label_ids)
+    return torch.softmax(logits[labels], dim=-1).numpy()
+
+
+def answer_probabilities(answer) -> np.ndarray:
+    """The option probabilities of an answer, in label order."""
+    if isinstance(answer, fl.NoulAnswer):
+        return np.array([answer.noul, 1.0 - answer.noul])
+    return np.array(list(answer.probabilities.values()))

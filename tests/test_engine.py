@@ -1,0 +1,131 @@
+"""Engine behaviour: bad input fails alone, concurrent asks share rounds, cancellation, closing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import flide_sdk as fl
+
+from .conftest import answer_probabilities
+
+GOOD = {"n": fl.Noul("Is it late?"), "c": fl.Choice("Next?", {"wait": None, "act": None})}
+
+
+@pytest.mark.parametrize(
+    ("state", "questions", "error"),
+    [
+        ("s", {}, fl.InvalidQuestionError),
+        ("s", {"q": {"type": "choice", "criteria": {}}}, fl.InvalidQuestionError),
+        ("s", {"q": fl.Choice("?", {f"o{i}": None for i in range(27)})}, fl.InvalidQuestionError),
+        ("s", {"q": fl.Score("?", [str(i) for i in range(27)])}, fl.InvalidQuestionError),
+        ("s", {"q": {"type": "choice", "criteria": {1: "one"}}}, fl.InvalidQuestionError),
+        ("s", {"q": {"type": "rank", "criteria": ["a"]}}, fl.InvalidQuestionError),
+        ({"not json": object()}, GOOD, fl.InvalidStateError),
+    ],
+)
+def test_bad_input_raises_and_engine_stays_usable(engine, state, questions, error):
+    with pytest.raises(error):
+        engine.ask_sync(state, questions)
+    assert set(engine.ask_sync("s", GOOD)) == {"n", "c"}
+
+
+def test_state_longer_than_maximum(tiny_path):
+    with fl.Engine.load(tiny_path, device="cpu", max_prompt_tokens=200) as engine:
+        with pytest.raises(fl.StateTooLongError, match="max_prompt_tokens=200") as info:
+            engine.ask_sync("word " * 400, GOOD)
+        assert info.value.tokens > 200
+        assert engine.stats()["asks"] == 0
+        assert set(engine.ask_sync("short", GOOD)) == {"n", "c"}
+
+
+@pytest.mark.asyncio
+async def test_closed_engine_refuses_asks(tiny_path):
+    engine = fl.Engine.load(tiny_path, device="cpu")
+    await engine.aclose()
+    assert engine.closed
+    with pytest.raises(fl.EngineClosedError):
+        await engine.ask("s", GOOD)
+    with pytest.raises(fl.EngineClosedError):
+        engine.ask_sync("s", GOOD)
+
+
+@pytest.mark.asyncio
+async def test_concurrent_asks_share_rounds_and_answer_like_alone(tiny_path):
+    async with fl.Engine.load(tiny_path, device="cpu", round_deadline_ms=50) as engine:
+        states = [f"customer {i} says the order is late" for i in range(32)]
+        together = await asyncio.gather(*(engine.ask(state, GOOD) for state in states))
+        stats = engine.stats()
+        assert stats["asks"] == 32 and stats["rounds"] < 32
+        for state, answers in zip(states[:4], together):
+            alone = await engine.ask(state, GOOD)
+            for name in GOOD:
+                assert np.abs(answer_probabilities(alone[name]) - answer_probabilities(answers[name])).max() < 1e-5
+
+
+@pytest.mark.asyncio
+async def test_asks_from_several_threads_and_event_loops(engine):
+    results: dict[int, dict] = {}
+
+    def worker(index: int) -> None:
+        results[index] = asyncio.run(engine.ask(f"thread {index}", GOOD))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(results) == [0, 1, 2, 3]
+    assert all(isinstance(r["n"], fl.NoulAnswer) for r in results.values())
+
+
+@pytest.mark.asyncio
+async def test_cancelled_pending_ask_is_removed(tiny_path):
+    async with fl.Engine.load(tiny_path, device="cpu", round_deadline_ms=300) as engine:
+        keep = asyncio.ensure_future(engine.ask("keep me", GOOD))
+        drop = asyncio.ensure_future(engine.ask("drop me", GOOD))
+        await asyncio.sleep(0.05)  # both queued, round not started (deadline 300 ms)
+        drop.cancel()
+        answers = await keep
+        with pytest.raises(asyncio.CancelledError):
+            await drop
+        stats = engine.stats()
+        assert stats["asks"] == 1 and stats["questions"] == 2
+        alone = await engine.ask("keep me", GOOD)
+        assert answers["n"].noul == pytest.approx(alone["n"].noul, abs=1e-6)
+
+
+@pytest.mark.asyncio
+async def test_aclose_fails_pending_asks(tiny_path):
+    engine = fl.Engine.load(tiny_path, device="cpu", round_deadline_ms=5000)
+    pending = [asyncio.ensure_future(engine.ask(f"s{i}", GOOD)) for i in range(3)]
+    await asyncio.sleep(0.05)
+    await engine.aclose()
+    for task in pending:
+        with pytest.raises(fl.EngineClosedError):
+            await task
+
+
+def test_large_rounds_split_at_request_boundaries(tiny_path):
+    with fl.Engine.load(tiny_path, device="cpu", max_round_tokens=200, round_deadline_ms=200) as engine:
+        futures = [engine._submit(f"request {i} " + "word " * 60, GOOD).future for i in range(4)]
+        answers = [future.result(60) for future in futures]
+        stats = engine.stats()
+        assert all(set(a) == {"n", "c"} for a in answers)
+        assert stats["rounds"] == 4  # each request is ~130 tokens: two never fit in 200
+        assert stats["tokens_computed"] == sum(
+            engine.render(f"request {i} " + "word " * 60, GOOD).state_ids.size for i in range(4)
+        ) + 4 * sum(q.ids.size for q in engine.render("x", GOOD).questions.values())
+
+
+def test_render_and_stats(engine):
+    rendered = engine.render("state", GOOD)
+    assert set(rendered.questions) == {"n", "c"}
+    assert rendered.questions["c"].labels == ("A", "B")
+    engine.ask_sync("state", GOOD)
+    stats = engine.stats()
+    assert stats["rounds"] == 1 and stats["asks"] == 1 and stats["questions"] == 2
+    assert stats["tokens_computed"] == rendered.state_ids.size + sum(q.ids.size for q in rendered.questions.values())
