@@ -5,8 +5,8 @@ the state (a string as is, anything else as `json.dumps(state, ensure_ascii=Fals
 `Question: <instructions>`, one line per option and a reply instruction. Each option's label is read as
 one token, the first of the reply. The trunk of a request is the template head + state + blank line; each
 branch is the question text + template tail, so `trunk + branch` is exactly the tokenizer's ids of the
-whole prompt. That holds because the split falls where the tokenizer's pre-tokenizer always splits (after
-a newline, before a letter or digit); `Renderer` checks this property of the tokenizer once at load.
+whole prompt. That holds because the split falls where the Qwen3.5 pre-tokenizer always splits (after a
+newline, before a letter or digit, see `history`); `Renderer` refuses any other pre-tokenizer.
 """
 
 from __future__ import annotations
@@ -25,27 +25,16 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from flide_sdk.errors import CheckpointError, InvalidQuestionError, InvalidStateError, StateTooLongError
+from flide_sdk.history import QWEN_PRETOKENIZER_PATTERN, SEPARATOR, BoundaryFinder, History, Trunk
 from flide_sdk.questions import Choice, Content, Noul, Question, Score
 
 LETTERS = tuple(string.ascii_uppercase)
 DIGITS = tuple(string.digits)
-SEPARATOR = "\n\n"
 REPLY_CHOICE = "Answer with the letter of one option only."
 REPLY_NOUL = "Answer with yes or no only."
 REPLY_SCORE = "Answer with the number of one level only."
 REPLY_LETTERED_SCORE = "Answer with the letter of one level only."  # scores past ten levels use letters
 _SENTINELS = ("\x00flide-content-a\x00", "\x00flide-content-b\x00")
-_SPLIT_PROBES = (
-    ("<|im_start|>user\nword", "Question: Is it?"),
-    ("a sentence.", "A: first"),
-    ("trailing space ", "yes"),
-    ("lines\n", "0: low"),
-    ('{"k": [1, 2]}', "no: not"),
-    ("digits 123", "Question"),
-    ("café", "B: x"),
-    ("", "Question: x"),
-)
-
 
 @dataclass(frozen=True)
 class RenderedQuestion:
@@ -157,14 +146,32 @@ def _reply(question: Question, labels: tuple[str, ...]) -> str:
     return REPLY_SCORE if labels[0] == DIGITS[0] else REPLY_LETTERED_SCORE
 
 
+def check_pretokenizer(tokenizer: Tokenizer) -> None:
+    """Refuse tokenizers whose pre-tokenizer is not Qwen3.5's: the stable-boundary rules depend on it."""
+    spec = json.loads(tokenizer.to_str())
+    pre = spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    split = next((s for s in steps if s.get("type") == "Split"), {})
+    byte_level = next((s for s in steps if s.get("type") == "ByteLevel"), {})
+    normalizer = (spec.get("normalizer") or {}).get("type")
+    if (
+        split.get("pattern", {}).get("Regex") != QWEN_PRETOKENIZER_PATTERN
+        or byte_level.get("use_regex", True)
+        or normalizer not in (None, "NFC")
+    ):
+        raise CheckpointError("unsupported tokenizer: flide_sdk needs the Qwen3.5 byte-level BPE pre-tokenizer")
+
+
 class Renderer:
     """Turns (state, questions) into token ids with the checkpoint's tokenizer and chat template."""
 
     def __init__(self, tokenizer: Tokenizer, template_source: str, max_prompt_tokens: int) -> None:
+        check_pretokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.head, self.tail = split_user_turn(template_source)
         self.max_prompt_tokens = max_prompt_tokens
-        self._check_split()
+        added = [token.content for token in tokenizer.get_added_tokens_decoder().values()]
+        self.boundaries = BoundaryFinder(added)
         self._branch_ids = lru_cache(maxsize=4096)(self._encode)
         self._label_ids: dict[str, int] = {}
 
@@ -181,15 +188,10 @@ class Renderer:
         ids.flags.writeable = False  # shared through the branch cache
         return ids
 
-    def _check_split(self) -> None:
-        for before, after in _SPLIT_PROBES:
-            before = before + SEPARATOR
-            whole = self._encode(before + after)
-            parts = np.concatenate([self._encode(before), self._encode(after)])
-            if not np.array_equal(whole, parts):
-                raise CheckpointError(
-                    "the tokenizer merges across the blank line before a question; trunk/branch split is unsafe"
-                )
+    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        starts = np.fromiter((start for start, _ in encoding.offsets), dtype=np.int64, count=len(encoding.ids))
+        return np.asarray(encoding.ids, dtype=np.int64), starts
 
     def label_id(self, label: str) -> int:
         if label not in self._label_ids:
@@ -199,6 +201,14 @@ class Renderer:
             self._label_ids[label] = int(ids[0])
         return self._label_ids[label]
 
+    def new_history(self) -> History:
+        """An empty, growing history (a session's state)."""
+        return History(self.head, self.encode_with_offsets, self.boundaries)
+
+    def trunk(self, state: Any) -> Trunk:
+        """The trunk of a one-off ask about `state`, with its stable boundary."""
+        return History.of_state(self.head, state_text(state), self.encode_with_offsets, self.boundaries).snapshot()
+
     def trunk_text(self, state: Any) -> str:
         return self.head + state_text(state) + SEPARATOR
 
@@ -206,16 +216,22 @@ class Renderer:
         """The whole standalone prompt of one question, as text."""
         return self.trunk_text(state) + question_text(question) + self.tail
 
-    def render(self, state: Any, questions: Mapping[str, Question]) -> Rendered:
-        trunk = self._encode(self.trunk_text(state))
-        rendered = {name: self.render_question(question) for name, question in questions.items()}
-        longest = len(trunk) + max(len(q.ids) for q in rendered.values())
-        if longest > self.max_prompt_tokens:
-            raise StateTooLongError(longest, self.max_prompt_tokens)
-        return Rendered(trunk, rendered)
+    def render_questions(self, questions: Mapping[str, Question]) -> dict[str, RenderedQuestion]:
+        return {name: self.render_question(question) for name, question in questions.items()}
 
     def render_question(self, question: Question) -> RenderedQuestion:
         text = question_text(question)
         labels = question_labels(question)
         label_ids = np.array([self.label_id(label) for label in labels], dtype=np.int64)
         return RenderedQuestion(self._branch_ids(text + self.tail), label_ids, labels, text)
+
+    def check_length(self, trunk_tokens: int, questions: Mapping[str, RenderedQuestion]) -> None:
+        longest = trunk_tokens + max(len(q.ids) for q in questions.values())
+        if longest > self.max_prompt_tokens:
+            raise StateTooLongError(longest, self.max_prompt_tokens)
+
+    def render(self, state: Any, questions: Mapping[str, Question]) -> Rendered:
+        trunk = self.trunk(state)
+        rendered = self.render_questions(questions)
+        self.check_length(len(trunk), rendered)
+        return Rendered(trunk.tokens(), rendered)

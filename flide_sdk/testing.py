@@ -19,14 +19,11 @@ from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from flide_sdk.history import QWEN_PRETOKENIZER_PATTERN
 from flide_sdk.models.checkpoint import random_state_dict, save_text_checkpoint
 from flide_sdk.models.qwen35 import FULL_ATTENTION, LINEAR_ATTENTION, Qwen35Config
 
 TINY_FORMAT = 1  # bump when the tiny checkpoint's contents change, to invalidate caches
-QWEN_PRETOKENIZER_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 TINY_CHAT_TEMPLATE = (
     "{%- for message in messages %}"

@@ -1,0 +1,126 @@
+"""History: incremental tokenization equals tokenizing the whole state, the stable part never changes,
+the mutable tail stays short, and block hashes chain."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flide_sdk.errors import InvalidStateError
+from flide_sdk.history import BLOCK, HASH_SEED, chain_hashes
+from flide_sdk.render import Renderer, load_chat_template
+
+QWEN35_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "data" / "tokenizer" / "qwen3.5"
+PIECES = [
+    "the", " agent", " read", "ing", " file", ".", ",", " ", "  ", "\n", "\n\n", "\t", "12", "3", "4.5", "'s", "'re",
+    "don", "'t", "café", "e\u0301", "東京", "🙂", "<|im_", "end|>", "<|im_end|>", "<think>", "</thi", "nk>", "!!!",
+    '{"a": [1, 2]}', "x" * 30, " " * 7, "\r\n", "-", "_", "ü", "ß", "Ω", "٣", "\u200b", "#", "\\", '"',
+]
+
+
+def renderers(tiny_path):
+    yield Renderer.from_checkpoint(tiny_path, 1 << 20)
+    if QWEN35_TOKENIZER.is_dir():
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(QWEN35_TOKENIZER / "tokenizer.json"))
+        yield Renderer(tokenizer, load_chat_template(QWEN35_TOKENIZER), 1 << 20)
+
+
+def check_growth(renderer, steps, make_piece, expected_text) -> list[int]:
+    history = renderer.new_history()
+    previous_stable = np.zeros(0, dtype=np.int64)
+    tails = []
+    for step in range(steps):
+        for _ in range(random.randint(1, 3)):
+            history.append(make_piece(step))
+        trunk = history.snapshot()
+        whole = renderer._encode(renderer.head + expected_text(history) + "\n\n")
+        assert trunk.tokens().tolist() == whole.tolist(), f"step {step}"
+        assert trunk.stable[: len(previous_stable)].tolist() == previous_stable.tolist()
+        previous_stable = trunk.stable.copy()
+        assert trunk.hashes[: len(trunk.stable) // BLOCK] == chain_hashes(trunk.stable)
+        tails.append(len(trunk.tail))
+    assert len(previous_stable) > len(whole) - 65  # the boundary really advances
+    return tails
+
+
+def test_text_appends_tokenize_like_the_whole(tiny_path):
+    for renderer in renderers(tiny_path):
+        random.seed(0)
+        appended: list[str] = []
+
+        def piece(step):
+            text = "".join(random.choice(PIECES) for _ in range(random.randint(1, 6)))
+            appended.append(text)
+            return text
+
+        tails = check_growth(renderer, 120, piece, lambda h: "".join(appended))
+        assert max(tails) <= 64
+
+
+def test_message_appends_tokenize_like_json_list(tiny_path):
+    for renderer in renderers(tiny_path):
+        random.seed(1)
+        messages: list[dict] = []
+
+        def piece(step):
+            content = "".join(random.choice(PIECES) for _ in range(random.randint(0, 8)))
+            message = {"role": random.choice(["user", "assistant", "tool"]), "content": content}
+            messages.append(message)
+            return message
+
+        tails = check_growth(renderer, 60, piece, lambda h: json.dumps(messages, ensure_ascii=False))
+        assert max(tails) <= 64
+
+
+def test_prose_keeps_a_short_tail(tiny_path):
+    renderer = Renderer.from_checkpoint(tiny_path, 1 << 20)
+    history = renderer.new_history()
+    words = "the agent read the file and found an error in line 12 then ran the test again".split()
+    for step in range(40):
+        history.append(" " + " ".join(words[(step + i) % len(words)] for i in range(25)) + ".")
+        assert len(history.snapshot().tail) <= 8
+
+
+def test_fork_diverges_without_touching_the_parent(tiny_path):
+    renderer = Renderer.from_checkpoint(tiny_path, 1 << 20)
+    parent = renderer.new_history()
+    parent.append("shared start of the story. ")
+    parent.snapshot()
+    child = parent.fork()
+    parent.append("the parent goes left.")
+    child.append("the child goes right.")
+    left, right = parent.snapshot(), child.snapshot()
+    assert left.tokens().tolist() == renderer._encode(renderer.head + "shared start of the story. the parent goes left.\n\n").tolist()
+    assert right.tokens().tolist() == renderer._encode(renderer.head + "shared start of the story. the child goes right.\n\n").tolist()
+    assert left.buffer is not right.buffer
+
+
+def test_mixing_text_and_messages_is_refused(tiny_path):
+    renderer = Renderer.from_checkpoint(tiny_path, 1 << 20)
+    text = renderer.new_history()
+    text.append("hello")
+    with pytest.raises(InvalidStateError):
+        text.append({"role": "user", "content": "hi"})
+    messages = renderer.new_history()
+    messages.append({"role": "user", "content": "hi"})
+    with pytest.raises(InvalidStateError):
+        messages.append("hello")
+    with pytest.raises(InvalidStateError):
+        messages.append({"content": "no role"})
+
+
+def test_trunk_prefix_checks_and_hashes(tiny_path):
+    renderer = Renderer.from_checkpoint(tiny_path, 1 << 20)
+    a = renderer.trunk("word " * 200)
+    b = renderer.trunk("word " * 200 + "and more")
+    assert a.block_hash(0) == HASH_SEED
+    blocks = len(a) // BLOCK
+    assert a.block_hash(blocks) == b.block_hash(blocks) == chain_hashes(a.tokens()[: blocks * BLOCK])[-1]
+    assert b.prefix_equals(a.buffer, a.boundary)
+    assert not renderer.trunk("other " * 200).prefix_equals(a.buffer, a.boundary)
