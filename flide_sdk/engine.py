@@ -1,9 +1,13 @@
-"""`Engine`: the public entry point. Loads a checkpoint, renders asks, and runs them through the round loop.
+"""`Engine`: the public entry point. Loads a checkpoint, renders asks, and runs them in rounds.
 
 An ask is validated and rendered in the caller (errors raise there, and the engine stays usable), then
-queued. The round thread lays every admitted ask out as one flat stream (`layout.plan_round`), runs the
-model once, copies the label probabilities to the host in one transfer, and resolves each ask's future
-with typed answers.
+queued. On the round thread, `_select` admits queued asks with state-ready traversal (RadixFlow): each
+ask looks up the furthest checkpoint matching its trunk; an ask that would resume from a checkpoint
+another admitted ask is producing in this very round waits for the next round, while the scan goes on
+filling the round with independent work, up to the token capacity. `_run_round` computes identical trunks
+once, plans each request's checkpoint save at its stable boundary, lays everything out as one flat stream,
+runs the model once, copies the label probabilities to the host in one transfer, publishes the new
+checkpoints, and resolves each ask's future with typed answers.
 """
 
 from __future__ import annotations
@@ -11,22 +15,33 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from flide_sdk.errors import EngineClosedError
-from flide_sdk.layout import RequestSpec, plan_round
+from flide_sdk.history import Trunk
+from flide_sdk.layout import RequestSpec, Resume, Save, plan_round
 from flide_sdk.models.checkpoint import load_model
 from flide_sdk.models.qwen35 import Qwen35Model
 from flide_sdk.ops import Ops, reference_ops
+from flide_sdk.pool import Checkpoint, CheckpointPool, PlannedSave
 from flide_sdk.questions import Answer, Question, parse_questions
-from flide_sdk.render import Rendered, Renderer
+from flide_sdk.render import Rendered, RenderedQuestion, Renderer
 from flide_sdk.rounds import PendingAsk, RoundLoop
 
+if TYPE_CHECKING:
+    from flide_sdk.session import Session
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_POOL_BYTES = 512 << 20
+CUDA_POOL_FRACTION = 0.4  # of the free device memory after the weights are loaded
+DEFER_MIN_TOKENS = 64  # an ask waits for a checkpoint produced in the same round only if it saves this much
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -39,18 +54,48 @@ def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> tor
     return DTYPES[dtype]
 
 
-class _AskPayload:
-    """What the round runner needs of one ask: its rendered ids and its parsed questions."""
+def _default_pool_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * CUDA_POOL_FRACTION)
+    return CPU_POOL_BYTES
 
-    __slots__ = ("rendered", "questions")
 
-    def __init__(self, rendered: Rendered, questions: dict[str, Question]) -> None:
-        self.rendered = rendered
+class AskPayload:
+    """One ask on its way through the round thread: trunk, questions, their branches, the resume point."""
+
+    __slots__ = ("trunk", "questions", "rendered", "resume")
+
+    def __init__(self, trunk: Trunk, questions: dict[str, Question], rendered: dict[str, RenderedQuestion]) -> None:
+        self.trunk = trunk
         self.questions = questions
+        self.rendered = rendered
+        self.resume: Checkpoint | None = None
 
-    def request(self) -> RequestSpec:
-        branches = list(self.rendered.questions.values())
-        return RequestSpec(self.rendered.state_ids, [b.ids for b in branches], [b.label_ids for b in branches])
+    @property
+    def branch_tokens(self) -> int:
+        return sum(len(q.ids) for q in self.rendered.values())
+
+    @property
+    def resume_length(self) -> int:
+        return 0 if self.resume is None else self.resume.length
+
+    def same_trunk(self, other: AskPayload) -> bool:
+        a, b = self.trunk, other.trunk
+        return (
+            len(a) == len(b)
+            and a.boundary == b.boundary
+            and np.array_equal(a.tail, b.tail)
+            and a.prefix_equals(b.buffer, b.boundary)
+        )
+
+    def waits_for(self, producer: AskPayload) -> bool:
+        """Whether this ask should resume from the checkpoint `producer` writes in the current round
+        (worth a round's wait only when it saves at least DEFER_MIN_TOKENS of trunk)."""
+        at = producer.trunk.boundary
+        if not self.resume_length + DEFER_MIN_TOKENS <= at < len(self.trunk) or at <= producer.resume_length:
+            return False
+        return self.trunk.prefix_equals(producer.trunk.buffer, at) and not self.same_trunk(producer)
 
 
 class Engine:
@@ -63,8 +108,11 @@ class Engine:
         device: torch.device,
         *,
         ops: Ops = reference_ops,
+        pool_bytes: int | None = None,
+        pool_checkpoints: int | None = None,
         max_round_tokens: int = 8192,
         round_deadline_ms: float = 1.0,
+        max_pending: int = 4096,
         name: str = "qwen3.5",
     ) -> None:
         self.model = model
@@ -72,9 +120,18 @@ class Engine:
         self.device = device
         self.ops = ops
         self.name = name
+        dtype = model.embed_tokens.weight.dtype
+        budget = _default_pool_bytes(device) if pool_bytes is None else pool_bytes
+        self.pool = CheckpointPool(model.config, device, dtype, budget, pool_checkpoints)
+        self._caches = self.pool.layer_caches()
+        self._pool_lock = threading.Lock()  # the round thread holds it while it reads or changes the pool
         self._stats_lock = threading.Lock()
-        self._stats = {"rounds": 0, "asks": 0, "questions": 0, "tokens_computed": 0, "eager_runs": 0, "round_seconds": 0.0}
-        self._loop = RoundLoop(self._run_round, max_round_tokens, round_deadline_ms / 1000.0)
+        self._stats: dict[str, float] = dict.fromkeys(
+            ["rounds", "asks", "questions", "tokens_computed", "tokens_resumed", "checkpoint_hits",
+             "checkpoint_misses", "graph_replays", "eager_runs", "deferred", "merged_trunks",
+             "mutable_tail_tokens", "max_mutable_tail_tokens", "round_seconds"], 0
+        )
+        self._loop = RoundLoop(self._select, self._run_round, max_round_tokens, round_deadline_ms / 1000.0, max_pending)
 
     @classmethod
     def load(
@@ -86,19 +143,32 @@ class Engine:
         max_prompt_tokens: int | None = None,
         max_round_tokens: int | None = None,
         round_deadline_ms: float = 1.0,
+        pool_bytes: int | None = None,
+        pool_checkpoints: int | None = None,
+        max_pending: int = 4096,
     ) -> Engine:
         """Load an HF-format Qwen3.5 checkpoint directory (text-only or release layout).
 
         device: "cuda" when available, else "cpu". dtype: bfloat16 on CUDA, float32 on CPU.
         max_prompt_tokens: longest standalone prompt accepted (default: the model's max positions).
         max_round_tokens: stream tokens per round before a round is split (default 16384 CUDA / 8192 CPU).
+        pool_bytes: checkpoint pool budget (default 40% of free device memory on CUDA, 512 MiB on CPU);
+        pool_checkpoints: how many checkpoints it holds at most (default: a quarter of the budget's worth).
+        max_pending: queued asks before `ask` waits for room.
         """
         device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         model = load_model(path, device, _resolve_dtype(dtype, device))
         limit = max_prompt_tokens or model.config.max_position_embeddings
         renderer = Renderer.from_checkpoint(path, limit)
-        capacity = max_round_tokens or (16384 if device.type == "cuda" else 8192)
-        return cls(model, renderer, device, max_round_tokens=capacity, round_deadline_ms=round_deadline_ms, name=Path(path).name)
+        return cls(
+            model, renderer, device,
+            pool_bytes=pool_bytes,
+            pool_checkpoints=pool_checkpoints,
+            max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192),
+            round_deadline_ms=round_deadline_ms,
+            max_pending=max_pending,
+            name=Path(path).name,
+        )
 
     @classmethod
     def tiny(cls, seed: int = 0, **load_options: Any) -> Engine:
@@ -113,56 +183,198 @@ class Engine:
         """The token-level view of an ask: trunk ids, and per question its branch ids, label ids and labels."""
         return self.renderer.render(state, parse_questions(questions))
 
-    def _submit(self, state: Any, questions: Any) -> PendingAsk:
+    def session(self) -> Session:
+        """A new, empty session: an agent's growing history whose asks resume from checkpoints."""
+        from flide_sdk.session import Session
+
+        return Session(self, self.renderer.new_history())
+
+    def prepare(self, trunk: Trunk, questions: Any) -> PendingAsk:
+        """Validate questions against a trunk and build the queued form of the ask (raises on bad input)."""
         if self._loop.closed:
             raise EngineClosedError("the engine is closed")
         parsed = parse_questions(questions)
-        payload = _AskPayload(self.renderer.render(state, parsed), parsed)
-        ask = PendingAsk(payload, payload.request().num_tokens)
-        self._loop.submit(ask)
-        return ask
+        rendered = self.renderer.render_questions(parsed)
+        self.renderer.check_length(len(trunk), rendered)
+        payload = AskPayload(trunk, parsed, rendered)
+        return PendingAsk(payload, trunk.fresh + payload.branch_tokens)
+
+    async def submit(self, ask: PendingAsk) -> dict[str, Answer]:
+        """Queue a prepared ask (waiting for room while the queue is full) and await its answers."""
+        delay = 0.0005
+        while not self._loop.try_submit(ask):
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return await asyncio.wrap_future(ask.future)
 
     async def ask(self, state: Any, questions: Any) -> dict[str, Answer]:
         """Answer `questions` (name -> Noul/Choice/Score or dict) about `state` (a string, or JSON data)."""
-        return await asyncio.wrap_future(self._submit(state, questions).future)
+        return await self.submit(self.prepare(self.renderer.trunk(state), questions))
 
     def ask_sync(self, state: Any, questions: Any, timeout: float | None = None) -> dict[str, Answer]:
         """Blocking `ask`, for scripts. Do not call it from the engine's own callbacks."""
-        return self._submit(state, questions).future.result(timeout)
+        return self.submit_sync(self.prepare(self.renderer.trunk(state), questions), timeout)
 
-    # ------------------------------------------------------------------------------------ round runner
+    def submit_sync(self, ask: PendingAsk, timeout: float | None = None) -> dict[str, Answer]:
+        """Queue a prepared ask (waiting for room) and block until its answers arrive."""
+        self._loop.submit(ask)
+        return ask.future.result(timeout)
+
+    @contextmanager
+    def admission_paused(self) -> Iterator[None]:
+        """Test hook: asks queued inside this block are admitted together when it exits."""
+        with self._loop.hold():
+            yield
+
+    def clear_pool(self) -> None:
+        """Evict every checkpoint not in use by a running round."""
+        with self._pool_lock:
+            self.pool.clear()
+
+    # ------------------------------------------------------------------------------------ round thread
+    def _select(self, pending: deque[PendingAsk]) -> list[PendingAsk]:
+        """State-ready traversal over the queue; runs on the round thread with the queue locked."""
+        with self._pool_lock:
+            return self._traverse(pending)
+
+    def _traverse(self, pending: deque[PendingAsk]) -> list[PendingAsk]:
+        capacity = self._loop.max_round_tokens
+        selected: list[PendingAsk] = []
+        kept: deque[PendingAsk] = deque()
+        tokens = 0
+        deferred = 0
+        while pending:
+            ask = pending.popleft()
+            payload: AskPayload = ask.payload
+            if ask.future.cancelled():
+                continue
+            resume = self.pool.lookup(payload.trunk)
+            payload.resume = resume
+            if any(payload.waits_for(other.payload) for other in selected):
+                kept.append(ask)
+                deferred += 1
+                continue
+            merged = any(payload.same_trunk(other.payload) for other in selected)
+            cost = payload.branch_tokens + (0 if merged else len(payload.trunk) - payload.resume_length)
+            if selected and tokens + cost > capacity:
+                kept.append(ask)
+                continue
+            if not ask.future.set_running_or_notify_cancel():
+                continue
+            if resume is not None:
+                self.pool.pin(resume)
+            selected.append(ask)
+            tokens += cost
+        pending.extend(kept)
+        if deferred:
+            with self._stats_lock:
+                self._stats["deferred"] += deferred
+        return selected
+
     def _run_round(self, batch: list[PendingAsk]) -> None:
+        with self._pool_lock:
+            self._run_locked(batch)
+
+    def _run_locked(self, batch: list[PendingAsk]) -> None:
         started = time.perf_counter()
+        groups: list[list[PendingAsk]] = []
+        for ask in batch:
+            group = next((g for g in groups if g[0].payload.same_trunk(ask.payload)), None)
+            if group is None:
+                groups.append([ask])
+            else:
+                group.append(ask)
+        saves: list[PlannedSave] = []
         try:
-            host = plan_round([ask.payload.request() for ask in batch], self.model.config.conv_kernel)
-            probabilities = self.model(host.to(self.device), self.ops).cpu().numpy()
+            specs = []
+            for group in groups:
+                spec, save = self._request_spec(group)
+                specs.append(spec)
+                if save is not None:
+                    saves.append(save)
+            self.pool.copy_pages([copy for save in saves for copy in save.page_copies])
+            host = plan_round(specs, self.model.config.conv_kernel)
+            probabilities = self.model(host.to(self.device), self.ops, self._caches).cpu().numpy()
         except Exception as error:  # a failed round fails its asks, never the loop
+            for save in saves:
+                self.pool.abort(save)
+            self._unpin(batch)
             for ask in batch:
                 ask.future.set_exception(error)
             return
-        results: list[dict[str, Answer]] = []
-        row = 0
-        for ask in batch:
-            answers: dict[str, Answer] = {}
-            for name, question in ask.payload.questions.items():
-                count = len(ask.payload.rendered.questions[name].label_ids)
-                answers[name] = question.answer(np.asarray(probabilities[row, :count], dtype=np.float64))
-                row += 1
-            results.append(answers)
-        with self._stats_lock:
-            self._stats["rounds"] += 1
-            self._stats["eager_runs"] += 1
-            self._stats["asks"] += len(batch)
-            self._stats["questions"] += row
-            self._stats["tokens_computed"] += host.num_tokens
-            self._stats["round_seconds"] += time.perf_counter() - started
-        for ask, answers in zip(batch, results):
+        for save in saves:
+            self.pool.commit(save)
+        self._unpin(batch)
+        results = self._answers(groups, probabilities)
+        self._count_round(groups, host.num_tokens, time.perf_counter() - started)
+        for ask, answers in results:
             ask.future.set_result(answers)
 
-    def stats(self) -> dict[str, float]:
-        """Counters since start: rounds, asks, questions, tokens_computed, eager_runs, round_seconds."""
+    def _request_spec(self, group: list[PendingAsk]) -> tuple[RequestSpec, PlannedSave | None]:
+        lead: AskPayload = group[0].payload
+        trunk, resume = lead.trunk, lead.resume
+        start = lead.resume_length
+        save = self.pool.plan_save(trunk, resume, trunk.boundary)
+        branches = [q for ask in group for q in ask.payload.rendered.values()]
+        spec = RequestSpec(
+            trunk=trunk.tokens(start),
+            branches=[q.ids for q in branches],
+            labels=[q.label_ids for q in branches],
+            start=start,
+            resume=None if resume is None else Resume(resume.slot, np.asarray(resume.pages, dtype=np.int64)),
+            save=None if save is None else Save(trunk.boundary, save.checkpoint.slot, save.kv_slots),
+        )
+        return spec, save
+
+    def _unpin(self, batch: list[PendingAsk]) -> None:
+        for ask in batch:
+            if ask.payload.resume is not None:
+                self.pool.unpin(ask.payload.resume)
+
+    @staticmethod
+    def _answers(groups: list[list[PendingAsk]], probabilities: np.ndarray) -> list[tuple[PendingAsk, dict[str, Answer]]]:
+        results = []
+        row = 0
+        for group in groups:
+            for ask in group:
+                answers: dict[str, Answer] = {}
+                for name, question in ask.payload.questions.items():
+                    count = len(ask.payload.rendered[name].label_ids)
+                    answers[name] = question.answer(np.asarray(probabilities[row, :count], dtype=np.float64))
+                    row += 1
+                results.append((ask, answers))
+        return results
+
+    def _count_round(self, groups: list[list[PendingAsk]], tokens: int, seconds: float) -> None:
         with self._stats_lock:
-            return dict(self._stats)
+            s = self._stats
+            s["rounds"] += 1
+            s["eager_runs"] += 1
+            s["tokens_computed"] += tokens
+            s["round_seconds"] += seconds
+            s["merged_trunks"] += sum(len(group) - 1 for group in groups)
+            for group in groups:
+                for ask in group:
+                    payload: AskPayload = ask.payload
+                    s["asks"] += 1
+                    s["questions"] += len(payload.questions)
+                    s["tokens_resumed"] += payload.resume_length
+                    s["checkpoint_hits" if payload.resume is not None else "checkpoint_misses"] += 1
+                    tail = len(payload.trunk) - payload.trunk.boundary
+                    s["mutable_tail_tokens"] = tail
+                    s["max_mutable_tail_tokens"] = max(s["max_mutable_tail_tokens"], tail)
+
+    def stats(self) -> dict[str, float]:
+        """Counters since start (DESIGN.md §7) plus pool occupancy."""
+        with self._stats_lock:
+            stats = dict(self._stats)
+        stats.update(
+            pool_bytes=self.pool.used_bytes,
+            pool_capacity_bytes=self.pool.capacity_bytes,
+            checkpoints=self.pool.num_checkpoints,
+            **self.pool.counters,
+        )
+        return stats
 
     # ---------------------------------------------------------------------------------------- lifecycle
     @property

@@ -36,5 +36,9 @@ class EngineClosedError(FlideError, RuntimeError):
     """The engine was closed (or is closing); the ask was not and will not be answered."""
 
 
+EngineClosed = EngineClosedError
+"""Alias: the name the session issue and the TypeSafe-style hierarchy use."""
+
+
 class CheckpointError(FlideError, ValueError):
     """A checkpoint directory is missing files, has an unsupported model type, or lacks weights."""

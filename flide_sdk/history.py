@@ -86,6 +86,7 @@ class Trunk:
     tail: np.ndarray
     hashes: Sequence[int]  # append-only; hashes[b] covers blocks [0, b] (only b < boundary // BLOCK is read)
     buffer: TokenBuffer
+    fresh: int  # tokens not in the stable part of the history's previous snapshot (a cost estimate)
 
     @property
     def boundary(self) -> int:
@@ -204,6 +205,7 @@ class History:
         ids, starts = self._encode(body + self._closer + SEPARATOR)
         text = self._lookbehind + body
         found = self._boundaries.last(text, len(self._lookbehind) + 1)
+        previous = self.buffer.size
         stable_count = 0
         if found is not None:
             relative = found - len(self._lookbehind)
@@ -218,7 +220,7 @@ class History:
             self.hashes.extend(chain_hashes(unhashed, self.hashes[-1] if self.hashes else HASH_SEED))
         tail = ids[stable_count:]
         tail.flags.writeable = False
-        return Trunk(self.buffer.view(), tail, self.hashes, self.buffer)
+        return Trunk(self.buffer.view(), tail, self.hashes, self.buffer, self.buffer.size + len(tail) - previous)
 
     def fork(self) -> History:
         """An independent copy with the same history (the token buffer is copied once)."""

@@ -5,38 +5,66 @@ each request's trunk then its branches, with no padding between requests. This m
 requests into host arrays (numpy) once, and `HostRound.to(device)` copies them in one go. Nothing here
 looks at the model's weights; the model and kernels only read the resulting tensors.
 
-Visibility (the exactness contract): a trunk token sees its trunk up to itself; a branch token sees the
-whole trunk and its own branch up to itself. In stream coordinates every token t sees the keys
-[key_lo, ctx_hi) (its request's trunk, empty for trunk tokens) and [seg_lo, t] (its own segment).
+A request may *resume* from a checkpoint at position r (its trunk in the stream then starts at r: keys and
+values of [0, r) come from pool pages, the Gated DeltaNet state and conv window from a pool slot) and may
+*save* a checkpoint at its stable boundary m (the trunk then runs as two segments split at m, and the
+state at m, the conv inputs before m and the keys/values of [r, m) are written to the pool).
 
-Gated DeltaNet runs level by level: level 0 holds the trunks (from a zero state), level 1 the branches,
-each starting from the final state of its trunk, referenced by slot index in a per-round state table
-(slot 0 is the zero state). Within a level, segments are sorted by chunk count, longest first, and chunks
-are stored step-major, so at scan step j the active segments are exactly the first `active[j]`.
-The short convolution reads each token's predecessors through `conv_src`: row 0 is a zero row, row 1 + t
-is stream token t, so a branch's first tokens read its trunk's last tokens.
+Visibility (the exactness contract): a trunk token sees its history and its trunk up to itself; a branch
+token sees the history, the whole trunk and its own branch up to itself. In stream coordinates every
+token t sees its request's cached history, the keys [key_lo, ctx_hi) (the trunk, for branch tokens) and
+[seg_lo, t] (its own segment).
+
+Gated DeltaNet runs level by level: trunks up to their save point, trunk remainders, then branches, each
+segment starting from a row of a per-round state table (row 0 zero, then the resumed states, then the
+rows segments write). Within a level, segments are sorted by chunk count, longest first, and chunks are
+stored step-major, so at scan step j the active segments are exactly the first `active[j]`.
+The short convolution reads each token's predecessors through `conv_src`, rows of the table
+[zero row, stream tokens, resumed conv windows], so a branch's first tokens read its trunk's last tokens
+and a resumed trunk reads its saved window.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 GDN_CHUNK = 64
-ZERO_SLOT = 0
-DISCARD_SLOT = -1
+PAGE = 64  # tokens per key/value page of the checkpoint pool
+ZERO_ROW = 0
+DISCARD_ROW = -1
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a request resumes: the pool slot of its checkpoint and the KV pages covering [0, start)."""
+
+    slot: int
+    pages: np.ndarray
+
+
+@dataclass(frozen=True)
+class Save:
+    """A checkpoint a request writes: at absolute position `at`, into pool `slot`; flat KV slots of [start, at)."""
+
+    at: int
+    slot: int
+    kv_slots: np.ndarray
 
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request of a round: trunk token ids, and per question its branch ids and label token ids."""
+    """One request of a round: trunk token ids from position `start`, and per question its branch and labels."""
 
     trunk: np.ndarray
     branches: Sequence[np.ndarray]
     labels: Sequence[np.ndarray]
+    start: int = 0
+    resume: Resume | None = None
+    save: Save | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -49,20 +77,37 @@ class AttentionPlan:
     ctx_hi: torch.Tensor  # [T] end of the fully visible range [key_lo, ctx_hi) (the trunk, for branch tokens)
     seg_lo: torch.Tensor  # [T] start of the token's own causal segment
     request_bounds: list[tuple[int, int]]  # host: stream [start, end) of each request
+    history: list[tuple[int, torch.Tensor | None]]  # per request: cached length r and its KV pages
 
 
 @dataclass
 class DeltaLevel:
     chunk_tokens: torch.Tensor  # [num_chunks, GDN_CHUNK] stream index per chunk position, T for padding
     active: list[int]  # host: active segments at scan step j (non-increasing)
-    init_slot: torch.Tensor  # [num_segments] state-table slot each segment starts from
-    final_slot: torch.Tensor  # [num_segments] slot its final state is written to (DISCARD_SLOT: none)
+    init_row: torch.Tensor  # [num_segments] state-table row each segment starts from
+    final_row: torch.Tensor  # [num_segments] row its final state is written to (DISCARD_ROW: none)
 
 
 @dataclass
 class DeltaPlan:
     levels: list[DeltaLevel]
-    num_slots: int
+    num_rows: int
+
+
+@dataclass
+class CheckpointPlan:
+    """Pool traffic of a round: states and windows read at resume, everything written at save."""
+
+    resume_slots: torch.Tensor  # [n_resume] pool slots copied into state-table rows 1..n_resume
+    save_slots: torch.Tensor  # [n_save] pool slots written
+    save_rows: torch.Tensor  # [n_save] state-table rows holding the state at each save point
+    save_window_src: torch.Tensor  # [n_save, K-1] conv-table rows of the conv inputs before each save point
+    kv_rows: torch.Tensor  # [N] stream rows whose keys/values are saved
+    kv_slots: torch.Tensor  # [N] flat pool positions (page * PAGE + offset) they go to
+
+    @property
+    def saves(self) -> bool:
+        return self.save_slots.numel() > 0
 
 
 @dataclass
@@ -80,17 +125,25 @@ class RoundTensors:
     positions: torch.Tensor  # [T] position of each token in its standalone prompt
     attention: AttentionPlan
     delta: DeltaPlan
-    conv_src: torch.Tensor  # [T, K] rows of cat(zero row, stream) feeding each conv tap, oldest first
-
+    conv_src: torch.Tensor  # [T, K] rows of the conv table feeding each conv tap, oldest first
+    checkpoint: CheckpointPlan
     readout: ReadoutPlan
+
+
+@dataclass
+class _Segment:
+    start: int
+    length: int
+    init_row: int
+    final_row: int
 
 
 @dataclass
 class _HostLevel:
     chunk_tokens: np.ndarray
     active: list[int]
-    init_slot: np.ndarray
-    final_slot: np.ndarray
+    init_row: np.ndarray
+    final_row: np.ndarray
 
 
 @dataclass
@@ -103,9 +156,16 @@ class HostRound:
     ctx_hi: np.ndarray
     seg_lo: np.ndarray
     request_bounds: list[tuple[int, int]]
+    history: list[tuple[int, np.ndarray | None]]
     levels: list[_HostLevel]
-    num_slots: int
+    num_rows: int
     conv_src: np.ndarray
+    resume_slots: np.ndarray
+    save_slots: np.ndarray
+    save_rows: np.ndarray
+    save_window_src: np.ndarray
+    kv_rows: np.ndarray
+    kv_slots: np.ndarray
     readout_rows: np.ndarray
     label_ids: np.ndarray
     label_valid: np.ndarray
@@ -118,120 +178,162 @@ class HostRound:
         def dev(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(array).to(device, non_blocking=True)
 
-        levels = [
-            DeltaLevel(dev(level.chunk_tokens), level.active, dev(level.init_slot), dev(level.final_slot))
-            for level in self.levels
-        ]
+        levels = [DeltaLevel(dev(v.chunk_tokens), v.active, dev(v.init_row), dev(v.final_row)) for v in self.levels]
+        history = [(length, None if pages is None else dev(pages)) for length, pages in self.history]
         return RoundTensors(
             ids=dev(self.ids),
             positions=dev(self.positions),
-            attention=AttentionPlan(dev(self.key_lo), dev(self.ctx_hi), dev(self.seg_lo), self.request_bounds),
-            delta=DeltaPlan(levels, self.num_slots),
+            attention=AttentionPlan(dev(self.key_lo), dev(self.ctx_hi), dev(self.seg_lo), self.request_bounds, history),
+            delta=DeltaPlan(levels, self.num_rows),
             conv_src=dev(self.conv_src),
+            checkpoint=CheckpointPlan(
+                dev(self.resume_slots), dev(self.save_slots), dev(self.save_rows), dev(self.save_window_src),
+                dev(self.kv_rows), dev(self.kv_slots),
+            ),
             readout=ReadoutPlan(dev(self.readout_rows), dev(self.label_ids), dev(self.label_valid)),
         )
 
 
 @dataclass
-class _Segment:
-    start: int
-    length: int
-    init_slot: int
-    final_slot: int
+class _Builder:
+    """Accumulates the per-request pieces of a round before they become arrays."""
+
+    conv_kernel: int
+    total: int
+    num_resumed: int
+    request_bounds: list[tuple[int, int]] = field(default_factory=list)
+    history: list[tuple[int, np.ndarray | None]] = field(default_factory=list)
+    levels: tuple[list[_Segment], ...] = field(default_factory=lambda: ([], [], []))
+    next_row: int = 0
+    resume_slots: list[int] = field(default_factory=list)
+    save_slots: list[int] = field(default_factory=list)
+    save_rows: list[int] = field(default_factory=list)
+    save_window_src: list[np.ndarray] = field(default_factory=list)
+    kv_rows: list[np.ndarray] = field(default_factory=list)
+    kv_slots: list[np.ndarray] = field(default_factory=list)
+    readout_rows: list[int] = field(default_factory=list)
+    labels: list[np.ndarray] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.next_row = 1 + self.num_resumed
+
+    def take_row(self) -> int:
+        self.next_row += 1
+        return self.next_row - 1
 
 
 def plan_round(requests: Sequence[RequestSpec], conv_kernel: int) -> HostRound:
     """Lay out `requests` as one flat stream and build all metadata (host side, numpy)."""
     total = sum(request.num_tokens for request in requests)
+    build = _Builder(conv_kernel, total, sum(request.resume is not None for request in requests))
     ids = np.empty(total, dtype=np.int64)
     positions = np.empty(total, dtype=np.int64)
     key_lo = np.empty(total, dtype=np.int64)
     ctx_hi = np.empty(total, dtype=np.int64)
     seg_lo = np.empty(total, dtype=np.int64)
-    # predecessor position of each token in its standalone prompt, per conv tap (oldest first)
     conv_src = np.zeros((total, conv_kernel), dtype=np.int64)
     taps = np.arange(-(conv_kernel - 1), 1, dtype=np.int64)
 
-    request_bounds: list[tuple[int, int]] = []
-    trunk_segments: list[_Segment] = []
-    branch_segments: list[_Segment] = []
-    readout_rows: list[int] = []
-    labels: list[np.ndarray] = []
     cursor = 0
     for request in requests:
-        start = cursor
-        trunk_len = len(request.trunk)
-        trunk_slot = len(trunk_segments) + 1
-        trunk = slice(start, start + trunk_len)
+        start, first, computed = cursor, request.start, len(request.trunk)
+        end_of_trunk = first + computed  # absolute position just past the trunk
+        window_base = 1 + total + len(build.resume_slots) * (conv_kernel - 1)
+
+        def trunk_rows(q: np.ndarray) -> np.ndarray:
+            """Conv-table row of the conv input at absolute trunk position q (q < end_of_trunk)."""
+            resumed = np.where(q >= 0, window_base + q - first + conv_kernel - 1, ZERO_ROW)
+            return np.where(q >= first, start + q - first + 1, resumed)
+
+        if (first > 0) != (request.resume is not None):
+            raise ValueError("a request starts past position 0 exactly when it resumes from a checkpoint")
+        resume_row = ZERO_ROW
+        if request.resume is not None:
+            resume_row = 1 + len(build.resume_slots)
+            build.resume_slots.append(request.resume.slot)
+        build.history.append((first, None if request.resume is None else request.resume.pages))
+
+        trunk = slice(start, start + computed)
         ids[trunk] = request.trunk
-        positions[trunk] = np.arange(trunk_len)
-        key_lo[trunk] = start
-        ctx_hi[trunk] = start
-        seg_lo[trunk] = start
-        trunk_segments.append(_Segment(start, trunk_len, ZERO_SLOT, trunk_slot))
-        cursor += trunk_len
+        positions[trunk] = first + np.arange(computed)
+        key_lo[trunk] = ctx_hi[trunk] = seg_lo[trunk] = start
+        conv_src[trunk] = trunk_rows(positions[trunk, None] + taps[None, :])
+
+        trunk_row = build.take_row()
+        if request.save is not None:
+            save = request.save
+            if not first < save.at <= end_of_trunk:
+                raise ValueError(f"save point {save.at} outside the computed trunk ({first}, {end_of_trunk}]")
+            split = save.at - first
+            save_row = trunk_row if split == computed else build.take_row()
+            build.levels[0].append(_Segment(start, split, resume_row, save_row))
+            if split < computed:
+                build.levels[1].append(_Segment(start + split, computed - split, save_row, trunk_row))
+            build.save_slots.append(save.slot)
+            build.save_rows.append(save_row)
+            build.save_window_src.append(trunk_rows(save.at + taps[:-1]))
+            build.kv_rows.append(start + np.arange(split))
+            build.kv_slots.append(np.asarray(save.kv_slots, dtype=np.int64))
+        else:
+            build.levels[0].append(_Segment(start, computed, resume_row, trunk_row))
+        cursor += computed
+
         for branch, label in zip(request.branches, request.labels):
             span = slice(cursor, cursor + len(branch))
             ids[span] = branch
-            positions[span] = trunk_len + np.arange(len(branch))
+            positions[span] = end_of_trunk + np.arange(len(branch))
             key_lo[span] = start
-            ctx_hi[span] = start + trunk_len
+            ctx_hi[span] = start + computed
             seg_lo[span] = cursor
-            branch_segments.append(_Segment(cursor, len(branch), trunk_slot, DISCARD_SLOT))
+            pred = positions[span, None] + taps[None, :]
+            conv_src[span] = np.where(pred >= end_of_trunk, cursor + pred - end_of_trunk + 1, trunk_rows(pred))
+            build.levels[2].append(_Segment(cursor, len(branch), trunk_row, DISCARD_ROW))
             cursor += len(branch)
-            readout_rows.append(cursor - 1)
-            labels.append(np.asarray(label, dtype=np.int64))
-        end = cursor
-        request_bounds.append((start, end))
-        # conv taps: a position p of the standalone prompt lives at stream start + p (trunk) or in the branch
-        for lo, hi, offset in _stream_runs(request, start):
-            pred = positions[lo:hi, None] + taps[None, :]
-            rows = np.where(pred >= trunk_len, pred + offset, pred + start)
-            conv_src[lo:hi] = np.where(pred >= 0, rows + 1, 0)
+            build.readout_rows.append(cursor - 1)
+            build.labels.append(np.asarray(label, dtype=np.int64))
+        build.request_bounds.append((start, cursor))
 
-    max_labels = max((len(label) for label in labels), default=1)
-    label_ids = np.zeros((len(labels), max_labels), dtype=np.int64)
-    label_valid = np.zeros((len(labels), max_labels), dtype=bool)
-    for row, label in enumerate(labels):
+    max_labels = max((len(label) for label in build.labels), default=1)
+    label_ids = np.zeros((len(build.labels), max_labels), dtype=np.int64)
+    label_valid = np.zeros((len(build.labels), max_labels), dtype=bool)
+    for row, label in enumerate(build.labels):
         label_ids[row, : len(label)] = label
         label_valid[row, : len(label)] = True
 
-    levels = [_plan_level(trunk_segments, total), _plan_level(branch_segments, total)]
+    levels = [_plan_level(segments, total) for segments in build.levels]
     return HostRound(
         ids=ids,
         positions=positions,
         key_lo=key_lo,
         ctx_hi=ctx_hi,
         seg_lo=seg_lo,
-        request_bounds=request_bounds,
+        request_bounds=build.request_bounds,
+        history=build.history,
         levels=[level for level in levels if level is not None],
-        num_slots=len(trunk_segments) + 1,
+        num_rows=build.next_row,
         conv_src=conv_src,
-        readout_rows=np.asarray(readout_rows, dtype=np.int64),
+        resume_slots=np.asarray(build.resume_slots, dtype=np.int64),
+        save_slots=np.asarray(build.save_slots, dtype=np.int64),
+        save_rows=np.asarray(build.save_rows, dtype=np.int64),
+        save_window_src=np.array(build.save_window_src, dtype=np.int64).reshape(-1, conv_kernel - 1),
+        kv_rows=_concatenate(build.kv_rows),
+        kv_slots=_concatenate(build.kv_slots),
+        readout_rows=np.asarray(build.readout_rows, dtype=np.int64),
         label_ids=label_ids,
         label_valid=label_valid,
     )
 
 
-def _stream_runs(request: RequestSpec, start: int) -> list[tuple[int, int, int]]:
-    """(lo, hi, offset) per segment of a request: stream index = standalone position + offset (branch part)."""
-    trunk_len = len(request.trunk)
-    runs = [(start, start + trunk_len, 0)]
-    cursor = start + trunk_len
-    for branch in request.branches:
-        runs.append((cursor, cursor + len(branch), cursor - trunk_len))
-        cursor += len(branch)
-    return runs
+def _concatenate(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _plan_level(segments: list[_Segment], pad_index: int) -> _HostLevel | None:
     if not segments:
         return None
-    order = sorted(range(len(segments)), key=lambda i: -segments[i].length)
-    ordered = [segments[i] for i in order]
+    ordered = sorted(segments, key=lambda s: -s.length)
     chunk_counts = np.array([-(-s.length // GDN_CHUNK) for s in ordered], dtype=np.int64)
-    steps = int(chunk_counts[0])
-    active = [int((chunk_counts > j).sum()) for j in range(steps)]
+    active = [int((chunk_counts > j).sum()) for j in range(int(chunk_counts[0]))]
     chunk_tokens = np.full((sum(active), GDN_CHUNK), pad_index, dtype=np.int64)
     within = np.arange(GDN_CHUNK, dtype=np.int64)
     row = 0
@@ -244,6 +346,6 @@ def _plan_level(segments: list[_Segment], pad_index: int) -> _HostLevel | None:
     return _HostLevel(
         chunk_tokens=chunk_tokens,
         active=active,
-        init_slot=np.array([s.init_slot for s in ordered], dtype=np.int64),
-        final_slot=np.array([s.final_slot for s in ordered], dtype=np.int64),
+        init_row=np.array([s.init_row for s in ordered], dtype=np.int64),
+        final_row=np.array([s.final_row for s in ordered], dtype=np.int64),
     )

@@ -21,7 +21,10 @@ from flide_sdk.layout import AttentionPlan, DeltaPlan
 
 @dataclass(frozen=True)
 class Ops:
-    fork_attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, torch.Tensor | None], torch.Tensor]
+    fork_attention: Callable[
+        [torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, torch.Tensor | None, torch.Tensor, torch.Tensor],
+        torch.Tensor,
+    ]
     gated_delta: Callable[
         [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, DeltaPlan, torch.Tensor], torch.Tensor
     ]

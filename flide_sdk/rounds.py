@@ -1,11 +1,16 @@
-"""The round loop: one background thread owns the device and runs queued asks in batched rounds.
+"""The round loop: one background thread owns the device and runs queued asks in rounds.
 
 Asks come from any thread or event loop. Each carries a `concurrent.futures.Future`; async callers await
-it through `asyncio.wrap_future`, so results resolve on the caller's own loop and cancelling the awaiting
-task cancels the ask if its round has not started (the loop skips futures it cannot mark running).
-A round is admitted when the queued tokens reach the round capacity or a short deadline passes after the
-first ask arrived; asks join a round in arrival order while they fit, and an ask larger than the capacity
-runs alone. Closing fails every queued ask with `EngineClosedError`; a round already running finishes.
+it through `asyncio.wrap_future`, so results resolve on the caller's own loop, and cancelling the awaiting
+task cancels the ask as long as no round has taken it. The queue is bounded: `submit` waits for room
+(backpressure), nothing is dropped.
+
+A round is admitted when the queued work reaches the round capacity or a short deadline passes after an
+ask arrived. Which queued asks join it is the engine's decision (`select`, run under the queue lock on
+this thread: it marks the asks it takes as running and leaves the rest queued, e.g. asks waiting for a
+checkpoint this round produces). Closing fails every queued ask with `EngineClosedError`; a round already
+running finishes. `hold()` pauses admission, so a test can queue several asks and have them admitted
+together, deterministically.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +29,7 @@ from flide_sdk.errors import EngineClosedError
 
 @dataclass(eq=False)
 class PendingAsk:
-    """One queued ask: its payload for the round runner, its stream token count, and its future."""
+    """One queued ask: its payload for the engine, an estimate of its stream tokens, and its future."""
 
     payload: Any
     tokens: int
@@ -31,21 +37,25 @@ class PendingAsk:
 
 
 class RoundLoop:
-    """Batches pending asks into rounds and hands each round to `run_round` on a dedicated thread."""
+    """A bounded queue of asks and the thread that turns it into rounds."""
 
     def __init__(
         self,
+        select: Callable[[deque[PendingAsk]], list[PendingAsk]],
         run_round: Callable[[list[PendingAsk]], None],
         max_round_tokens: int,
         deadline_s: float,
+        max_pending: int,
         name: str = "flide-rounds",
     ) -> None:
+        self._select = select
         self._run_round = run_round
         self.max_round_tokens = max_round_tokens
         self.deadline_s = deadline_s
+        self.max_pending = max_pending
         self._pending: deque[PendingAsk] = deque()
-        self._pending_tokens = 0
         self._closed = False
+        self._held = 0
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -54,13 +64,38 @@ class RoundLoop:
     def closed(self) -> bool:
         return self._closed
 
-    def submit(self, ask: PendingAsk) -> None:
+    def try_submit(self, ask: PendingAsk) -> bool:
+        """Queue `ask` if there is room; False when the queue is full."""
         with self._cond:
             if self._closed:
                 raise EngineClosedError("the engine is closed")
+            if len(self._pending) >= self.max_pending:
+                return False
             self._pending.append(ask)
-            self._pending_tokens += ask.tokens
-            self._cond.notify()
+            self._cond.notify_all()
+            return True
+
+    def submit(self, ask: PendingAsk) -> None:
+        """Queue `ask`, waiting for room while the queue is full."""
+        with self._cond:
+            while not self._closed and len(self._pending) >= self.max_pending:
+                self._cond.wait()
+            if self._closed:
+                raise EngineClosedError("the engine is closed")
+            self._pending.append(ask)
+            self._cond.notify_all()
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """Pause admission while inside: queued asks wait, then are admitted together on exit."""
+        with self._cond:
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held -= 1
+                self._cond.notify_all()
 
     def close(self, timeout: float | None = None) -> None:
         """Stop admitting, fail queued asks with EngineClosedError, and wait for a running round to end."""
@@ -68,7 +103,6 @@ class RoundLoop:
             self._closed = True
             dropped = list(self._pending)
             self._pending.clear()
-            self._pending_tokens = 0
             self._cond.notify_all()
         for ask in dropped:
             if ask.future.set_running_or_notify_cancel():
@@ -76,37 +110,27 @@ class RoundLoop:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
+    def _queued_tokens(self) -> int:
+        return sum(ask.tokens for ask in self._pending)
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._closed:
+                while not self._closed and (not self._pending or self._held):
                     self._cond.wait()
                 if self._closed:
                     return
                 deadline = time.monotonic() + self.deadline_s
-                while not self._closed and self._pending_tokens < self.max_round_tokens:
+                while not self._closed and not self._held and self._queued_tokens() < self.max_round_tokens:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)
                 if self._closed:
                     return
-                batch = self._take_round()
+                if self._held:
+                    continue
+                batch = self._select(self._pending)
+                self._cond.notify_all()  # room in the queue for waiting submitters
             if batch:
                 self._run_round(batch)
-
-    def _take_round(self) -> list[PendingAsk]:
-        """Pop asks in order while they fit the capacity (the first always fits); drop cancelled ones."""
-        batch: list[PendingAsk] = []
-        tokens = 0
-        while self._pending:
-            ask = self._pending[0]
-            if batch and tokens + ask.tokens > self.max_round_tokens:
-                break
-            self._pending.popleft()
-            self._pending_tokens -= ask.tokens
-            if not ask.future.set_running_or_notify_cancel():
-                continue
-            batch.append(ask)
-            tokens += ask.tokens
-        return batch

@@ -6,8 +6,8 @@ with q, k L2-normalised and q scaled by Dk^-1/2. Chunks of GDN_CHUNK tokens are 
 UT/WY form: inside a chunk, T = (I + tril(diag(beta) K K^T * Gamma, -1))^-1 turns the sequential updates
 into matrix products, and one scan step per chunk carries S across chunks.
 
-A level is a set of independent segments, each starting from the state-table slot `init_slot` and, unless
-its `final_slot` is DISCARD_SLOT, writing its final state there. Branches start from their trunk's final
+A level is a set of independent segments, each starting from the state-table row `init_row` and, unless
+its `final_row` is DISCARD_ROW, writing its final state there. Branches start from their trunk's final
 state this way, which makes every branch compute exactly what it computes alone.
 `gated_delta_reference` is the definition, used on CPU; it batches all chunks of a level for the
 intra-chunk work and loops over scan steps (not tokens, not segments).
@@ -36,7 +36,7 @@ def gated_delta_reference(
     """Outputs [T, Hv, Dv] (v's dtype) of the gated delta rule over every segment of `plan`.
 
     q, k: [T, Hk, Dk] (raw: normalised here); v: [T, Hv, Dv]; g, beta: [T, Hv] (float32).
-    states: [num_slots, Hv, Dk, Dv] float32 state table, read at init slots and written at final slots.
+    states: [num_rows, Hv, Dk, Dv] float32 state table, read at init rows and written at final rows.
     """
     total, v_heads = v.shape[0], v.shape[1]
     group = v_heads // k.shape[1]
@@ -74,7 +74,7 @@ def _run_level(qf, kf, vf, gf, bf, level, states, out) -> None:
     k_to_end = k * (last - cum).exp()[..., None]
     chunk_decay = last.exp()[..., None]  # [C, H, 1, 1]
 
-    state = states[level.init_slot].clone()  # [S, H, Dk, Dv]
+    state = states[level.init_row].clone()  # [S, H, Dk, Dv]
     outputs = torch.empty_like(u)
     row = 0
     for count in level.active:
@@ -84,6 +84,6 @@ def _run_level(qf, kf, vf, gf, bf, level, states, out) -> None:
         outputs[c] = q_decayed[c] @ s + intra[c] @ v_new
         state[:count] = s * chunk_decay[c] + k_to_end[c].transpose(-1, -2) @ v_new
         row += count
-    keep = level.final_slot >= 0
-    states[level.final_slot[keep]] = state[keep]
+    keep = level.final_row >= 0
+    states[level.final_row[keep]] = state[keep]
     out[idx.reshape(-1)] = outputs.permute(0, 2, 1, 3).reshape(-1, *out.shape[1:])

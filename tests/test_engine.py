@@ -109,16 +109,20 @@ async def test_aclose_fails_pending_asks(tiny_path):
             await task
 
 
-def test_large_rounds_split_at_request_boundaries(tiny_path):
-    with fl.Engine.load(tiny_path, device="cpu", max_round_tokens=200, round_deadline_ms=200) as engine:
-        futures = [engine._submit(f"request {i} " + "word " * 60, GOOD).future for i in range(4)]
-        answers = [future.result(60) for future in futures]
+@pytest.mark.asyncio
+async def test_large_rounds_split_at_request_boundaries(tiny_path):
+    async with fl.Engine.load(tiny_path, device="cpu", max_round_tokens=200) as engine:
+        states = [f"request {i} " + "word " * 60 for i in range(4)]
+        with engine.admission_paused():
+            tasks = [asyncio.ensure_future(engine.ask(state, GOOD)) for state in states]
+            await asyncio.sleep(0.05)  # all four queued before admission resumes
+        answers = await asyncio.gather(*tasks)
         stats = engine.stats()
         assert all(set(a) == {"n", "c"} for a in answers)
         assert stats["rounds"] == 4  # each request is ~130 tokens: two never fit in 200
-        assert stats["tokens_computed"] == sum(
-            engine.render(f"request {i} " + "word " * 60, GOOD).state_ids.size for i in range(4)
-        ) + 4 * sum(q.ids.size for q in engine.render("x", GOOD).questions.values())
+        assert stats["tokens_computed"] == sum(engine.render(s, GOOD).state_ids.size for s in states) + 4 * sum(
+            q.ids.size for q in engine.render("x", GOOD).questions.values()
+        )
 
 
 def test_render_and_stats(engine):

@@ -63,8 +63,8 @@ def test_layout_metadata_matches_the_tree():
         assert level.chunk_tokens.shape == (sum(level.active), GDN_CHUNK)
     covered = np.concatenate([level.chunk_tokens.ravel() for level in host.levels])
     assert sorted(covered[covered < total].tolist()) == list(range(total))
-    assert set(branches.init_slot.tolist()) <= set(trunks.final_slot.tolist())
-    assert (branches.final_slot == -1).all()
+    assert set(branches.init_row.tolist()) <= set(trunks.final_row.tolist())
+    assert (branches.final_row == -1).all()
 
 
 def _sequential_delta(q, k, v, g, beta):
@@ -93,7 +93,7 @@ def test_gated_delta_reference_forks_exactly(seed):
     v = torch.randn(total, hv, dv, generator=gen)
     g = -torch.rand(total, hv, generator=gen) * 0.3
     beta = torch.rand(total, hv, generator=gen)
-    states = torch.zeros(rnd.delta.num_slots, hv, dk, dv)
+    states = torch.zeros(rnd.delta.num_rows, hv, dk, dv)
     out = gated_delta_reference(q, k, v, g, beta, rnd.delta, states)
     for prompt in prompts(requests, host):
         expected, _ = _sequential_delta(q[prompt], k[prompt], v[prompt], g[prompt], beta[prompt])
@@ -110,7 +110,7 @@ def test_indexed_conv_reference_matches_conv1d():
     rnd = host.to("cpu")
     x = torch.randn(host.num_tokens, 12)
     weight = torch.randn(12, CONV)
-    out = indexed_conv_reference(x, weight, rnd.conv_src)
+    out = indexed_conv_reference(torch.cat([x.new_zeros(1, 12), x]), weight, rnd.conv_src)
     for prompt in prompts(requests, host):
         seq = x[prompt].t()[None]
         expected = F.silu(F.conv1d(seq, weight[:, None, :], padding=CONV - 1, groups=12)[..., : len(prompt)])[0].t()
@@ -124,7 +124,8 @@ def test_fork_attention_reference_matches_causal_attention(rows_only):
     total, heads, kv_heads, dim = host.num_tokens, 4, 2, 16
     q, k, v = torch.randn(total, heads, dim), torch.randn(total, kv_heads, dim), torch.randn(total, kv_heads, dim)
     rows = rnd.readout.rows if rows_only else None
-    out = fork_attention_reference(q[rows] if rows_only else q, k, v, rnd.attention, rows)
+    empty = k.new_zeros(0, kv_heads, dim)
+    out = fork_attention_reference(q[rows] if rows_only else q, k, v, rnd.attention, rows, empty, empty)
     position = {int(r): i for i, r in enumerate(rnd.readout.rows)} if rows_only else None
     for prompt in prompts(requests, host):
         kh = k[prompt].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)

@@ -13,6 +13,7 @@ it only at the readout rows, and the head computes only the label rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,9 @@ from flide_sdk.ops import Ops
 
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
+
+LayerCache = tuple[torch.Tensor, torch.Tensor]
+"""A layer's pool arenas: (keys, values) [pages * PAGE, Hkv, D], or (states [S, Hv, Dk, Dv], windows [S, K-1, C])."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +190,9 @@ class GatedAttention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None, cache: LayerCache
+    ) -> torch.Tensor:
         c = self.config
         cos, sin = rope
         h_q = h if rows is None else h[rows]
@@ -195,7 +201,12 @@ class GatedAttention(nn.Module):
         q = apply_rotary(self.q_norm(q), cos_q, sin_q)
         k = apply_rotary(self.k_norm(self.k_proj(h).view(h.shape[0], c.num_kv_heads, c.head_dim)), cos, sin)
         v = self.v_proj(h).view(h.shape[0], c.num_kv_heads, c.head_dim)
-        out = ops.fork_attention(q, k, v, rnd.attention, rows)
+        k_cache, v_cache = cache
+        plan = rnd.checkpoint
+        if plan.saves:
+            k_cache[plan.kv_slots] = k[plan.kv_rows]
+            v_cache[plan.kv_slots] = v[plan.kv_rows]
+        out = ops.fork_attention(q, k, v, rnd.attention, rows, k_cache, v_cache)
         out = out.reshape(h_q.shape[0], -1) * torch.sigmoid(gate.reshape(h_q.shape[0], -1))
         return self.o_proj(out)
 
@@ -219,11 +230,19 @@ class GatedDeltaNet(nn.Module):
         self.norm = Weight(c.gdn_value_dim)
         self.out_proj = Linear(value_dim, c.hidden_size)
 
-    def forward(self, h: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None, cache: LayerCache
+    ) -> torch.Tensor:
         c = self.config
         tokens = h.shape[0]
         key_dim = c.gdn_key_heads * c.gdn_key_dim
-        mixed = ops.indexed_conv(self.in_proj_qkv(h), self.conv1d.weight[:, 0, :], rnd.conv_src)
+        state_cache, window_cache = cache
+        plan = rnd.checkpoint
+        qkv = self.in_proj_qkv(h)
+        # conv table: zero row, stream tokens, resumed conv windows (see layout)
+        windows = window_cache[plan.resume_slots].reshape(-1, c.conv_dim)
+        table = torch.cat([qkv.new_zeros(1, c.conv_dim), qkv, windows])
+        mixed = ops.indexed_conv(table, self.conv1d.weight[:, 0, :], rnd.conv_src)
         q, k, v = mixed.split([key_dim, key_dim, c.gdn_value_heads * c.gdn_value_dim], dim=-1)
         q = q.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
         k = k.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
@@ -231,9 +250,13 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(self.in_proj_b(h)).float()
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(h).float() + self.dt_bias.float())
         states = torch.zeros(
-            rnd.delta.num_slots, c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim, dtype=torch.float32, device=h.device
+            rnd.delta.num_rows, c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim, dtype=torch.float32, device=h.device
         )
+        states[1 : 1 + plan.resume_slots.numel()] = state_cache[plan.resume_slots]
         core = ops.gated_delta(q, k, v, g, beta, rnd.delta, states)
+        if plan.saves:
+            state_cache[plan.save_slots] = states[plan.save_rows]
+            window_cache[plan.save_slots] = table[plan.save_window_src]
         z = self.in_proj_z(h if rows is None else h[rows])
         if rows is not None:
             core = core[rows]
@@ -253,15 +276,21 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None, cache: LayerCache
+    ) -> torch.Tensor:
         mixer = self.self_attn if self.is_attention else self.linear_attn
-        mixed = mixer(self.input_layernorm(x), rnd, ops, rope, rows)
+        mixed = mixer(self.input_layernorm(x), rnd, ops, rope, rows, cache)
         x = (x if rows is None else x[rows]) + mixed
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Qwen35Model(nn.Module):
-    """The decoder; `forward(rnd, ops)` returns each question's option probabilities [R, L] (float32)."""
+    """The decoder; `forward(rnd, ops, caches)` returns each question's option probabilities [R, L] (float32).
+
+    `caches[i]` is layer i's view of the checkpoint pool: (keys, values) arenas for an attention layer,
+    (recurrent states, conv windows) arenas for a Gated DeltaNet layer.
+    """
 
     def __init__(self, config: Qwen35Config) -> None:
         super().__init__()
@@ -276,13 +305,13 @@ class Qwen35Model(nn.Module):
         return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
     @torch.inference_mode()
-    def forward(self, rnd: RoundTensors, ops: Ops) -> torch.Tensor:
+    def forward(self, rnd: RoundTensors, ops: Ops, caches: Sequence[LayerCache]) -> torch.Tensor:
         c = self.config
         x = F.embedding(rnd.ids, self.embed_tokens.weight)
         rope = rotary_tables(rnd.positions, c.rotary_dim, c.rope_theta, x.dtype)
         last = len(self.layers) - 1
-        for index, layer in enumerate(self.layers):
-            x = layer(x, rnd, ops, rope, rnd.readout.rows if index == last else None)
+        for index, (layer, cache) in enumerate(zip(self.layers, caches)):
+            x = layer(x, rnd, ops, rope, rnd.readout.rows if index == last else None, cache)
         h = self.norm(x)  # [R, hidden]
         label_rows = self.head_weight()[rnd.readout.label_ids]  # [R, L, hidden]
         logits = torch.einsum("rh,rlh->rl", h, label_rows).float()

@@ -1,0 +1,235 @@
+"""The checkpoint pool (DESIGN.md §7): model state at stable boundaries, on the device, under a byte budget.
+
+A checkpoint at position m holds, per Gated DeltaNet layer, the float32 recurrent state and the short-conv
+window (the K-1 conv inputs before m) in one *slot*, and refers to the full-attention keys/values of
+positions [0, m) in fixed-size *pages* (PAGE tokens, every attention layer). Pages are shared: a checkpoint
+that extends another (the same lineage, resumed and grown) references the same pages and appends into its
+last, partial page when nobody else has written past its end; a fork that diverges from a partial page
+copies that one page (copy-on-write), never the full pages before it. Pages are freed when no checkpoint
+refers to them; checkpoints are evicted least-recently-used when a slot or page is needed.
+
+All device memory is three arenas allocated once (slots, windows, pages), so kernels and captured graphs
+see fixed addresses; the host keeps the bookkeeping (free lists, reference counts, fill marks, the hash
+index) and hands the round planner plain integer tables.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from flide_sdk.history import BLOCK, TokenBuffer, Trunk
+from flide_sdk.layout import PAGE
+from flide_sdk.models.qwen35 import FULL_ATTENTION, LINEAR_ATTENTION, LayerCache, Qwen35Config
+
+
+@dataclass(eq=False)
+class Checkpoint:
+    """Model state after tokens [0, length) of `buffer`."""
+
+    buffer: TokenBuffer
+    length: int
+    slot: int
+    pages: list[int]
+    key: int  # chained hash of the first length // BLOCK blocks
+    pins: int = 0
+
+
+@dataclass(eq=False)
+class PlannedSave:
+    """A checkpoint to be written by a round: the pool slot, and the flat KV slots of positions [start, at)."""
+
+    checkpoint: Checkpoint
+    start: int
+    kv_slots: np.ndarray
+    page_copies: list[tuple[int, int]] = field(default_factory=list)
+
+
+class CheckpointPool:
+    """Device arenas for checkpoints plus their host bookkeeping; not thread-safe (the round thread owns it)."""
+
+    def __init__(
+        self,
+        config: Qwen35Config,
+        device: torch.device,
+        dtype: torch.dtype,
+        budget_bytes: int,
+        max_checkpoints: int | None = None,
+    ) -> None:
+        c = config
+        self.gdn_layers = [i for i, kind in enumerate(c.layer_types) if kind == LINEAR_ATTENTION]
+        self.attention_layers = [i for i, kind in enumerate(c.layer_types) if kind == FULL_ATTENTION]
+        element = torch.finfo(dtype).bits // 8
+        state_bytes = c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim * 4
+        window_bytes = (c.conv_kernel - 1) * c.conv_dim * element
+        self.slot_bytes = len(self.gdn_layers) * (state_bytes + window_bytes)
+        self.page_bytes = len(self.attention_layers) * 2 * PAGE * c.num_kv_heads * c.head_dim * element
+        slots = max_checkpoints if max_checkpoints is not None else max(4, int(0.25 * budget_bytes) // max(1, self.slot_bytes))
+        slots = max(1, min(slots, budget_bytes // max(1, self.slot_bytes)))
+        pages = max(1, (budget_bytes - slots * self.slot_bytes) // max(1, self.page_bytes))
+        self.num_slots, self.num_pages = slots, pages
+        self.states = torch.zeros(slots, len(self.gdn_layers), c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim,
+                                  dtype=torch.float32, device=device)
+        self.windows = torch.zeros(slots, len(self.gdn_layers), c.conv_kernel - 1, c.conv_dim, dtype=dtype, device=device)
+        self.kv = torch.zeros(len(self.attention_layers), 2, pages * PAGE, c.num_kv_heads, c.head_dim, dtype=dtype, device=device)
+        self._free_slots = list(range(slots - 1, -1, -1))
+        self._free_pages = list(range(pages - 1, -1, -1))
+        self._page_refs = np.zeros(pages, dtype=np.int64)
+        self._page_fill = np.zeros(pages, dtype=np.int64)  # entries written from the page start
+        self._lru: OrderedDict[Checkpoint, None] = OrderedDict()
+        self._index: dict[int, list[Checkpoint]] = {}
+        self.counters = {"checkpoints_saved": 0, "evictions": 0, "page_copies": 0}
+
+    # -------------------------------------------------------------------------------------- queries
+    @property
+    def capacity_bytes(self) -> int:
+        return self.num_slots * self.slot_bytes + self.num_pages * self.page_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        pages_used = self.num_pages - len(self._free_pages)
+        return len(self._lru) * self.slot_bytes + pages_used * self.page_bytes
+
+    @property
+    def num_checkpoints(self) -> int:
+        return len(self._lru)
+
+    def layer_caches(self) -> list[LayerCache]:
+        """Per model layer, its views of the arenas (what `Qwen35Model.forward` takes as `caches`)."""
+        caches: dict[int, LayerCache] = {}
+        for index, layer in enumerate(self.gdn_layers):
+            caches[layer] = (self.states[:, index], self.windows[:, index])
+        for index, layer in enumerate(self.attention_layers):
+            caches[layer] = (self.kv[index, 0], self.kv[index, 1])
+        return [caches[layer] for layer in sorted(caches)]
+
+    def lookup(self, trunk: Trunk) -> Checkpoint | None:
+        """The furthest checkpoint whose tokens match the start of `trunk` (strictly shorter than it)."""
+        for blocks in range((len(trunk) - 1) // BLOCK, -1, -1):
+            candidates = self._index.get(trunk.block_hash(blocks))
+            if not candidates:
+                continue
+            best = None
+            for checkpoint in candidates:
+                longer = best is None or checkpoint.length > best.length
+                if checkpoint.length < len(trunk) and longer and trunk.prefix_equals(checkpoint.buffer, checkpoint.length):
+                    best = checkpoint
+            if best is not None:
+                self._lru.move_to_end(best)
+                return best
+        return None
+
+    # ------------------------------------------------------------------------------------- planning
+    def pin(self, checkpoint: Checkpoint) -> None:
+        checkpoint.pins += 1
+
+    def unpin(self, checkpoint: Checkpoint) -> None:
+        checkpoint.pins -= 1
+
+    def plan_save(self, trunk: Trunk, resume: Checkpoint | None, at: int) -> PlannedSave | None:
+        """Reserve a slot and pages for a checkpoint of `trunk` at `at`, extending `resume`; None if it cannot fit."""
+        start = resume.length if resume is not None else 0
+        if at <= start:
+            return None
+        slot = self._take_slot()
+        if slot is None:
+            return None
+        pages: list[int] = []
+        copies: list[tuple[int, int]] = []
+        if resume is not None:
+            pages = list(resume.pages[: start // PAGE])
+            self._page_refs[pages] += 1
+            if start % PAGE:
+                old = resume.pages[start // PAGE]
+                if self._page_fill[old] == start % PAGE:
+                    self._page_refs[old] += 1
+                    pages.append(old)
+                else:
+                    new = self._take_page()
+                    if new is None:
+                        self._release(pages, slot)
+                        return None
+                    copies.append((old, new))
+                    self._page_fill[new] = start % PAGE
+                    pages.append(new)
+        while len(pages) * PAGE < at:
+            new = self._take_page()
+            if new is None:
+                self._release(pages, slot)
+                return None
+            pages.append(new)
+        for index in range(start // PAGE, len(pages)):
+            self._page_fill[pages[index]] = max(self._page_fill[pages[index]], min(PAGE, at - index * PAGE))
+        positions = np.arange(start, at)
+        kv_slots = np.asarray(pages, dtype=np.int64)[positions // PAGE] * PAGE + positions % PAGE
+        key = trunk.block_hash(at // BLOCK)
+        checkpoint = Checkpoint(trunk.buffer, at, slot, pages, key)
+        self.counters["page_copies"] += len(copies)
+        return PlannedSave(checkpoint, start, kv_slots, copies)
+
+    def commit(self, save: PlannedSave) -> None:
+        """Make a written checkpoint visible to lookups (after its round ran)."""
+        checkpoint = save.checkpoint
+        self._lru[checkpoint] = None
+        self._index.setdefault(checkpoint.key, []).append(checkpoint)
+        self.counters["checkpoints_saved"] += 1
+
+    def abort(self, save: PlannedSave) -> None:
+        """Give back what a save reserved (its round failed)."""
+        self._release(save.checkpoint.pages, save.checkpoint.slot)
+
+    def copy_pages(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole pages (every attention layer, keys and values) on the device."""
+        if not copies:
+            return
+        source, target = (torch.tensor(column, device=self.kv.device) for column in zip(*copies))
+        paged = self.kv.view(*self.kv.shape[:2], self.num_pages, PAGE, *self.kv.shape[3:])
+        paged[:, :, target] = paged[:, :, source]
+
+    def clear(self) -> None:
+        """Evict every checkpoint not in use by a running round."""
+        for checkpoint in [c for c in self._lru if c.pins == 0]:
+            self._evict(checkpoint)
+
+    # ------------------------------------------------------------------------------------- internals
+    def _take_slot(self) -> int | None:
+        while not self._free_slots:
+            if not self._evict_oldest():
+                return None
+        return self._free_slots.pop()
+
+    def _take_page(self) -> int | None:
+        while not self._free_pages:
+            if not self._evict_oldest():
+                return None
+        page = self._free_pages.pop()
+        self._page_refs[page] = 1
+        self._page_fill[page] = 0
+        return page
+
+    def _evict_oldest(self) -> bool:
+        victim = next((c for c in self._lru if c.pins == 0), None)
+        if victim is None:
+            return False
+        self._evict(victim)
+        self.counters["evictions"] += 1
+        return True
+
+    def _evict(self, checkpoint: Checkpoint) -> None:
+        del self._lru[checkpoint]
+        bucket = self._index[checkpoint.key]
+        bucket.remove(checkpoint)
+        if not bucket:
+            del self._index[checkpoint.key]
+        self._release(checkpoint.pages, checkpoint.slot)
+
+    def _release(self, pages: list[int], slot: int) -> None:
+        for page in pages:
+            self._page_refs[page] -= 1
+            if self._page_refs[page] == 0:
+                self._page_fill[page] = 0
+                self._free_pages.append(page)
+        self._free_slots.append(slot)

@@ -1,0 +1,71 @@
+"""`Session`: an agent's growing history, asked about step after step, each step computing only what is new.
+
+A session is a `History` (appends are cheap: no compute, no tokenization) bound to an engine. Each ask
+tokenizes only the mutable tail and the new text, and its round saves a checkpoint at the new stable
+boundary; the next ask of this session, of a fork, or of any request starting with the same tokens
+resumes from it. `fork()` copies the history (not the device state: checkpoints are shared in the pool).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from flide_sdk.errors import InvalidStateError
+from flide_sdk.history import History
+from flide_sdk.questions import Answer
+
+if TYPE_CHECKING:
+    from flide_sdk.engine import Engine
+
+
+class Session:
+    """Create with `engine.session()`; `append` text or messages, `await ask(questions)`, `fork()`."""
+
+    def __init__(self, engine: Engine, history: History) -> None:
+        self.engine = engine
+        self._history = history
+        self._closed = False
+
+    def append(self, item: str | dict[str, Any]) -> None:
+        """Add text (concatenated to a text state) or a message dict with `role`/`content` (a list state)."""
+        self._check_open()
+        self._history.append(item)
+
+    async def ask(self, questions: Any) -> dict[str, Answer]:
+        """Answer `questions` about the history so far."""
+        self._check_open()
+        return await self.engine.submit(self.engine.prepare(self._history.snapshot(), questions))
+
+    def ask_sync(self, questions: Any, timeout: float | None = None) -> dict[str, Answer]:
+        """Blocking `ask`, for scripts."""
+        self._check_open()
+        return self.engine.submit_sync(self.engine.prepare(self._history.snapshot(), questions), timeout)
+
+    def fork(self) -> Session:
+        """A session with the same history that then diverges (shares every checkpoint so far)."""
+        self._check_open()
+        return Session(self.engine, self._history.fork())
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Refuse further appends and asks (checkpoints stay in the pool until evicted)."""
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidStateError("this session is closed")
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
