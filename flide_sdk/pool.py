@@ -67,9 +67,10 @@ class CheckpointPool:
         window_bytes = (c.conv_kernel - 1) * c.conv_dim * element
         self.slot_bytes = len(self.gdn_layers) * (state_bytes + window_bytes)
         self.page_bytes = len(self.attention_layers) * 2 * PAGE * c.num_kv_heads * c.head_dim * element
-        slots = max_checkpoints if max_checkpoints is not None else max(4, int(0.25 * budget_bytes) // max(1, self.slot_bytes))
-        slots = max(1, min(slots, budget_bytes // max(1, self.slot_bytes)))
-        pages = max(1, (budget_bytes - slots * self.slot_bytes) // max(1, self.page_bytes))
+        slot_bytes, page_bytes = max(1, self.slot_bytes), max(1, self.page_bytes)
+        wanted = max_checkpoints if max_checkpoints is not None else max(4, int(0.25 * budget_bytes) // slot_bytes)
+        slots = min(wanted, budget_bytes // slot_bytes)  # a zero budget disables checkpoints
+        pages = (budget_bytes - slots * self.slot_bytes) // page_bytes
         self.num_slots, self.num_pages = slots, pages
         self.states = torch.zeros(slots, len(self.gdn_layers), c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim,
                                   dtype=torch.float32, device=device)

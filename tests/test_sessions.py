@@ -1,0 +1,282 @@
+"""Sessions: resumed answers stay exact, each step computes only what is new, the pool evicts and shares,
+admission defers asks that wait for a checkpoint of the same round, and errors stay local."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+
+import numpy as np
+import pytest
+
+import flide_sdk as fl
+
+from .conftest import TOLERANCE, answer_probabilities, reference_probabilities
+
+QUESTIONS = {
+    "stuck": fl.Noul("Is the agent stuck in a loop?"),
+    "next": fl.Choice("What comes next?", {"read": "inspect code", "edit": None, "test": "run tests", "submit": None}),
+    "done": fl.Score("How close to done?", ["far", "halfway", "close", "done"]),
+}
+WORDS = "the agent opened the file read line 12 found an error edited the function and ran the tests again".split()
+
+
+def growth(rng: random.Random) -> str:
+    """20 to 200 tokens of text; often ends mid-word so the next append changes the last merge."""
+    text = " " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(12, 120)))
+    return text + rng.choice(["", "", "ing", " test", ".", "\n"])
+
+
+def probabilities(answers: dict) -> np.ndarray:
+    return np.concatenate([answer_probabilities(answers[name]) for name in sorted(answers)])
+
+
+def check(answers, fresh_engine, hf_model, state) -> float:
+    fresh = fresh_engine.ask_sync(state, QUESTIONS)
+    worst = float(np.abs(probabilities(answers) - probabilities(fresh)).max())
+    rendered = fresh_engine.render(state, QUESTIONS)
+    for name in QUESTIONS:
+        expected = reference_probabilities(hf_model, rendered, name)
+        worst = max(worst, float(np.abs(answer_probabilities(answers[name]) - expected).max()))
+    assert worst <= TOLERANCE, worst
+    return worst
+
+
+@pytest.fixture
+def fresh(tiny_path):
+    with fl.Engine.load(tiny_path, device="cpu", pool_bytes=0) as engine:  # no checkpoints: computes everything
+        yield engine
+
+
+def test_text_session_and_fork_stay_exact_and_compute_only_new_tokens(engine, fresh, hf_tiny):
+    rng = random.Random(0)
+    session = engine.session()
+    state = ""
+    fork = fork_state = None
+    previous = None  # (trunk tokens, mutable tail) of the previous step
+    for step in range(30):
+        piece = growth(rng)
+        session.append(piece)
+        state += piece
+        before = engine.stats()
+        answers = session.ask_sync(QUESTIONS)
+        after = engine.stats()
+        check(answers, fresh, hf_tiny, state)
+        rendered = engine.render(state, QUESTIONS)
+        trunk_tokens = len(rendered.state_ids)
+        branch_tokens = sum(len(q.ids) for q in rendered.questions.values())
+        computed = after["tokens_computed"] - before["tokens_computed"]
+        tail = after["mutable_tail_tokens"]
+        assert tail <= 64
+        if previous is not None:
+            new_tokens = trunk_tokens - previous[0]
+            assert computed <= new_tokens + previous[1] + branch_tokens, (step, computed)
+            assert after["tokens_resumed"] - before["tokens_resumed"] >= previous[0] - previous[1]
+        previous = (trunk_tokens, tail)
+        if step == 10:
+            fork, fork_state = session.fork(), state
+        if fork is not None and step >= 10:
+            piece = growth(rng)
+            fork.append(piece)
+            fork_state += piece
+            check(fork.ask_sync(QUESTIONS), fresh, hf_tiny, fork_state)
+    assert engine.stats()["checkpoint_hits"] >= 48
+
+
+def test_message_session_stays_exact(engine, fresh, hf_tiny):
+    rng = random.Random(1)
+    session = engine.session()
+    messages: list[dict] = []
+    for step in range(12):
+        message = {"role": rng.choice(["assistant", "tool", "user"]), "content": growth(rng).strip()}
+        session.append(message)
+        messages.append(message)
+        check(session.ask_sync(QUESTIONS), fresh, hf_tiny, messages)
+    stats = engine.stats()
+    assert stats["checkpoint_hits"] == 11 and stats["max_mutable_tail_tokens"] <= 64
+
+
+def test_any_request_with_the_same_start_resumes(engine, fresh, hf_tiny):
+    document = " ".join(WORDS * 20)
+    engine.ask_sync(document, QUESTIONS)
+    before = engine.stats()
+    answers = engine.ask_sync(document + " and one more line", QUESTIONS)
+    after = engine.stats()
+    assert after["checkpoint_hits"] - before["checkpoint_hits"] == 1
+    assert after["tokens_resumed"] - before["tokens_resumed"] > 200
+    check(answers, fresh, hf_tiny, document + " and one more line")
+
+
+def test_lru_eviction_and_pool_bytes(tiny_path, fresh, hf_tiny):
+    with fl.Engine.load(tiny_path, device="cpu", pool_checkpoints=3) as engine:
+        start_bytes = engine.stats()["pool_bytes"]
+        sessions = [engine.session() for _ in range(4)]
+        states = [f"session {i}: " + " ".join(WORDS * 3) for i in range(4)]
+        for session, state in zip(sessions, states):
+            session.append(state)
+            session.ask_sync(QUESTIONS)
+        stats = engine.stats()
+        assert stats["checkpoints"] == 3 and stats["evictions"] == 1
+        # session 0 was least recently used: its checkpoint is gone, it recomputes, still exactly
+        sessions[0].append(" more")
+        before = engine.stats()
+        answers = sessions[0].ask_sync(QUESTIONS)
+        after = engine.stats()
+        assert after["checkpoint_misses"] - before["checkpoint_misses"] == 1
+        check(answers, fresh, hf_tiny, states[0] + " more")
+        # session 3 was used recently: it still resumes
+        sessions[3].append(" more")
+        before = engine.stats()
+        sessions[3].ask_sync(QUESTIONS)
+        assert engine.stats()["checkpoint_hits"] - before["checkpoint_hits"] == 1
+        for session in sessions:
+            session.close()
+        engine.clear_pool()
+        stats = engine.stats()
+        assert stats["pool_bytes"] == start_bytes and stats["checkpoints"] == 0
+
+
+def test_fork_shares_pages_without_copies(engine):
+    parent = engine.session()
+    parent.append(" ".join(WORDS * 10))
+    parent.ask_sync(QUESTIONS)
+    (parent_checkpoint,) = list(engine.pool._lru)
+    child = parent.fork()
+    child.append(" the child goes on alone")
+    copies = engine.stats()["page_copies"]
+    child.ask_sync(QUESTIONS)
+    assert engine.stats()["page_copies"] == copies
+    child_checkpoint = next(reversed(engine.pool._lru))
+    shared = parent_checkpoint.length // 64
+    assert child_checkpoint.pages[:shared] == parent_checkpoint.pages[:shared]
+    parent.append(" the parent goes elsewhere")
+    parent.ask_sync(QUESTIONS)  # diverging from the same partial page copies at most that page
+    assert engine.stats()["page_copies"] - copies <= 1
+
+
+@pytest.mark.asyncio
+async def test_many_sessions_share_rounds(tiny_path):
+    async with fl.Engine.load(tiny_path, device="cpu") as engine:
+        sessions = [engine.session() for _ in range(64)]
+        for i, session in enumerate(sessions):
+            session.append(f"agent {i} " + " ".join(WORDS[i % 5 :]))
+        with engine.admission_paused():
+            tasks = [asyncio.ensure_future(s.ask(QUESTIONS)) for s in sessions]
+            await asyncio.sleep(0.05)
+        answers = await asyncio.gather(*tasks)
+        stats = engine.stats()
+        assert len(answers) == 64 and stats["asks"] == 64
+        assert stats["rounds"] < 64
+
+
+@pytest.mark.asyncio
+async def test_ask_waiting_for_a_checkpoint_of_the_same_round_is_deferred(tiny_path, hf_tiny):
+    async with fl.Engine.load(tiny_path, device="cpu") as engine:
+        session = engine.session()
+        session.append(" ".join(WORDS * 8))
+        others = [engine.session() for _ in range(3)]
+        for i, other in enumerate(others):
+            other.append(f"independent {i} " + " ".join(WORDS))
+        finished: list[str] = []
+
+        def track(name: str, task: asyncio.Future) -> asyncio.Future:
+            task.add_done_callback(lambda _: finished.append(name))
+            return task
+
+        with engine.admission_paused():
+            first = track("first", asyncio.ensure_future(session.ask(QUESTIONS)))
+            await asyncio.sleep(0.01)
+            session.append(" " + " ".join(WORDS * 2))
+            second = track("second", asyncio.ensure_future(session.ask(QUESTIONS)))
+            independent = [track(f"other{i}", asyncio.ensure_future(o.ask(QUESTIONS))) for i, o in enumerate(others)]
+            await asyncio.sleep(0.05)
+        await asyncio.gather(first, second, *independent)
+        stats = engine.stats()
+        assert stats["rounds"] == 2 and stats["deferred"] == 1
+        assert finished[-1] == "second" and set(finished[:-1]) == {"first", "other0", "other1", "other2"}
+        assert stats["checkpoint_hits"] == 1  # the second ask resumed from the first one's checkpoint
+
+
+@pytest.mark.asyncio
+async def test_identical_trunks_in_a_round_are_computed_once(tiny_path):
+    async with fl.Engine.load(tiny_path, device="cpu") as engine:
+        state = " ".join(WORDS * 4)
+        with engine.admission_paused():
+            tasks = [asyncio.ensure_future(engine.ask(state, {name: q})) for name, q in QUESTIONS.items()]
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*tasks)
+        stats = engine.stats()
+        rendered = engine.render(state, QUESTIONS)
+        assert stats["rounds"] == 1 and stats["merged_trunks"] == 2
+        assert stats["tokens_computed"] == len(rendered.state_ids) + sum(len(q.ids) for q in rendered.questions.values())
+
+
+@pytest.mark.asyncio
+async def test_cancel_bad_ask_and_backpressure_with_sessions(tiny_path):
+    async with fl.Engine.load(tiny_path, device="cpu", max_pending=2) as engine:
+        a, b, c = engine.session(), engine.session(), engine.session()
+        for s in (a, b, c):
+            s.append("a short history of the agent")
+        with engine.admission_paused():
+            keep = asyncio.ensure_future(a.ask(QUESTIONS))
+            drop = asyncio.ensure_future(b.ask(QUESTIONS))
+            waiting = asyncio.ensure_future(c.ask(QUESTIONS))  # the queue holds 2: this one waits for room
+            await asyncio.sleep(0.05)
+            assert not waiting.done()
+            drop.cancel()
+            with pytest.raises(fl.InvalidQuestionError):
+                await a.ask({"bad": fl.Choice("?", {f"o{i}": None for i in range(30)})})
+        results = await asyncio.gather(keep, waiting)
+        with pytest.raises(asyncio.CancelledError):
+            await drop
+        assert all(set(r) == set(QUESTIONS) for r in results)
+        alone = await a.ask(QUESTIONS)
+        assert np.abs(probabilities(alone) - probabilities(results[0])).max() < 1e-5
+
+
+def test_sessions_on_several_threads_resolve_on_their_own_loops(engine):
+    outcome: dict[int, tuple[int, int, dict]] = {}
+
+    def worker(index: int) -> None:
+        async def run() -> tuple[int, int, dict]:
+            session = engine.session()
+            session.append(f"thread {index} history")
+            answers = await session.ask(QUESTIONS)
+            return threading.get_ident(), id(asyncio.get_running_loop()), answers
+
+        outcome[index] = asyncio.run(run())
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert sorted(outcome) == list(range(6))
+    assert len({ident for ident, _, _ in outcome.values()}) == 6
+    assert all(set(answers) == set(QUESTIONS) for _, _, answers in outcome.values())
+
+
+@pytest.mark.asyncio
+async def test_aclose_fails_pending_session_asks(tiny_path):
+    engine = fl.Engine.load(tiny_path, device="cpu")
+    session = engine.session()
+    session.append("history")
+    with engine.admission_paused():
+        pending = [asyncio.ensure_future(session.ask(QUESTIONS)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(engine.aclose(), timeout=30)
+    for task in pending:
+        with pytest.raises(fl.errors.EngineClosed):
+            await asyncio.wait_for(task, timeout=30)
+    with pytest.raises(fl.errors.EngineClosed):
+        await session.ask(QUESTIONS)
+
+
+def test_closed_session_refuses(engine):
+    session = engine.session()
+    session.close()
+    with pytest.raises(fl.InvalidStateError):
+        session.append("x")
+    with pytest.raises(fl.InvalidStateError):
+        session.ask_sync(QUESTIONS)
