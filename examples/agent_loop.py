@@ -3,9 +3,10 @@
     python examples/agent_loop.py                      # embedded tiny model, random weights, CPU
     python examples/agent_loop.py --model DIR --device cuda
 
-Each step appends the agent's action and the tool's observation to the history (a list of messages) and
+Each step appends the agent's action and the tool's observation to its session (a list of messages) and
 asks three questions at once: a Noul (is the agent stuck?), a Choice (what kind of action comes next?)
-and a Score (how close to done?). All three run as branches of one request over the same history.
+and a Score (how close to done?). All three run as branches of one request over the same history, and
+from the second step on the history resumes from the checkpoint the previous step saved.
 """
 
 from __future__ import annotations
@@ -46,17 +47,24 @@ def describe(answers: dict) -> str:
 
 
 async def run(engine: fl.Engine, steps: int) -> None:
-    history = [{"role": "user", "content": "Fix the failing refund test in the orders service."}]
+    session = engine.session()  # the agent's growing history; each step resumes from the last checkpoint
+    session.append({"role": "user", "content": "Fix the failing refund test in the orders service."})
     for step in range(steps):
         for role, content in SCRIPT[2 * step : 2 * step + 2]:
-            history.append({"role": role, "content": content})
-        rendered = engine.render(history, QUESTIONS)
+            session.append({"role": role, "content": content})
+        before = engine.stats()
         started = time.perf_counter()
-        answers = await engine.ask(history, QUESTIONS)
+        answers = await session.ask(QUESTIONS)
         latency_ms = (time.perf_counter() - started) * 1000
-        print(f"step {step + 1}: {len(rendered.state_ids):4d} history tokens, {latency_ms:7.1f} ms | {describe(answers)}")
+        after = engine.stats()
+        computed = after["tokens_computed"] - before["tokens_computed"]
+        resumed = after["tokens_resumed"] - before["tokens_resumed"]
+        print(f"step {step + 1}: {resumed:4d} tokens resumed, {computed:4d} computed, {latency_ms:7.1f} ms | {describe(answers)}")
     stats = engine.stats()
-    print(f"done: {stats['rounds']} rounds, {stats['tokens_computed']} tokens computed, {stats['round_seconds']:.2f} s in rounds")
+    print(
+        f"done: {stats['rounds']} rounds, {stats['tokens_computed']} tokens computed, {stats['tokens_resumed']} resumed "
+        f"from {stats['checkpoint_hits']} checkpoint hits, {stats['round_seconds']:.2f} s in rounds"
+    )
 
 
 def main() -> None:
