@@ -76,8 +76,11 @@ class AttentionPlan:
     key_lo: torch.Tensor  # [T] first stream index of the token's request
     ctx_hi: torch.Tensor  # [T] end of the fully visible range [key_lo, ctx_hi) (the trunk, for branch tokens)
     seg_lo: torch.Tensor  # [T] start of the token's own causal segment
-    request_bounds: list[tuple[int, int]]  # host: stream [start, end) of each request
-    history: list[tuple[int, torch.Tensor | None]]  # per request: cached length r and its KV pages
+    request_of: torch.Tensor  # [T] request index of each token
+    history_len: torch.Tensor  # [R] cached positions [0, r) of each request (keys/values in pool pages)
+    page_table: torch.Tensor  # [R, max pages] pool page of each cached PAGE-token block, padded with 0
+    request_bounds: list[tuple[int, int]]  # host: stream [start, end) of each request (reference op)
+    history: list[tuple[int, torch.Tensor | None]]  # host: per request, cached length r and its pages
 
 
 @dataclass
@@ -155,6 +158,7 @@ class HostRound:
     key_lo: np.ndarray
     ctx_hi: np.ndarray
     seg_lo: np.ndarray
+    request_of: np.ndarray
     request_bounds: list[tuple[int, int]]
     history: list[tuple[int, np.ndarray | None]]
     levels: list[_HostLevel]
@@ -180,10 +184,19 @@ class HostRound:
 
         levels = [DeltaLevel(dev(v.chunk_tokens), v.active, dev(v.init_row), dev(v.final_row)) for v in self.levels]
         history = [(length, None if pages is None else dev(pages)) for length, pages in self.history]
+        history_len = np.array([length for length, _ in self.history], dtype=np.int64)
+        page_table = np.zeros((len(self.history), max(1, -(-int(history_len.max(initial=0)) // PAGE))), dtype=np.int64)
+        for row, (length, pages) in enumerate(self.history):
+            if length:
+                page_table[row, : len(pages)] = pages
+        attention = AttentionPlan(
+            dev(self.key_lo), dev(self.ctx_hi), dev(self.seg_lo), dev(self.request_of), dev(history_len),
+            dev(page_table), self.request_bounds, history,
+        )
         return RoundTensors(
             ids=dev(self.ids),
             positions=dev(self.positions),
-            attention=AttentionPlan(dev(self.key_lo), dev(self.ctx_hi), dev(self.seg_lo), self.request_bounds, history),
+            attention=attention,
             delta=DeltaPlan(levels, self.num_rows),
             conv_src=dev(self.conv_src),
             checkpoint=CheckpointPlan(
@@ -231,6 +244,7 @@ def plan_round(requests: Sequence[RequestSpec], conv_kernel: int) -> HostRound:
     key_lo = np.empty(total, dtype=np.int64)
     ctx_hi = np.empty(total, dtype=np.int64)
     seg_lo = np.empty(total, dtype=np.int64)
+    request_of = np.empty(total, dtype=np.int64)
     conv_src = np.zeros((total, conv_kernel), dtype=np.int64)
     taps = np.arange(-(conv_kernel - 1), 1, dtype=np.int64)
 
@@ -291,6 +305,7 @@ def plan_round(requests: Sequence[RequestSpec], conv_kernel: int) -> HostRound:
             cursor += len(branch)
             build.readout_rows.append(cursor - 1)
             build.labels.append(np.asarray(label, dtype=np.int64))
+        request_of[start:cursor] = len(build.request_bounds)
         build.request_bounds.append((start, cursor))
 
     max_labels = max((len(label) for label in build.labels), default=1)
@@ -307,6 +322,7 @@ def plan_round(requests: Sequence[RequestSpec], conv_kernel: int) -> HostRound:
         key_lo=key_lo,
         ctx_hi=ctx_hi,
         seg_lo=seg_lo,
+        request_of=request_of,
         request_bounds=build.request_bounds,
         history=build.history,
         levels=[level for level in levels if level is not None],

@@ -5,14 +5,28 @@ pages), the stream keys [key_lo[t], ctx_hi[t]) (its request's trunk, for branch 
 [seg_lo[t], t] (its own segment up to itself), and nothing else: never another branch, never another
 request. `fork_attention_reference` is the definition: it runs one dense masked attention per request,
 which is exact and simple and is what the engine uses on CPU.
+
+`fork_attention_triton` is the kernel (flash-attention style online softmax, fp32 accumulation). Its tile
+table is built on the device from the metadata (`plan_tiles`): the query rows are cut into tiles of at most
+BLOCK_M rows that never cross a *region* (a request's trunk rows, or a request's branch rows), so all
+rows of a tile share their history and their fully visible keys. A tile then visits three key ranges:
+the cached history (one pool page per key block, no mask but the length), the keys every row of the
+tile sees (its trunk for branch rows, the earlier trunk for trunk rows: loaded without a mask), and the
+keys only some rows see (the tile's own rows and, for branch rows, the start of their branches), the
+only blocks that are masked. Launch shapes depend on the number of query rows and requests alone.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 from flide_sdk.layout import PAGE, AttentionPlan
+
+BLOCK_M = 64
+BLOCK_N = PAGE  # a history key block is exactly one pool page
 
 
 def fork_attention_reference(
@@ -52,4 +66,149 @@ def fork_attention_reference(
         vh = v_req.transpose(0, 1).repeat_interleave(group, dim=0)
         attended = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible, scale=head_dim**-0.5)
         out[mine] = attended.transpose(0, 1)
+    return out
+
+
+def plan_tiles(rows: torch.Tensor, ctx_hi: torch.Tensor, num_requests: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Device-side tile table for query `rows` (sorted stream indices): (tile_start, num_tiles, max_tiles).
+
+    A region is identified by ctx_hi (a request's start for its trunk rows, its trunk end for its branch
+    rows). Tile i covers rows[tile_start[i]:tile_start[i + 1]]; entries past num_tiles hold len(rows).
+    """
+    count = rows.shape[0]
+    max_tiles = -(-count // BLOCK_M) + 2 * num_requests
+    index = torch.arange(count, device=rows.device)
+    region = ctx_hi[rows]
+    new_region = torch.ones_like(index, dtype=torch.bool)
+    new_region[1:] = region[1:] != region[:-1]
+    region_first = torch.cummax(torch.where(new_region, index, 0), dim=0).values
+    is_start = (index - region_first) % BLOCK_M == 0
+    tile_of = torch.cumsum(is_start, dim=0) - 1
+    tile_start = torch.full((max_tiles + 2,), count, dtype=torch.int64, device=rows.device)
+    tile_start.scatter_(0, torch.where(is_start, tile_of, max_tiles + 1), index)
+    return tile_start, is_start.sum().reshape(1), max_tiles
+
+
+@triton.jit
+def _attend_block(
+    q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE: tl.constexpr
+):
+    """One key block of the online softmax; `key_ok` masks loads, `visible` (or None) masks scores."""
+    k = tl.load(k_ptrs, mask=key_ok[:, None], other=0.0)
+    v = tl.load(v_ptrs, mask=key_ok[:, None], other=0.0)
+    if IEEE:
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        scores = tl.dot(q, tl.trans(k))
+    scores = scores * scale_log2
+    scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(scores - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _fork_attention_kernel(
+    q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, o_ptr,
+    rows_ptr, tile_start_ptr, num_tiles_ptr,
+    key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, request_of_ptr, history_len_ptr, page_table_ptr, page_stride,
+    stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om, stride_oh,
+    scale_log2,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    if tile >= tl.load(num_tiles_ptr):
+        return
+    kv_head = head // GROUP
+    i0 = tl.load(tile_start_ptr + tile)
+    i1 = tl.load(tile_start_ptr + tile + 1)
+    offs_i = i0 + tl.arange(0, BM)
+    row_ok = offs_i < i1
+    rows = tl.load(rows_ptr + offs_i, mask=row_ok, other=0)
+    first = tl.load(rows_ptr + i0)
+    last = tl.load(rows_ptr + i1 - 1)
+    request = tl.load(request_of_ptr + first)
+    key_lo = tl.load(key_lo_ptr + first)
+    ctx_hi = tl.load(ctx_hi_ptr + first)
+    seg_lo = tl.load(seg_lo_ptr + rows, mask=row_ok, other=0)
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + offs_i[:, None] * stride_qm + head * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0)
+
+    m_i = tl.full((BM,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, HEAD_DIM), tl.float32)
+    n = tl.arange(0, BN)
+    everyone = tl.full((BM, BN), 1, tl.int1)
+
+    # 1. cached history: one pool page per block, visible to every row
+    history = tl.load(history_len_ptr + request)
+    for start in range(0, history, BN):
+        page = tl.load(page_table_ptr + request * page_stride + start // BN)
+        key_ok = start + n < history
+        slots = page * BN + n
+        k_ptrs = kc_ptr + slots[:, None] * stride_cm + kv_head * stride_ch + d[None, :]
+        v_ptrs = vc_ptr + slots[:, None] * stride_cm + kv_head * stride_ch + d[None, :]
+        acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, key_ok[None, :] & everyone,
+                                      scale_log2, IEEE)
+
+    # 2. stream keys every row sees: the trunk (branch tiles) or the trunk before the tile (trunk tiles)
+    branch_tile = ctx_hi > key_lo
+    full_hi = tl.where(branch_tile, ctx_hi, first)
+    for start in range(key_lo, full_hi, BN):
+        keys = start + n
+        key_ok = keys < full_hi
+        k_ptrs = k_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
+        v_ptrs = v_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
+        acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, key_ok[None, :] & everyone,
+                                      scale_log2, IEEE)
+
+    # 3. keys only some rows see: masked by each row's own segment and causality
+    masked_lo = tl.where(branch_tile, tl.load(seg_lo_ptr + first), first)
+    for start in range(masked_lo, last + 1, BN):
+        keys = start + n
+        key_ok = keys <= last
+        visible = (keys[None, :] >= seg_lo[:, None]) & (keys[None, :] <= rows[:, None]) & key_ok[None, :]
+        k_ptrs = k_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
+        v_ptrs = v_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
+        acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_ptrs = o_ptr + offs_i[:, None] * stride_om + head * stride_oh + d[None, :]
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def fork_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: AttentionPlan,
+    query_rows: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> torch.Tensor:
+    """The Triton kernel behind the same contract as `fork_attention_reference` (no host synchronisation)."""
+    heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    rows = torch.arange(k.shape[0], device=q.device) if query_rows is None else query_rows
+    tile_start, num_tiles, max_tiles = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0])
+    out = torch.empty_like(q)
+    ieee = q.dtype == torch.float32
+    _fork_attention_kernel[(max_tiles, heads)](
+        q, k, v, k_cache, v_cache, out,
+        rows, tile_start, num_tiles,
+        plan.key_lo, plan.ctx_hi, plan.seg_lo, plan.request_of, plan.history_len, plan.page_table,
+        plan.page_table.stride(0),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0), k_cache.stride(1),
+        out.stride(0), out.stride(1),
+        head_dim**-0.5 * 1.4426950408889634,
+        GROUP=heads // kv_heads, HEAD_DIM=head_dim, BM=BLOCK_M, BN=BLOCK_N, IEEE=ieee,
+        num_warps=8 if head_dim >= 128 else 4, num_stages=2,
+    )
     return out

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # CI has no GPU: Triton kernels run in the interpreter (set before triton loads)
+
 import random
 from pathlib import Path
 

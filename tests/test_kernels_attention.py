@@ -1,0 +1,65 @@
+"""ForkAttention's Triton kernel (run by the interpreter on CPU) against its torch reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flide_sdk.kernels.fork_attention import BLOCK_M, fork_attention_reference, fork_attention_triton, plan_tiles
+from flide_sdk.layout import PAGE, RequestSpec, Resume, plan_round
+
+
+def round_with_history(seed: int, heads: int, kv_heads: int, dim: int):
+    """Requests with trunks of 1..130 tokens, 1..16 branches, some resuming after a paged history."""
+    rng = np.random.default_rng(seed)
+    pages_total = 12
+    k_cache = torch.randn(pages_total * PAGE, kv_heads, dim)
+    v_cache = torch.randn(pages_total * PAGE, kv_heads, dim)
+    requests = []
+    for trunk_len, history in [(1, 0), (63, 0), (64, 70), (65, 0), (130, 129), (5, 1)]:
+        branches = [rng.integers(0, 50, rng.integers(1, 70)) for _ in range(rng.integers(1, 17))]
+        resume = None
+        if history:
+            pages = rng.choice(pages_total, size=-(-history // PAGE), replace=False)
+            resume = Resume(slot=0, pages=pages)
+        requests.append(RequestSpec(rng.integers(0, 50, trunk_len), branches, [np.array([1])] * len(branches),
+                                    start=history, resume=resume))
+    rnd = plan_round(requests, 4).to("cpu")
+    total = rnd.ids.shape[0]
+    q = torch.randn(total, heads, dim)
+    k, v = torch.randn(total, kv_heads, dim), torch.randn(total, kv_heads, dim)
+    return rnd, q, k, v, k_cache, v_cache
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.mark.parametrize(("seed", "heads", "kv_heads", "dim"), [(0, 4, 2, 16), (1, 2, 2, 32)])
+def test_triton_matches_reference_on_every_row(seed, heads, kv_heads, dim):
+    rnd, q, k, v, k_cache, v_cache = round_with_history(seed, heads, kv_heads, dim)
+    expected = fork_attention_reference(q, k, v, rnd.attention, None, k_cache, v_cache)
+    got = fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache)
+    assert relative_error(got, expected) <= 1e-5
+
+
+def test_triton_matches_reference_on_readout_rows():
+    rnd, q, k, v, k_cache, v_cache = round_with_history(2, 4, 2, 16)
+    rows = rnd.readout.rows
+    expected = fork_attention_reference(q[rows], k, v, rnd.attention, rows, k_cache, v_cache)
+    got = fork_attention_triton(q[rows], k, v, rnd.attention, rows, k_cache, v_cache)
+    assert relative_error(got, expected) <= 1e-5
+
+
+def test_tile_table_partitions_rows_by_region():
+    rnd, *_ = round_with_history(3, 2, 2, 16)
+    rows = torch.arange(rnd.ids.shape[0])
+    tile_start, num_tiles, max_tiles = plan_tiles(rows, rnd.attention.ctx_hi, rnd.attention.history_len.shape[0])
+    starts = tile_start[: int(num_tiles) + 1].tolist()
+    assert starts[0] == 0 and starts[-1] == len(rows) and int(num_tiles) <= max_tiles
+    region = rnd.attention.ctx_hi
+    for lo, hi in zip(starts, starts[1:]):
+        assert 0 < hi - lo <= BLOCK_M
+        assert bool((region[lo:hi] == region[lo]).all())
+    assert (tile_start[int(num_tiles) + 1 : max_tiles + 1] == len(rows)).all()
