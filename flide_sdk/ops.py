@@ -28,7 +28,7 @@ class Ops:
     gated_delta: Callable[
         [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, DeltaPlan, torch.Tensor], torch.Tensor
     ]
-    indexed_conv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    indexed_conv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 reference_ops = Ops(
@@ -37,3 +37,16 @@ reference_ops = Ops(
     indexed_conv=indexed_conv_reference,
 )
 
+
+
+def kernel_ops() -> Ops:
+    """The Triton kernels (used on CUDA; on CPU they run only under TRITON_INTERPRET=1, for tests)."""
+    from flide_sdk.kernels.fork_attention import fork_attention_triton
+    from flide_sdk.kernels.short_conv import indexed_conv_triton
+
+    return Ops(fork_attention=fork_attention_triton, gated_delta=gated_delta_reference, indexed_conv=indexed_conv_triton)
+
+
+def ops_for(device: torch.device) -> Ops:
+    """The op set the engine uses on `device`: kernels on CUDA, the torch references elsewhere."""
+    return kernel_ops() if device.type == "cuda" else reference_ops

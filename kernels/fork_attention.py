@@ -69,20 +69,22 @@ def fork_attention_reference(
     return out
 
 
-def plan_tiles(rows: torch.Tensor, ctx_hi: torch.Tensor, num_requests: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def plan_tiles(
+    rows: torch.Tensor, ctx_hi: torch.Tensor, num_requests: int, block_m: int = BLOCK_M
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Device-side tile table for query `rows` (sorted stream indices): (tile_start, num_tiles, max_tiles).
 
     A region is identified by ctx_hi (a request's start for its trunk rows, its trunk end for its branch
     rows). Tile i covers rows[tile_start[i]:tile_start[i + 1]]; entries past num_tiles hold len(rows).
     """
     count = rows.shape[0]
-    max_tiles = -(-count // BLOCK_M) + 2 * num_requests
+    max_tiles = -(-count // block_m) + 2 * num_requests
     index = torch.arange(count, device=rows.device)
     region = ctx_hi[rows]
     new_region = torch.ones_like(index, dtype=torch.bool)
     new_region[1:] = region[1:] != region[:-1]
     region_first = torch.cummax(torch.where(new_region, index, 0), dim=0).values
-    is_start = (index - region_first) % BLOCK_M == 0
+    is_start = (index - region_first) % block_m == 0
     tile_of = torch.cumsum(is_start, dim=0) - 1
     tile_start = torch.full((max_tiles + 2,), count, dtype=torch.int64, device=rows.device)
     tile_start.scatter_(0, torch.where(is_start, tile_of, max_tiles + 1), index)
@@ -193,11 +195,20 @@ def fork_attention_triton(
     query_rows: torch.Tensor | None,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    *,
+    block_m: int = BLOCK_M,
+    num_warps: int | None = None,
+    num_stages: int = 2,
 ) -> torch.Tensor:
-    """The Triton kernel behind the same contract as `fork_attention_reference` (no host synchronisation)."""
+    """The Triton kernel behind the same contract as `fork_attention_reference` (no host synchronisation).
+
+    The keyword arguments are tuning knobs (tile rows, warps, pipeline depth) for benchmarks.
+    """
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    if k.stride() != v.stride() or k_cache.stride() != v_cache.stride():
+        raise ValueError("keys and values (and their caches) must share a layout")
     rows = torch.arange(k.shape[0], device=q.device) if query_rows is None else query_rows
-    tile_start, num_tiles, max_tiles = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0])
+    tile_start, num_tiles, max_tiles = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], block_m)
     out = torch.empty_like(q)
     ieee = q.dtype == torch.float32
     _fork_attention_kernel[(max_tiles, heads)](
@@ -208,7 +219,7 @@ def fork_attention_triton(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1),
         head_dim**-0.5 * 1.4426950408889634,
-        GROUP=heads // kv_heads, HEAD_DIM=head_dim, BM=BLOCK_M, BN=BLOCK_N, IEEE=ieee,
-        num_warps=8 if head_dim >= 128 else 4, num_stages=2,
+        GROUP=heads // kv_heads, HEAD_DIM=head_dim, BM=block_m, BN=BLOCK_N, IEEE=ieee,
+        num_warps=num_warps or (8 if head_dim >= 128 else 4), num_stages=num_stages,
     )
     return out

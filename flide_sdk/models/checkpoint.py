@@ -87,23 +87,25 @@ def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype)
     return model.eval()
 
 
-def random_state_dict(config: Qwen35Config, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def random_state_dict(
+    config: Qwen35Config, seed: int = 0, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
     """Random decoder weights (our names, no prefix) with activations of order one and spread-out logits.
 
     Linear layers ~ N(0, 1/fan_in); embeddings small enough that tied head logits have std ~2; norm
     weights near their identity; decays between 0.7 and 0.99 per token so the recurrent state remembers.
     """
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
     with torch.device("meta"):
         shapes = {name: tuple(t.shape) for name, t in Qwen35Model(config).state_dict().items()}
 
     def normal(shape: tuple[int, ...], std: float, mean: float = 0.0) -> torch.Tensor:
-        return torch.randn(shape, generator=generator) * std + mean
+        return torch.randn(shape, generator=generator, device=device) * std + mean
 
     weights: dict[str, torch.Tensor] = {}
     for name, shape in shapes.items():
         if name.endswith("A_log"):
-            value = torch.empty(shape).uniform_(0.02, 1.0, generator=generator).log()
+            value = torch.empty(shape, device=device).uniform_(0.02, 1.0, generator=generator).log()
         elif name.endswith("dt_bias"):
             value = normal(shape, 0.5, mean=-1.0)
         elif name.endswith("linear_attn.norm.weight"):

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flide_sdk.kernels.short_conv import conv_rows
 from flide_sdk.layout import RoundTensors
 from flide_sdk.ops import Ops
 
@@ -239,10 +240,8 @@ class GatedDeltaNet(nn.Module):
         state_cache, window_cache = cache
         plan = rnd.checkpoint
         qkv = self.in_proj_qkv(h)
-        # conv table: zero row, stream tokens, resumed conv windows (see layout)
-        windows = window_cache[plan.resume_slots].reshape(-1, c.conv_dim)
-        table = torch.cat([qkv.new_zeros(1, c.conv_dim), qkv, windows])
-        mixed = ops.indexed_conv(table, self.conv1d.weight[:, 0, :], rnd.conv_src)
+        windows = window_cache[plan.resume_slots].reshape(-1, c.conv_dim)  # resumed conv inputs (see layout)
+        mixed = ops.indexed_conv(qkv, windows, self.conv1d.weight[:, 0, :], rnd.conv_src)
         q, k, v = mixed.split([key_dim, key_dim, c.gdn_value_heads * c.gdn_value_dim], dim=-1)
         q = q.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
         k = k.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
@@ -256,7 +255,7 @@ class GatedDeltaNet(nn.Module):
         core = ops.gated_delta(q, k, v, g, beta, rnd.delta, states)
         if plan.saves:
             state_cache[plan.save_slots] = states[plan.save_rows]
-            window_cache[plan.save_slots] = table[plan.save_window_src]
+            window_cache[plan.save_slots] = conv_rows(qkv, windows, plan.save_window_src)
         z = self.in_proj_z(h if rows is None else h[rows])
         if rows is not None:
             core = core[rows]

@@ -1,0 +1,121 @@
+"""ForkAttention on the H200: error against the float32 reference, and FLOP rate against flash SDPA.
+
+    PYTHONPATH=$PWD python benchmarks/bench_attention.py --model-size 0.8B
+
+Rounds (issue 4): (a) one 2,000-token trunk + 64 branches of 20 tokens; (b) 32 requests of a 350-token
+trunk + 4 branches of 20; (c) a resumed trunk: 8,000 cached tokens + 500 new + 4 branches of 20. Only
+visible query-key pairs count as work; the baseline is PyTorch's flash SDPA on ONE causal sequence with
+the same number of visible pairs (so the same useful FLOPs), same heads and head dim. Also times a few
+tile shapes of our kernel and reports the best next to the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import cuda_time_ms, release_config, run_metadata, write_result
+from flide_sdk.kernels.fork_attention import fork_attention_reference, fork_attention_triton
+from flide_sdk.layout import PAGE, RequestSpec, Resume, plan_round
+
+ROUNDS = {
+    "a_one_trunk_64_branches": [(2000, 0, [20] * 64)],
+    "b_32_requests": [(350, 0, [20] * 4)] * 32,
+    "c_resumed_8000_cached": [(500, 8000, [20] * 4)],
+}
+TUNINGS = [(64, 8, 2), (64, 4, 2), (128, 8, 2), (64, 8, 3)]  # (block_m, num_warps, num_stages)
+
+
+def build_round(spec, heads: int, kv_heads: int, dim: int, device: str = "cuda"):
+    rng = np.random.default_rng(0)
+    requests, pages_used = [], 0
+    for trunk, cached, branches in spec:
+        resume = None
+        if cached:
+            count = -(-cached // PAGE)
+            resume = Resume(0, np.arange(pages_used, pages_used + count))
+            pages_used += count
+        requests.append(RequestSpec(rng.integers(0, 100, trunk), [rng.integers(0, 100, b) for b in branches],
+                                    [np.array([1])] * len(branches), start=cached, resume=resume))
+    host = plan_round(requests, 4)
+    rnd = host.to(device)
+    total = host.num_tokens
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.bfloat16)
+
+    tensors = dict(q=randn(total, heads, dim), k=randn(total, kv_heads, dim), v=randn(total, kv_heads, dim),
+                   k_cache=randn(max(pages_used, 1) * PAGE, kv_heads, dim),
+                   v_cache=randn(max(pages_used, 1) * PAGE, kv_heads, dim))
+    return host, rnd, tensors
+
+
+def visible_pairs(host) -> int:
+    """Query-key pairs the visibility rule allows, summed over every query row."""
+    index = np.arange(host.num_tokens)
+    own = index - host.seg_lo + 1
+    context = host.ctx_hi - host.key_lo
+    cached = np.array([host.history[r][0] for r in host.request_of])
+    return int((own + context + cached).sum())
+
+
+def sdpa_baseline(pairs: int, heads: int, dim: int) -> dict:
+    length = int(math.sqrt(2 * pairs))
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(1, heads, length, dim, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+        timing = cuda_time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    return {"length": length, "pairs": length * (length + 1) // 2, **timing}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-size", default="0.8B")
+    args = parser.parse_args()
+    text = release_config(args.model_size)["text_config"]
+    heads, kv_heads, dim = text["num_attention_heads"], text["num_key_value_heads"], text["head_dim"]
+    results = {}
+    for name, spec in ROUNDS.items():
+        host, rnd, t = build_round(spec, heads, kv_heads, dim)
+        reference = fork_attention_reference(t["q"].float(), t["k"].float(), t["v"].float(), rnd.attention, None,
+                                             t["k_cache"].float(), t["v_cache"].float())
+        ours = fork_attention_triton(t["q"], t["k"], t["v"], rnd.attention, None, t["k_cache"], t["v_cache"])
+        error = float((ours.float() - reference).norm() / reference.norm())
+        pairs = visible_pairs(host)
+        flops_per_pair = 4 * dim * heads
+        timings = {}
+        for block_m, warps, stages in TUNINGS:
+            def run(block_m=block_m, warps=warps, stages=stages):
+                return fork_attention_triton(t["q"], t["k"], t["v"], rnd.attention, None, t["k_cache"], t["v_cache"],
+                                             block_m=block_m, num_warps=warps, num_stages=stages)
+
+            try:
+                timings[f"bm{block_m}_w{warps}_s{stages}"] = cuda_time_ms(run)
+            except Exception as failure:  # a tile shape that does not fit is reported, not fatal
+                timings[f"bm{block_m}_w{warps}_s{stages}"] = {"error": str(failure)[:200]}
+        default = timings[f"bm{TUNINGS[0][0]}_w{TUNINGS[0][1]}_s{TUNINGS[0][2]}"]["median_ms"]
+        best_name, best = min(((k, v["median_ms"]) for k, v in timings.items() if "median_ms" in v), key=lambda kv: kv[1])
+        sdpa = sdpa_baseline(pairs, heads, dim)
+        ours_rate = pairs * flops_per_pair / (default * 1e-3) / 1e12
+        best_rate = pairs * flops_per_pair / (best * 1e-3) / 1e12
+        sdpa_rate = sdpa["pairs"] * flops_per_pair / (sdpa["median_ms"] * 1e-3) / 1e12
+        results[name] = {
+            "tokens": host.num_tokens, "visible_pairs": pairs, "relative_error_bf16_vs_fp32": error,
+            "ours_ms": default, "ours_tflops": ours_rate, "best_tuning": best_name, "best_ms": best,
+            "best_tflops": best_rate, "sdpa": sdpa, "sdpa_tflops": sdpa_rate,
+            "rate_ratio_default": ours_rate / sdpa_rate, "rate_ratio_best": best_rate / sdpa_rate, "tunings": timings,
+        }
+    write_result(f"attention-{args.model_size}", {
+        "benchmark": "fork_attention", "model_size": args.model_size, "heads": heads, "kv_heads": kv_heads,
+        "head_dim": dim, **run_metadata(f"python benchmarks/bench_attention.py --model-size {args.model_size}"),
+        "rounds": results,
+    })
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Every GPU check and benchmark in one device call (the lent H200 has no internet and a bare image).
+# Usage on the device, from the repository root with .whl/ and .bench-data/ carried:
+#   bash benchmarks/run_gpu.sh [step ...]      (steps: attention gdn fidelity; default: all)
+# JSON results land in $OUT (one file per benchmark) with a combined log.
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/msgspec*.whl .whl/pytest_asyncio*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla .whl/fla_core*.whl .whl/flash_linear*.whl || true
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+steps=${*:-attention gdn fidelity}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+for step in $steps; do
+  echo "=== $step" | tee -a "$OUT/log.txt"
+  case $step in
+    attention) for size in 0.8B 4B; do python3 benchmarks/bench_attention.py --model-size $size; done ;;
+    gdn) for size in 0.8B 4B; do PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size $size; done ;;
+    fidelity) python3 benchmarks/fidelity.py --model-size 0.8B ;;
+    *) echo "unknown step $step" ;;
+  esac 2>&1 | tail -c 20000 >> "$OUT/log.txt"
+done
+tail -c 6000 "$OUT/log.txt"
