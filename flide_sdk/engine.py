@@ -29,7 +29,7 @@ from flide_sdk.history import Trunk
 from flide_sdk.layout import RequestSpec, Resume, Save, plan_round
 from flide_sdk.models.checkpoint import load_model
 from flide_sdk.models.qwen35 import Qwen35Model
-from flide_sdk.ops import Ops, reference_ops
+from flide_sdk.ops import Ops, ops_for
 from flide_sdk.pool import Checkpoint, CheckpointPool, PlannedSave
 from flide_sdk.questions import Answer, Question, parse_questions
 from flide_sdk.render import Rendered, RenderedQuestion, Renderer
@@ -107,7 +107,7 @@ class Engine:
         renderer: Renderer,
         device: torch.device,
         *,
-        ops: Ops = reference_ops,
+        ops: Ops | None = None,
         pool_bytes: int | None = None,
         pool_checkpoints: int | None = None,
         max_round_tokens: int = 8192,
@@ -118,7 +118,7 @@ class Engine:
         self.model = model
         self.renderer = renderer
         self.device = device
-        self.ops = ops
+        self.ops = ops_for(device) if ops is None else ops
         self.name = name
         dtype = model.embed_tokens.weight.dtype
         budget = _default_pool_bytes(device) if pool_bytes is None else pool_bytes
