@@ -56,16 +56,19 @@ def build_random_checkpoint(model_size: str, target: Path, seed: int = 0) -> Pat
 
 def run_metadata(command: str) -> dict[str, Any]:
     """Commit, date, GPU, versions: what a committed result must say about where it came from."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
+    commit = os.environ.get("FLIDE_COMMIT", "")
+    if not commit:
+        try:
+            probe = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+            commit = probe.stdout.strip() if probe.returncode == 0 else ""
+        except OSError:
+            commit = ""
     import transformers
     import triton
 
     return {
         "date": datetime.date.today().isoformat(),
-        "commit": commit or os.environ.get("FLIDE_COMMIT", "unknown"),
+        "commit": commit or "unknown",
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
         "torch": torch.__version__,
         "triton": triton.__version__,
