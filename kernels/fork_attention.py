@@ -7,13 +7,15 @@ request. `fork_attention_reference` is the definition: it runs one dense masked 
 which is exact and simple and is what the engine uses on CPU.
 
 `fork_attention_triton` is the kernel (flash-attention style online softmax, fp32 accumulation). Its tile
-table is built on the device from the metadata (`plan_tiles`): the query rows are cut into tiles of at most
-BLOCK_M rows that never cross a *region* (a request's trunk rows, or a request's branch rows), so all
+table is built on the device from the metadata (`plan_tiles`): the query rows are cut into tiles of tokens
+that never cross a *region* (a request's trunk rows, or a request's branch rows), so all
 rows of a tile share their history and their fully visible keys. A tile then visits three key ranges:
 the cached history (one pool page per key block, no mask but the length), the keys every row of the
 tile sees (its trunk for branch rows, the earlier trunk for trunk rows: loaded without a mask), and the
 keys only some rows see (the tile's own rows and, for branch rows, the start of their branches), the
-only blocks that are masked. Launch shapes depend on the number of query rows and requests alone.
+only blocks that are masked. A program takes one tile and the query heads sharing one key/value head, so
+every key block it loads serves tokens x group rows. Launch shapes depend on the number of query rows and
+requests alone.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import triton.language as tl
 
 from flide_sdk.layout import PAGE, AttentionPlan
 
-BLOCK_M = 64
+BLOCK_ROWS = 128  # query rows per program: tokens x the query heads sharing a key/value head
 BLOCK_N = PAGE  # a history key block is exactly one pool page
 
 
@@ -70,21 +72,21 @@ def fork_attention_reference(
 
 
 def plan_tiles(
-    rows: torch.Tensor, ctx_hi: torch.Tensor, num_requests: int, block_m: int = BLOCK_M
+    rows: torch.Tensor, ctx_hi: torch.Tensor, num_requests: int, block_tokens: int
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Device-side tile table for query `rows` (sorted stream indices): (tile_start, num_tiles, max_tiles).
 
-    A region is identified by ctx_hi (a request's start for its trunk rows, its trunk end for its branch
+    Tiles hold at most `block_tokens` rows and never cross a region; a region is identified by ctx_hi (a request's start for its trunk rows, its trunk end for its branch
     rows). Tile i covers rows[tile_start[i]:tile_start[i + 1]]; entries past num_tiles hold len(rows).
     """
     count = rows.shape[0]
-    max_tiles = -(-count // block_m) + 2 * num_requests
+    max_tiles = -(-count // block_tokens) + 2 * num_requests
     index = torch.arange(count, device=rows.device)
     region = ctx_hi[rows]
     new_region = torch.ones_like(index, dtype=torch.bool)
     new_region[1:] = region[1:] != region[:-1]
     region_first = torch.cummax(torch.where(new_region, index, 0), dim=0).values
-    is_start = (index - region_first) % block_m == 0
+    is_start = (index - region_first) % block_tokens == 0
     tile_of = torch.cumsum(is_start, dim=0) - 1
     tile_start = torch.full((max_tiles + 2,), count, dtype=torch.int64, device=rows.device)
     tile_start.scatter_(0, torch.where(is_start, tile_of, max_tiles + 1), index)
@@ -123,16 +125,19 @@ def _fork_attention_kernel(
     key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, request_of_ptr, history_len_ptr, page_table_ptr, page_stride,
     stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om, stride_oh,
     scale_log2,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
 ):
+    """One program: BT query tokens x the GROUP query heads of one key/value head (BT * GROUP rows)."""
     tile = tl.program_id(0)
-    head = tl.program_id(1)
+    kv_head = tl.program_id(1)
     if tile >= tl.load(num_tiles_ptr):
         return
-    kv_head = head // GROUP
+    BM: tl.constexpr = BT * GROUP
     i0 = tl.load(tile_start_ptr + tile)
     i1 = tl.load(tile_start_ptr + tile + 1)
-    offs_i = i0 + tl.arange(0, BM)
+    # row r of the program is token i0 + r // GROUP, query head kv_head * GROUP + r % GROUP
+    offs_i = i0 + tl.arange(0, BM) // GROUP
+    heads = kv_head * GROUP + tl.arange(0, BM) % GROUP
     row_ok = offs_i < i1
     rows = tl.load(rows_ptr + offs_i, mask=row_ok, other=0)
     first = tl.load(rows_ptr + i0)
@@ -142,7 +147,8 @@ def _fork_attention_kernel(
     ctx_hi = tl.load(ctx_hi_ptr + first)
     seg_lo = tl.load(seg_lo_ptr + rows, mask=row_ok, other=0)
     d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + offs_i[:, None] * stride_qm + head * stride_qh + d[None, :], mask=row_ok[:, None], other=0.0)
+    q_offsets = offs_i[:, None] * stride_qm + heads[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=row_ok[:, None], other=0.0)
 
     m_i = tl.full((BM,), float("-inf"), tl.float32)
     l_i = tl.zeros((BM,), tl.float32)
@@ -183,8 +189,8 @@ def _fork_attention_kernel(
         acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    o_ptrs = o_ptr + offs_i[:, None] * stride_om + head * stride_oh + d[None, :]
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+    o_offsets = offs_i[:, None] * stride_om + heads[:, None] * stride_oh + d[None, :]
+    tl.store(o_ptr + o_offsets, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 def fork_attention_triton(
@@ -196,22 +202,25 @@ def fork_attention_triton(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     *,
-    block_m: int = BLOCK_M,
+    block_rows: int = BLOCK_ROWS,
     num_warps: int | None = None,
     num_stages: int = 2,
 ) -> torch.Tensor:
     """The Triton kernel behind the same contract as `fork_attention_reference` (no host synchronisation).
 
-    The keyword arguments are tuning knobs (tile rows, warps, pipeline depth) for benchmarks.
+    A program handles the query heads that share one key/value head for a tile of block_rows // group
+    tokens, so each key block it loads serves block_rows rows. Keyword arguments are tuning knobs.
     """
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     if k.stride() != v.stride() or k_cache.stride() != v_cache.stride():
         raise ValueError("keys and values (and their caches) must share a layout")
+    group = heads // kv_heads
+    block_tokens = max(16, block_rows // group)
     rows = torch.arange(k.shape[0], device=q.device) if query_rows is None else query_rows
-    tile_start, num_tiles, max_tiles = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], block_m)
+    tile_start, num_tiles, max_tiles = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], block_tokens)
     out = torch.empty_like(q)
     ieee = q.dtype == torch.float32
-    _fork_attention_kernel[(max_tiles, heads)](
+    _fork_attention_kernel[(max_tiles, kv_heads)](
         q, k, v, k_cache, v_cache, out,
         rows, tile_start, num_tiles,
         plan.key_lo, plan.ctx_hi, plan.seg_lo, plan.request_of, plan.history_len, plan.page_table,
@@ -219,7 +228,7 @@ def fork_attention_triton(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1),
         head_dim**-0.5 * 1.4426950408889634,
-        GROUP=heads // kv_heads, HEAD_DIM=head_dim, BM=block_m, BN=BLOCK_N, IEEE=ieee,
+        GROUP=group, HEAD_DIM=head_dim, BT=block_tokens, BN=BLOCK_N, IEEE=ieee,
         num_warps=num_warps or (8 if head_dim >= 128 else 4), num_stages=num_stages,
     )
     return out

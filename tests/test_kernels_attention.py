@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from flide_sdk.kernels.fork_attention import BLOCK_M, fork_attention_reference, fork_attention_triton, plan_tiles
+from flide_sdk.kernels.fork_attention import fork_attention_reference, fork_attention_triton, plan_tiles
 from flide_sdk.layout import PAGE, RequestSpec, Resume, plan_round
 
 
@@ -55,11 +55,11 @@ def test_triton_matches_reference_on_readout_rows():
 def test_tile_table_partitions_rows_by_region():
     rnd, *_ = round_with_history(3, 2, 2, 16)
     rows = torch.arange(rnd.ids.shape[0])
-    tile_start, num_tiles, max_tiles = plan_tiles(rows, rnd.attention.ctx_hi, rnd.attention.history_len.shape[0])
+    tile_start, num_tiles, max_tiles = plan_tiles(rows, rnd.attention.ctx_hi, rnd.attention.history_len.shape[0], 32)
     starts = tile_start[: int(num_tiles) + 1].tolist()
     assert starts[0] == 0 and starts[-1] == len(rows) and int(num_tiles) <= max_tiles
     region = rnd.attention.ctx_hi
     for lo, hi in zip(starts, starts[1:]):
-        assert 0 < hi - lo <= BLOCK_M
+        assert 0 < hi - lo <= 32
         assert bool((region[lo:hi] == region[lo]).all())
     assert (tile_start[int(num_tiles) + 1 : max_tiles + 1] == len(rows)).all()
