@@ -1,7 +1,9 @@
 """flide_sdk: exact, forked decision questions (yes/no, choice, score) about a long, growing state.
 
 Public API (DESIGN.md §2): `Engine` with `ask`, `ask_sync`, `render`, `stats`, `aclose`; question types
-`Noul`, `Choice`, `Score` and their answers; errors in `flide_sdk.errors`.
+`Noul`, `Choice`, `Score` and their answers; the `SystemOneResponse` every ask returns; the agent-framework
+entry points `decide`, `guard`, `route` (and `flide_sdk.typesafe.transport` for the TypeSafe SDK); errors
+in `flide_sdk.errors`.
 """
 
 from __future__ import annotations
@@ -31,17 +33,22 @@ def _register_source_kernels() -> None:
 
 _register_source_kernels()
 
+from flide_sdk.decide import decide  # noqa: E402
 from flide_sdk.engine import Engine  # noqa: E402
 from flide_sdk.errors import (  # noqa: E402
     CheckpointError,
     EngineClosedError,
     FlideError,
+    GuardBlockedError,
     InvalidQuestionError,
     InvalidStateError,
+    QueueFullError,
     StateTooLongError,
 )
+from flide_sdk.guard import guard, route  # noqa: E402
 from flide_sdk.questions import Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer  # noqa: E402
 from flide_sdk.render import Rendered, RenderedQuestion  # noqa: E402
+from flide_sdk.typesafe import SystemOneResponse, Usage  # noqa: E402
 
 __all__ = [
     "CheckpointError",
@@ -50,13 +57,20 @@ __all__ = [
     "Engine",
     "EngineClosedError",
     "FlideError",
+    "GuardBlockedError",
     "InvalidQuestionError",
     "InvalidStateError",
     "Noul",
     "Rendered",
     "RenderedQuestion",
     "NoulAnswer",
+    "QueueFullError",
     "Score",
     "ScoreAnswer",
     "StateTooLongError",
+    "SystemOneResponse",
+    "Usage",
+    "decide",
+    "guard",
+    "route",
 ]

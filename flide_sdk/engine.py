@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from flide_sdk.errors import EngineClosedError
+from flide_sdk.errors import EngineClosedError, QueueFullError
 from flide_sdk.history import Trunk
 from flide_sdk.layout import RequestSpec, Resume, Save, plan_round
 from flide_sdk.models.checkpoint import load_model
@@ -34,6 +34,7 @@ from flide_sdk.pool import Checkpoint, CheckpointPool, PlannedSave
 from flide_sdk.questions import Answer, Question, parse_questions
 from flide_sdk.render import Rendered, RenderedQuestion, Renderer
 from flide_sdk.rounds import PendingAsk, RoundLoop
+from flide_sdk.typesafe import SystemOneResponse, Usage
 
 if TYPE_CHECKING:
     from flide_sdk.session import Session
@@ -199,26 +200,51 @@ class Engine:
         payload = AskPayload(trunk, parsed, rendered)
         return PendingAsk(payload, trunk.fresh + payload.branch_tokens)
 
-    async def submit(self, ask: PendingAsk) -> dict[str, Answer]:
-        """Queue a prepared ask (waiting for room while the queue is full) and await its answers."""
-        delay = 0.0005
+    async def submit(self, ask: PendingAsk, queue_timeout: float | None = None) -> SystemOneResponse:
+        """Queue a prepared ask (waiting for room while the queue is full) and await its answers.
+
+        queue_timeout: seconds to wait for room before raising QueueFullError (None: wait as long as it takes).
+        """
+        waits = self._room_waits(queue_timeout)
         while not self._loop.try_submit(ask):
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            await asyncio.sleep(next(waits))
         return await asyncio.wrap_future(ask.future)
 
-    async def ask(self, state: Any, questions: Any) -> dict[str, Answer]:
-        """Answer `questions` (name -> Noul/Choice/Score or dict) about `state` (a string, or JSON data)."""
-        return await self.submit(self.prepare(self.renderer.trunk(state), questions))
+    async def ask(self, state: Any, questions: Any, *, queue_timeout: float | None = None) -> SystemOneResponse:
+        """Answer `questions` (name -> Noul/Choice/Score, a TypeSafe question, or a dict) about `state`
+        (a string, or JSON data). The response maps each name to its answer and carries `model` and `usage`."""
+        return await self.submit(self.prepare(self.renderer.trunk(state), questions), queue_timeout)
 
-    def ask_sync(self, state: Any, questions: Any, timeout: float | None = None) -> dict[str, Answer]:
+    def ask_sync(
+        self, state: Any, questions: Any, timeout: float | None = None, *, queue_timeout: float | None = None
+    ) -> SystemOneResponse:
         """Blocking `ask`, for scripts. Do not call it from the engine's own callbacks."""
-        return self.submit_sync(self.prepare(self.renderer.trunk(state), questions), timeout)
+        return self.submit_sync(self.prepare(self.renderer.trunk(state), questions), timeout, queue_timeout)
 
-    def submit_sync(self, ask: PendingAsk, timeout: float | None = None) -> dict[str, Answer]:
-        """Queue a prepared ask (waiting for room) and block until its answers arrive."""
-        self._loop.submit(ask)
+    def submit_sync(
+        self, ask: PendingAsk, timeout: float | None = None, queue_timeout: float | None = None
+    ) -> SystemOneResponse:
+        """Queue a prepared ask (waiting for room, at most `queue_timeout` s) and block until its answers arrive."""
+        if queue_timeout is None:
+            self._loop.submit(ask)
+        else:
+            waits = self._room_waits(queue_timeout)
+            while not self._loop.try_submit(ask):
+                time.sleep(next(waits))
         return ask.future.result(timeout)
+
+    def _room_waits(self, queue_timeout: float | None) -> Iterator[float]:
+        """Growing pauses between attempts to queue an ask; QueueFullError once `queue_timeout` has passed,
+        with a retry hint of one mean round."""
+        deadline = None if queue_timeout is None else time.monotonic() + queue_timeout
+        delay = 0.0005
+        while deadline is None or time.monotonic() < deadline:
+            yield delay
+            delay = min(delay * 2, 0.05)
+        with self._stats_lock:
+            rounds, seconds = self._stats["rounds"], self._stats["round_seconds"]
+        retry_after_ms = max(1, round(1000 * seconds / rounds)) if rounds else max(1, round(1000 * self._loop.deadline_s))
+        raise QueueFullError(float(queue_timeout), retry_after_ms)
 
     @contextmanager
     def admission_paused(self) -> Iterator[None]:
@@ -331,8 +357,7 @@ class Engine:
             if ask.payload.resume is not None:
                 self.pool.unpin(ask.payload.resume)
 
-    @staticmethod
-    def _answers(groups: list[list[PendingAsk]], probabilities: np.ndarray) -> list[tuple[PendingAsk, dict[str, Answer]]]:
+    def _answers(self, groups: list[list[PendingAsk]], probabilities: np.ndarray) -> list[tuple[PendingAsk, SystemOneResponse]]:
         results = []
         row = 0
         for group in groups:
@@ -342,7 +367,8 @@ class Engine:
                     count = len(ask.payload.rendered[name].label_ids)
                     answers[name] = question.answer(np.asarray(probabilities[row, :count], dtype=np.float64))
                     row += 1
-                results.append((ask, answers))
+                usage = Usage(input_tokens=len(ask.payload.trunk) + ask.payload.branch_tokens, output_tokens=len(answers))
+                results.append((ask, SystemOneResponse(answers, model=self.name, usage=usage)))
         return results
 
     def _count_round(self, groups: list[list[PendingAsk]], tokens: int, seconds: float) -> None:

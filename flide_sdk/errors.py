@@ -42,3 +42,25 @@ EngineClosed = EngineClosedError
 
 class CheckpointError(FlideError, ValueError):
     """A checkpoint directory is missing files, has an unsupported model type, or lacks weights."""
+
+
+class QueueFullError(FlideError, TimeoutError):
+    """The engine's queue stayed full for longer than the ask's `queue_timeout` (backpressure); retry later."""
+
+    def __init__(self, timeout: float, retry_after_ms: int) -> None:
+        super().__init__(
+            f"the engine's queue stayed full for {timeout:g} s; retry in about {retry_after_ms} ms "
+            "(or load the engine with a larger max_pending)"
+        )
+        self.timeout = timeout
+        self.retry_after_ms = retry_after_ms
+
+
+class GuardBlockedError(FlideError):
+    """A `@guard` blocked a call: its question's P(yes) was above `block_above` and no `on_block` was given."""
+
+    def __init__(self, function: str, probability: float, block_above: float) -> None:
+        super().__init__(f"guard blocked {function}(): P(yes)={probability:.3f} is above block_above={block_above:g}")
+        self.function = function
+        self.probability = probability
+        self.block_above = block_above

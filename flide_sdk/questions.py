@@ -178,7 +178,7 @@ def score_confidence(probabilities: np.ndarray) -> float:
 
 
 def parse_questions(questions: Any) -> dict[str, Question]:
-    """Validate a questions mapping: names are non-empty strings; values are our Structs or dicts with "type"."""
+    """Validate a questions mapping: names are non-empty strings; values as `parse_question` takes them."""
     if not isinstance(questions, Mapping):
         raise InvalidQuestionError(
             f"questions must be a mapping of name -> question, not {type(questions).__name__}"
@@ -194,10 +194,21 @@ def parse_questions(questions: Any) -> dict[str, Question]:
 
 
 def parse_question(name: str, question: Any) -> Question:
+    """One question: ours as is; a dict with "type"; or a TypeSafe SDK question object (any object with a
+    `type` and `model_dump()`, converted through its dump, so typesafe_sdk is never imported here)."""
     if isinstance(question, (Noul, Choice, Score)):
         return question
+    if not isinstance(question, Mapping) and isinstance(getattr(question, "type", None), str):
+        dump = getattr(question, "model_dump", None)
+        if callable(dump):
+            question = dump()
     if isinstance(question, Mapping):
         kind = question.get("type")
+        if kind == "box":
+            raise InvalidQuestionError(
+                f"question {name!r} has unknown type 'box' (Box questions locate something in an image, which "
+                "flide_sdk does not support); expected 'noul', 'choice' or 'score'"
+            )
         if kind not in ("noul", "choice", "score"):
             raise InvalidQuestionError(
                 f"question {name!r} has unknown type {kind!r}; expected 'noul', 'choice' or 'score'"
@@ -207,6 +218,6 @@ def parse_question(name: str, question: Any) -> Question:
         except msgspec.ValidationError as error:
             raise InvalidQuestionError(f"question {name!r}: {error}") from None
     raise InvalidQuestionError(
-        f"question {name!r} must be a Noul, Choice or Score (or a dict with a 'type' key), "
+        f"question {name!r} must be a Noul, Choice or Score (a TypeSafe one, or a dict with a 'type' key), "
         f"not {type(question).__name__}"
     )

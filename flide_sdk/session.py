@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 from flide_sdk.errors import InvalidStateError
 from flide_sdk.history import History
-from flide_sdk.questions import Answer
 
 if TYPE_CHECKING:
     from flide_sdk.engine import Engine
+    from flide_sdk.typesafe import SystemOneResponse
 
 
 class Session:
@@ -31,12 +31,12 @@ class Session:
         self._check_open()
         self._history.append(item)
 
-    async def ask(self, questions: Any) -> dict[str, Answer]:
+    async def ask(self, questions: Any) -> SystemOneResponse:
         """Answer `questions` about the history so far."""
         self._check_open()
         return await self.engine.submit(self.engine.prepare(self._history.snapshot(), questions))
 
-    def ask_sync(self, questions: Any, timeout: float | None = None) -> dict[str, Answer]:
+    def ask_sync(self, questions: Any, timeout: float | None = None) -> SystemOneResponse:
         """Blocking `ask`, for scripts."""
         self._check_open()
         return self.engine.submit_sync(self.engine.prepare(self._history.snapshot(), questions), timeout)

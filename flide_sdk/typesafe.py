@@ -1,0 +1,292 @@
+"""TypeSafe System One parity: the response every ask returns, the error mapping, and an in-process transport.
+
+Code written against the TypeSafe System One SDK (`typesafe-sdk`) ports to flide_sdk in two ways:
+
+- Natively. `engine.ask` / `session.ask` take TypeSafe question objects and plain dicts (see
+  `questions.parse_question`) and return a `SystemOneResponse`: a dict of answers by question name (so
+  `answers["urgent"].noul` keeps working) that also carries `model`, `usage` (input and output tokens) and the
+  TypeSafe views `nouls`, `choices`, `scores`. `to_json()` is the System One wire form (score maps keyed by
+  strings); it validates as `typesafe_sdk.SystemOneResponse`. Nothing on this path touches JSON.
+- Unchanged, over HTTP semantics but in process. `transport(engine)` returns a transport for httpx2, the HTTP
+  client the TypeSafe SDK takes (`TypeSafeClient(api_key="local", transport=...)`, and its async twin). It
+  answers `POST /v1/systemone` (JSON bodies, zstd-compressed or not) and `GET /v1/models` from the engine.
+
+Errors map onto TypeSafe's hierarchy by HTTP status (`http_error`), the same table for the transport and
+for `as_typesafe_error`: a malformed body (not JSON, bad compression, image assets) is 400 (bad request);
+a question or state the engine rejects is 422 (unprocessable entity) with a FastAPI-style `detail` list; a
+prompt longer than the engine's limit is 400; a queue still full after `queue_timeout` is 429 (rate limit)
+with a `retry-after-ms` header; a closed engine is 503 (internal server error class, 5xx). The request's
+`model` is accepted whatever it names: the response's `model` is the engine's name, as a hosted API
+answers with the model it resolved.
+
+This module imports neither pydantic, httpx2 nor typesafe_sdk at import time: the transport duck-types
+httpx2's `BaseTransport` / `AsyncBaseTransport` and imports httpx2 only when it builds a response.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from flide_sdk.errors import (
+    EngineClosedError,
+    FlideError,
+    InvalidQuestionError,
+    InvalidStateError,
+    QueueFullError,
+    StateTooLongError,
+)
+from flide_sdk.questions import Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer
+
+if TYPE_CHECKING:
+    import httpx2
+
+    from flide_sdk.engine import Engine
+
+SYSTEM_ONE_PATH = "/v1/systemone"
+MODELS_PATH = "/v1/models"
+DEFAULT_QUEUE_TIMEOUT_S = 30.0
+
+
+class Usage(msgspec.Struct, frozen=True):
+    """Token counts of one request: every prompt token of its questions (trunk + branches, however much was
+    resumed from checkpoints), and one output token read per question."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+class SystemOneResponse(dict):
+    """The answers of one ask by question name, with the request's `model` and `usage`.
+
+    A plain `dict[str, Answer]` for existing code, plus the TypeSafe SDK's surface: `answers`, `nouls`,
+    `choices`, `scores`, `model`, `usage`. `to_json()` gives the System One wire form.
+    """
+
+    __slots__ = ("model", "usage")
+
+    def __init__(self, answers: Mapping[str, Answer], *, model: str, usage: Usage) -> None:
+        super().__init__(answers)
+        self.model = model
+        self.usage = usage
+
+    @property
+    def answers(self) -> dict[str, Answer]:
+        """All answers keyed by question name."""
+        return dict(self)
+
+    @property
+    def nouls(self) -> dict[str, NoulAnswer]:
+        """Yes/no answers keyed by question name."""
+        return {name: a for name, a in self.items() if isinstance(a, NoulAnswer)}
+
+    @property
+    def choices(self) -> dict[str, ChoiceAnswer]:
+        """Choice answers keyed by question name."""
+        return {name: a for name, a in self.items() if isinstance(a, ChoiceAnswer)}
+
+    @property
+    def scores(self) -> dict[str, ScoreAnswer]:
+        """Score answers keyed by question name."""
+        return {name: a for name, a in self.items() if isinstance(a, ScoreAnswer)}
+
+    def to_builtins(self) -> dict[str, Any]:
+        """The wire form as Python data: `{"model", "answers", "usage"}`, score maps keyed by strings."""
+        return msgspec.to_builtins({"model": self.model, "answers": dict(self), "usage": self.usage}, str_keys=True)
+
+    def to_json(self) -> bytes:
+        """The wire form as JSON bytes (what `POST /v1/systemone` answers)."""
+        return msgspec.json.encode({"model": self.model, "answers": dict(self), "usage": self.usage})
+
+    def __repr__(self) -> str:
+        return f"SystemOneResponse(model={self.model!r}, answers={dict(self)!r}, usage={self.usage!r})"
+
+
+# --------------------------------------------------------------------------------------------- errors
+class RequestError(FlideError, ValueError):
+    """A request body the transport cannot read (answered 400), before the engine sees it."""
+
+
+def _detail(location: str, error: Exception) -> dict[str, Any]:
+    return {"detail": [{"loc": ["body", location], "msg": str(error), "type": "value_error"}]}
+
+
+def http_error(error: BaseException) -> tuple[int, Any, dict[str, str]]:
+    """(status, JSON body, headers) of the HTTP error response that stands for `error`."""
+    if isinstance(error, InvalidQuestionError):
+        return 422, _detail("questions", error), {}
+    if isinstance(error, InvalidStateError):
+        return 422, _detail("state", error), {}
+    if isinstance(error, (StateTooLongError, RequestError)):
+        return 400, {"detail": str(error)}, {}
+    if isinstance(error, QueueFullError):
+        return 429, {"detail": str(error)}, {"retry-after-ms": str(error.retry_after_ms)}
+    if isinstance(error, EngineClosedError):
+        return 503, {"detail": str(error)}, {}
+    return 500, {"detail": f"{type(error).__name__}: {error}"}, {}
+
+
+def as_typesafe_error(error: BaseException) -> Exception:
+    """The `typesafe_sdk` exception a TypeSafe client raises for `error` (needs typesafe-sdk installed)."""
+    import httpx2
+    import typesafe_sdk as ts
+
+    status, body, headers = http_error(error)
+    by_status: dict[int, type[ts.TypeSafeAPIError]] = {
+        400: ts.TypeSafeBadRequestError,
+        422: ts.TypeSafeUnprocessableEntityError,
+        429: ts.TypeSafeRateLimitError,
+    }
+    kind = by_status.get(status, ts.TypeSafeInternalServerError)
+    return kind(status, body, httpx2.Headers(headers), endpoint=f"POST {SYSTEM_ONE_PATH}")
+
+
+# ------------------------------------------------------------------------------------------ transport
+def _decompress(body: bytes, encoding: str) -> bytes:
+    if encoding in ("", "identity"):
+        return body
+    if encoding != "zstd":
+        raise RequestError(f"unsupported Content-Encoding {encoding!r}; send zstd or uncompressed bodies")
+    try:
+        from compression import zstd  # Python 3.14+
+    except ImportError:
+        try:
+            from backports import zstd  # what typesafe-sdk[zstd] installs before 3.14
+        except ImportError:
+            raise RequestError("a zstd body arrived but no zstd codec is installed (pip install backports.zstd)") from None
+    try:
+        return zstd.decompress(body)
+    except zstd.ZstdError as error:
+        raise RequestError(f"the zstd request body does not decompress: {error}") from None
+
+
+def decode_request(content: bytes, headers: Mapping[str, str]) -> tuple[Any, Any]:
+    """(state, questions) of a `POST /v1/systemone` body; raises RequestError or the engine's input errors."""
+    if headers.get("content-type", "").split(";")[0].strip() == "multipart/form-data":
+        raise RequestError("image assets (multipart requests) are not supported by the local engine")
+    raw = _decompress(content, headers.get("content-encoding", "").strip().lower())
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as error:
+        raise RequestError(f"the request body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object with 'state' and 'questions'")
+    if "assets" in body:
+        raise RequestError("image assets are not supported by the local engine")
+    if "state" not in body:
+        raise InvalidStateError("the request has no 'state'")
+    return body["state"], body.get("questions")
+
+
+class Transport:
+    """An httpx2 transport (sync and async) answering the System One API from an engine in this process.
+
+    Closing it (as a TypeSafe client does when it closes) leaves the engine open: the caller owns the engine.
+    """
+
+    def __init__(self, engine: Engine, *, queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S) -> None:
+        self.engine = engine
+        self.queue_timeout = queue_timeout
+
+    # httpx2's AsyncBaseTransport
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        await request.aread()
+        route = self._route(request)
+        if route is not None:
+            return route
+        try:
+            state, questions = decode_request(request.content, request.headers)
+            answers = await self.engine.ask(state, questions, queue_timeout=self.queue_timeout)
+        except Exception as error:  # every failure becomes the HTTP error a client maps to its exception
+            return self._error(request, error)
+        return self._answers(request, answers)
+
+    # httpx2's BaseTransport
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        request.read()
+        route = self._route(request)
+        if route is not None:
+            return route
+        try:
+            state, questions = decode_request(request.content, request.headers)
+            answers = self.engine.ask_sync(state, questions, queue_timeout=self.queue_timeout)
+        except Exception as error:  # every failure becomes the HTTP error a client maps to its exception
+            return self._error(request, error)
+        return self._answers(request, answers)
+
+    def _route(self, request: httpx2.Request) -> httpx2.Response | None:
+        """The response of every request that is not a System One call; None for `POST /v1/systemone`."""
+        path = request.url.path.rstrip("/")
+        if path.endswith(SYSTEM_ONE_PATH):
+            return None if request.method == "POST" else self._json(request, 405, {"detail": "Method Not Allowed"})
+        if path.endswith(MODELS_PATH):
+            if request.method != "GET":
+                return self._json(request, 405, {"detail": "Method Not Allowed"})
+            return self._json(request, 200, {"models": [self._model_metadata()]})
+        return self._json(request, 404, {"detail": "Not Found"})
+
+    def _model_metadata(self) -> dict[str, str]:
+        return {
+            "name": self.engine.name,
+            "description": f"in-process flide_sdk engine: {self.engine!r}",
+            "release_date": datetime.date.today().isoformat(),
+        }
+
+    def _answers(self, request: httpx2.Request, answers: SystemOneResponse) -> httpx2.Response:
+        return self._json(request, 200, content=answers.to_json())
+
+    def _error(self, request: httpx2.Request, error: Exception) -> httpx2.Response:
+        status, body, headers = http_error(error)
+        return self._json(request, status, body, headers)
+
+    @staticmethod
+    def _json(
+        request: httpx2.Request,
+        status: int,
+        body: Any = None,
+        headers: Mapping[str, str] | None = None,
+        content: bytes | None = None,
+    ) -> httpx2.Response:
+        import httpx2
+
+        return httpx2.Response(
+            status,
+            headers={
+                "content-type": "application/json",
+                "x-typesafe-request-id": f"local-{uuid.uuid4().hex}",
+                **(headers or {}),
+            },
+            content=msgspec.json.encode(body) if content is None else content,
+            request=request,
+        )
+
+    def close(self) -> None:
+        """Nothing to release (the engine stays open)."""
+
+    async def aclose(self) -> None:
+        """Nothing to release (the engine stays open)."""
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Transport:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def transport(engine: Engine, *, queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S) -> Transport:
+    """An in-process httpx2 transport for `TypeSafeClient` / `AsyncTypeSafeClient(transport=...)`.
+
+    queue_timeout: seconds an ask may wait for room in a full engine queue before the request is answered
+    429 (TypeSafe's rate-limit error, with `retry_after_ms`).
+    """
+    return Transport(engine, queue_timeout=queue_timeout)
