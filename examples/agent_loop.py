@@ -16,6 +16,7 @@ import asyncio
 import time
 
 import flide_sdk as fl
+from example_engine import engine_from_args
 
 SCRIPT = [
     ("assistant", "I will look at the failing test first: run `pytest tests/test_orders.py -x`."),
@@ -69,25 +70,15 @@ async def run(engine: fl.Engine, steps: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="HF-format Qwen3.5 checkpoint directory (default: embedded tiny model)")
-    parser.add_argument("--device", help="cpu or cuda (default: cuda when available for --model, else cpu)")
-    parser.add_argument("--dtype", help="float32 or bfloat16 (default: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--steps", type=int, default=len(SCRIPT) // 2, help="agent steps to run (at most 4)")
-    args = parser.parse_args()
+    engine, args = engine_from_args(parser)
     steps = max(1, min(args.steps, len(SCRIPT) // 2))
-    if args.model:
-        engine = fl.Engine.load(args.model, device=args.device, dtype=args.dtype)
-        print(f"model: {args.model} on {engine.device}")
-    else:
-        engine = fl.Engine.tiny(device=args.device or "cpu", dtype=args.dtype)
-        print("model: embedded tiny Qwen3.5 with RANDOM weights - the answers show the machinery, not judgement")
 
     async def session() -> None:
         async with engine:
             await run(engine, steps)
 
     asyncio.run(session())
-
 
 if __name__ == "__main__":
     main()

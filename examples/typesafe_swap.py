@@ -18,6 +18,7 @@ import asyncio
 from typesafe_sdk import AsyncTypeSafeClient, Choice, Noul, Score, SystemOneResponse, TypeSafeClient
 
 import flide_sdk as fl
+from example_engine import engine_from_args
 from flide_sdk.typesafe import transport
 
 # ----------------------------------------------------------------------- unchanged TypeSafe SDK code
@@ -87,18 +88,9 @@ def run(engine: fl.Engine) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="HF-format Qwen3.5 checkpoint directory (default: embedded tiny model)")
-    parser.add_argument("--device", help="cpu or cuda (default: cuda when available for --model, else cpu)")
-    args = parser.parse_args()
-    if args.model:
-        engine = fl.Engine.load(args.model, device=args.device)
-    else:
-        engine = fl.Engine.tiny(device=args.device or "cpu")
-        print("model: embedded tiny Qwen3.5 with RANDOM weights - the answers show the machinery, not judgement")
+    engine, _ = engine_from_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     with engine:
         run(engine)
-
 
 if __name__ == "__main__":
     main()
