@@ -89,6 +89,8 @@ class DeltaLevel:
     active: list[int]  # host: active segments at scan step j (non-increasing)
     init_row: torch.Tensor  # [num_segments] state-table row each segment starts from
     final_row: torch.Tensor  # [num_segments] row its final state is written to (DISCARD_ROW: none)
+    chunk_count: torch.Tensor  # [num_segments] chunks (scan steps) of each segment
+    step_start: torch.Tensor  # [num_steps] first chunk row of step j: segment s's chunk j is row step_start[j] + s
 
 
 @dataclass
@@ -147,6 +149,8 @@ class _HostLevel:
     active: list[int]
     init_row: np.ndarray
     final_row: np.ndarray
+    chunk_count: np.ndarray
+    step_start: np.ndarray
 
 
 @dataclass
@@ -182,7 +186,12 @@ class HostRound:
         def dev(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(array).to(device, non_blocking=True)
 
-        levels = [DeltaLevel(dev(v.chunk_tokens), v.active, dev(v.init_row), dev(v.final_row)) for v in self.levels]
+        levels = [
+            DeltaLevel(
+                dev(v.chunk_tokens), v.active, dev(v.init_row), dev(v.final_row), dev(v.chunk_count), dev(v.step_start)
+            )
+            for v in self.levels
+        ]
         history = [(length, None if pages is None else dev(pages)) for length, pages in self.history]
         history_len = np.array([length for length, _ in self.history], dtype=np.int64)
         page_table = np.zeros((len(self.history), max(1, -(-int(history_len.max(initial=0)) // PAGE))), dtype=np.int64)
@@ -364,4 +373,6 @@ def _plan_level(segments: list[_Segment], pad_index: int) -> _HostLevel | None:
         active=active,
         init_row=np.array([s.init_row for s in ordered], dtype=np.int64),
         final_row=np.array([s.final_row for s in ordered], dtype=np.int64),
+        chunk_count=chunk_counts,
+        step_start=np.cumsum([0, *active[:-1]], dtype=np.int64),
     )

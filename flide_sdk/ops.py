@@ -42,9 +42,10 @@ reference_ops = Ops(
 def kernel_ops() -> Ops:
     """The Triton kernels (used on CUDA; on CPU they run only under TRITON_INTERPRET=1, for tests)."""
     from flide_sdk.kernels.fork_attention import fork_attention_triton
+    from flide_sdk.kernels.gated_delta import gated_delta_triton
     from flide_sdk.kernels.short_conv import indexed_conv_triton
 
-    return Ops(fork_attention=fork_attention_triton, gated_delta=gated_delta_reference, indexed_conv=indexed_conv_triton)
+    return Ops(fork_attention=fork_attention_triton, gated_delta=gated_delta_triton, indexed_conv=indexed_conv_triton)
 
 
 def ops_for(device: torch.device) -> Ops:

@@ -11,16 +11,38 @@ its `final_row` is DISCARD_ROW, writing its final state there. Branches start fr
 state this way, which makes every branch compute exactly what it computes alone.
 `gated_delta_reference` is the definition, used on CPU; it batches all chunks of a level for the
 intra-chunk work and loops over scan steps (not tokens, not segments).
+
+`gated_delta_triton` is the GPU version of the same contract: two launches per level, grids that depend
+only on tensor shapes (no host synchronisation, CUDA-graph safe), outputs emitted by the scan itself:
+- `_chunk_prep_kernel`, one program per (chunk, value head): gathers the chunk's tokens, builds Gamma,
+  A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
+  16-row sub-blocks (through a float32 scratch), and stores W = T (beta K exp(cum)), U = T (beta V), the
+  causal q-k block q K^T * Gamma and the per-row gate factors. All-padding chunks return at once.
+- `_state_scan_kernel`, one program per (segment, value head, V split): keeps a [Dk, BV] slice of S in
+  registers from `init_row` through the segment's chunks (chunk j is row `step_start[j] + segment`),
+  emits each chunk's outputs o = (q exp(cum)) S + (q K^T * Gamma) v_new with v_new = U - W S, updates
+  S <- exp(g_last) S + (K exp(g_last - cum))^T v_new, and writes the final slice to `final_row`.
+  Segments with no chunks and no final row return at once.
+Gram products of the raw inputs are taken in the inputs' dtype (exact for bf16); the state and every
+accumulation are float32. For 16-bit inputs the products of float32 quantities inside a chunk use TF32,
+and W, U and the q-k block are stored in the inputs' dtype (by default), so the scan's products take S and
+v_new in that dtype (as flash-linear-attention does). Float32 inputs keep float32 with IEEE products.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+import triton
+import triton.language as tl
 
-from flide_sdk.layout import DeltaPlan
+from flide_sdk.layout import GDN_CHUNK, DeltaPlan
+
+L2_EPS = 1e-6
 
 
-def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def l2_normalize(x: torch.Tensor, eps: float = L2_EPS) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
@@ -87,3 +109,254 @@ def _run_level(qf, kf, vf, gf, bf, level, states, out) -> None:
     keep = level.final_row >= 0
     states[level.final_row[keep]] = state[keep]
     out[idx.reshape(-1)] = outputs.permute(0, 2, 1, 3).reshape(-1, *out.shape[1:])
+
+
+@triton.jit
+def _unit_lower_inverse(n, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, PREC: tl.constexpr):
+    """(I + n)^-1 for a strictly lower-triangular [SUB, SUB] tile n, by exact block doubling.
+
+    X_b, the inverse of the b x b diagonal blocks of I + n, gives X_2b = X_b - X_b E_b X_b, where E_b keeps
+    the entries of n inside a 2b-block but outside its b-blocks ((X_b E_b)^2 = 0 there: this is exact).
+    """
+    i = tl.arange(0, SUB)
+    # (row ^ col) >> s == 1 exactly when row and col share their 2^(s+1)-block but not their 2^s-block
+    block_xor = i[:, None] ^ i[None, :]
+    x = tl.where(block_xor == 0, 1.0, tl.where(block_xor == 1, -n, 0.0))
+    for s in tl.static_range(1, LOG2_SUB):
+        e = tl.where((block_xor >> s) == 1, n, 0.0)
+        x = x - tl.dot(tl.dot(x, e, input_precision=PREC), x, input_precision=PREC)
+    return x
+
+
+@triton.jit
+def _chunk_prep_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, chunk_tokens_ptr,
+    w_ptr, u_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
+    total, scale, eps,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr,
+):
+    """One (chunk, value head): everything of the chunk that does not depend on the state.
+
+    The system A goes through this program's [L, L] float32 scratch `system_ptr`: its lower SUB x SUB
+    blocks are read back (tuples indexed b * (b + 1) // 2 + c, block row b >= block column c) so that
+    T = (I + A)^-1 costs only the block products it needs; T is written over A and read back whole.
+    The barriers order the scratch's writes and reads between the program's threads.
+    """
+    chunk = tl.program_id(0)
+    head = tl.program_id(1)
+    if tl.load(chunk_tokens_ptr + chunk * L) >= total:
+        return
+    NSUB: tl.constexpr = L // SUB
+    i = tl.arange(0, L)
+    dk = tl.arange(0, DK)
+    row, col = i[:, None], i[None, :]
+    base = chunk * tl.num_programs(1) + head
+    scratch = system_ptr + base * L * L
+    tok = tl.load(chunk_tokens_ptr + chunk * L + i)
+    ok = tok < total
+    key_head = head // GROUP
+
+    # gates: cumulative log decay, Gamma, and the per-row factors the scan applies
+    g = tl.load(g_ptr + tok * stride_gt + head * stride_gh, mask=ok, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + tok * stride_bt + head * stride_bh, mask=ok, other=0.0).to(tl.float32)
+    cum = tl.cumsum(g, axis=0)
+    last = tl.sum(tl.where(i == L - 1, cum, 0.0), axis=0)
+    gamma = tl.exp(tl.where(row >= col, cum[:, None] - cum[None, :], float("-inf")))
+    q = tl.load(q_ptr + tok[:, None] * stride_qt + key_head * stride_qh + dk[None, :], mask=ok[:, None], other=0.0)
+    k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :], mask=ok[:, None], other=0.0)
+    q32 = q.to(tl.float32)
+    k32 = k.to(tl.float32)
+    q_rnorm = tl.math.rsqrt(tl.sum(q32 * q32, axis=1) + eps) * scale
+    k_rnorm = tl.math.rsqrt(tl.sum(k32 * k32, axis=1) + eps)
+    tl.store(q_gate_ptr + base * L + i, q_rnorm * tl.exp(cum))
+    tl.store(k_gate_ptr + base * L + i, k_rnorm * tl.exp(last - cum))
+    tl.store(decay_ptr + base, tl.exp(last))
+
+    # causal q-k block (stored) and the system A = strictly-lower(diag(beta) K K^T * Gamma) (to scratch);
+    # the Gram products come from the raw rows (exact for 16-bit inputs) and are normalised afterwards
+    a = q_rnorm[:, None] * k_rnorm[None, :] * tl.dot(q, tl.trans(k), input_precision=PREC) * gamma
+    tl.store(a_ptr + base * L * L + row * L + col, a.to(a_ptr.dtype.element_ty), mask=ok[:, None])
+    system = (beta * k_rnorm)[:, None] * k_rnorm[None, :] * tl.dot(k, tl.trans(k), input_precision=PREC) * gamma
+    tl.store(scratch + row * L + col, tl.where(row > col, system, 0.0))
+    tl.debug_barrier()
+
+    # T = (I + A)^-1 by block forward substitution: T_bb = (I + A_bb)^-1, T_bc = -T_bb sum_m A_bm T_mc
+    r = tl.arange(0, SUB)
+    blocks = ()
+    for b in tl.static_range(NSUB):
+        for c in tl.static_range(b + 1):
+            blocks += (tl.load(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :]),)
+    tl.debug_barrier()
+    inverse = ()
+    for b in tl.static_range(NSUB):
+        diagonal = _unit_lower_inverse(blocks[b * (b + 1) // 2 + b], SUB, LOG2_SUB, PREC)
+        for c in tl.static_range(b):
+            acc = tl.dot(blocks[b * (b + 1) // 2 + c], inverse[c * (c + 1) // 2 + c], input_precision=PREC)
+            for m in tl.static_range(c + 1, b):
+                acc += tl.dot(blocks[b * (b + 1) // 2 + m], inverse[m * (m + 1) // 2 + c], input_precision=PREC)
+            inverse += (-tl.dot(diagonal, acc, input_precision=PREC),)
+        inverse += (diagonal,)
+    for b in tl.static_range(NSUB):
+        for c in tl.static_range(b + 1):
+            tl.store(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :], inverse[b * (b + 1) // 2 + c])
+    tl.debug_barrier()
+
+    # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers)
+    t = tl.load(scratch + row * L + col, mask=row // SUB >= col // SUB, other=0.0)
+    for c0 in tl.static_range(0, DV, COLS):
+        cols = c0 + tl.arange(0, COLS)
+        v_cols = tl.load(v_ptr + tok[:, None] * stride_vt + head * stride_vh + cols[None, :],
+                         mask=ok[:, None], other=0.0)
+        u = tl.dot(t, beta[:, None] * v_cols.to(tl.float32), input_precision=PREC)
+        tl.store(u_ptr + base * L * DV + row * DV + cols[None, :], u.to(u_ptr.dtype.element_ty), mask=ok[:, None])
+    k_scale = beta * k_rnorm * tl.exp(cum)
+    for c0 in tl.static_range(0, DK, COLS):
+        cols = c0 + tl.arange(0, COLS)
+        k_cols = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + cols[None, :],
+                         mask=ok[:, None], other=0.0)
+        w = tl.dot(t, k_scale[:, None] * k_cols.to(tl.float32), input_precision=PREC)
+        tl.store(w_ptr + base * L * DK + row * DK + cols[None, :], w.to(w_ptr.dtype.element_ty), mask=ok[:, None])
+
+
+@triton.jit
+def _state_scan_kernel(
+    q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, out_ptr, states_ptr,
+    chunk_tokens_ptr, chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr,
+    total,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh, stride_sr, stride_sh, stride_sk,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
+    L: tl.constexpr, PREC: tl.constexpr,
+):
+    """One (segment, value head, V split): TILES V tiles of BV columns, one after the other.
+
+    Per tile the [DK, BV] slice of the state lives in registers through all the segment's chunks; a
+    chunk's q, k, W and q-k rows are the same for every tile, so later tiles can find them in L1.
+    """
+    segment = tl.program_id(0)
+    head = tl.program_id(1)
+    steps = tl.load(chunk_count_ptr + segment)
+    final_row = tl.load(final_row_ptr + segment)
+    if (steps == 0) & (final_row < 0):
+        return
+    heads = tl.num_programs(1)
+    key_head = head // GROUP
+    init_row = tl.load(init_row_ptr + segment)
+    i = tl.arange(0, L)
+    dk = tl.arange(0, DK)
+    for tile in range(TILES):
+        cols = (tl.program_id(2) * TILES + tile) * BV + tl.arange(0, BV)
+        state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
+        state = tl.load(state_ptrs + init_row * stride_sr)
+        for j in range(steps):
+            chunk = tl.load(step_start_ptr + j) + segment
+            base = chunk * heads + head
+            tok = tl.load(chunk_tokens_ptr + chunk * L + i)
+            ok = tok < total
+            q = tl.load(q_ptr + tok[:, None] * stride_qt + key_head * stride_qh + dk[None, :],
+                        mask=ok[:, None], other=0.0)
+            k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :],
+                        mask=ok[:, None], other=0.0)
+            w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :], mask=ok[:, None], other=0.0)
+            u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :], mask=ok[:, None], other=0.0)
+            causal = ok[:, None] & (i[:, None] >= i[None, :])
+            a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :], mask=causal, other=0.0)
+            q_gate = tl.load(q_gate_ptr + base * L + i)
+            k_gate = tl.load(k_gate_ptr + base * L + i)
+            decay = tl.load(decay_ptr + base)
+
+            # products take their operands in the storage dtype of W, U and the q-k block
+            state_op = state.to(w.dtype)
+            v_new = u.to(tl.float32) - tl.dot(w, state_op, input_precision=PREC)
+            out = q_gate[:, None] * tl.dot(q.to(w.dtype), state_op, input_precision=PREC)
+            out += tl.dot(a, v_new.to(w.dtype), input_precision=PREC)
+            tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+            update = (k_gate[:, None] * v_new).to(w.dtype)
+            state = state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
+        if final_row >= 0:
+            tl.store(state_ptrs + final_row * stride_sr, state)
+
+
+@functools.lru_cache
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def gated_delta_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    plan: DeltaPlan,
+    states: torch.Tensor,
+    *,
+    block_v: int | None = None,
+    split_v: int | None = None,
+    sub_block: int = 16,
+    prep_warps: int = 8,
+    scan_warps: int = 4,
+    scan_stages: int = 2,
+    store_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
+
+    Only stream tokens that belong to a segment of `plan` get an output row (plan_round covers all).
+    Dk and Dv must be powers of two >= 16. The keyword arguments are tuning knobs for benchmarks, each
+    default chosen per level from tensor shapes only: the scan's V tile (32, or 16 when the level has too
+    few segments x heads to fill the GPU) and V split (programs per segment and head: one per tile for
+    such small levels, else one looping over all tiles), the prep kernel's sub-block rows (16, 32 or 64),
+    warps of both kernels and the scan's pipeline depth. `store_dtype` (default: the inputs' dtype) is the
+    dtype of the stored W, U and q-k block, and so of the scan's product operands: float32 trades time
+    (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
+    """
+    total, v_heads, dv = v.shape
+    k_heads, dk = k.shape[1], k.shape[2]
+    for name, dim in (("Dk", dk), ("Dv", dv)):
+        if dim < 16 or dim & (dim - 1):
+            raise ValueError(f"{name} = {dim} must be a power of two >= 16")
+    if states.dtype != torch.float32 or states.stride(-1) != 1:
+        raise ValueError("the state table must be float32 with a unit last stride")
+    if sub_block < 16 or sub_block & (sub_block - 1) or GDN_CHUNK % sub_block:
+        raise ValueError(f"sub_block = {sub_block} must be a power of two in [16, {GDN_CHUNK}]")
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    store = store_dtype or q.dtype
+    chunk = GDN_CHUNK
+    multiprocessors = _multiprocessors(q.device)
+    for level in plan.levels:
+        chunks, segments = level.chunk_tokens.shape[0], level.init_row.shape[0]
+        w = torch.empty(chunks, v_heads, chunk, dk, dtype=store, device=q.device)
+        u = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
+        a = torch.empty(chunks, v_heads, chunk, chunk, dtype=store, device=q.device)
+        q_gate = torch.empty(chunks, v_heads, chunk, dtype=torch.float32, device=q.device)
+        k_gate = torch.empty_like(q_gate)
+        decay = torch.empty(chunks, v_heads, dtype=torch.float32, device=q.device)
+        system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
+        _chunk_prep_kernel[(chunks, v_heads)](
+            q, k, v, g, beta, level.chunk_tokens,
+            w, u, a, q_gate, k_gate, decay, system,
+            total, dk**-0.5, L2_EPS,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+            GROUP=v_heads // k_heads, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
+            COLS=min(dk, dv, 64), PREC=prec, num_warps=prep_warps,
+        )
+        pairs = segments * v_heads
+        bv = block_v or min(dv, 32 if pairs * (dv // 32) >= multiprocessors else 16)
+        split = split_v or (1 if pairs >= 2 * multiprocessors else dv // bv)
+        if bv < 16 or dv % (bv * split):
+            raise ValueError(f"block_v = {bv} and split_v = {split} do not tile Dv = {dv}")
+        _state_scan_kernel[(segments, v_heads, split)](
+            q, k, w, u, a, q_gate, k_gate, decay, out, states,
+            level.chunk_tokens, level.chunk_count, level.step_start, level.init_row, level.final_row,
+            total,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), out.stride(0), out.stride(1),
+            states.stride(0), states.stride(1), states.stride(2),
+            GROUP=v_heads // k_heads, DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
+            num_warps=scan_warps, num_stages=scan_stages,
+        )
+    return out

@@ -1,0 +1,209 @@
+"""Forked Gated DeltaNet on the H200: error against the float32 reference, time against flash-linear-attention.
+
+    PYTHONPATH=$PWD python benchmarks/bench_gdn.py --model-size 0.8B
+
+Rounds (issue 4): (a) one 2,000-token trunk + 64 branches of 20 tokens; (b) 32 requests of a 350-token
+trunk + 4 branches of 20. Inputs are random bf16 q, k, v with the release's GDN shapes, g = -softplus(x - 2)
+and beta = sigmoid(x) in float32. Reported per round:
+- error: relative error (||delta|| / ||ref||) of our bf16 outputs and of the state rows the round writes,
+  against `gated_delta_reference` in float32 on the same (bf16-rounded) inputs, with the default knobs and
+  with the accuracy option (W, U and the q-k block stored in float32);
+- time: median of CUDA-event timings of our kernel replayed in a CUDA graph (and eager), after warm-up;
+- baseline: flash-linear-attention's `chunk_gated_delta_rule` on the same tokens as independent varlen
+  sequences (trunk and each branch from a zero state; cu_seqlens, batch 1, [1, T, H, D], q/k L2-normalised
+  in the kernel, final states out), in a CUDA graph when it captures, else eager; q and k are repeated to
+  the value heads for it. Its error is measured on the trunk tokens and trunk final states, which it
+  computes exactly like the reference;
+- a greedy sweep of our tuning knobs (one knob at a time, keeping the best) unless --no-sweep.
+fla is imported here only: it is the baseline, not a dependency of the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import cuda_time_ms, release_config, run_metadata, write_result
+from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
+from flide_sdk.layout import RequestSpec, plan_round
+
+ROUNDS = {
+    "a_one_trunk_64_branches": [(2000, [20] * 64)],
+    "b_32_requests": [(350, [20] * 4)] * 32,
+}
+KNOB_CHOICES = {  # first value = the kernel's default
+    "sub_block": [16, 32],
+    "prep_warps": [8, 4],
+    "block_v": [None, 16, 32, 64],
+    "split_v": [None, 1, 2],
+    "scan_warps": [4, 8],
+    "scan_stages": [2, 1, 3],
+}
+PRECISE = {"store_dtype": torch.float32, "scan_warps": 8}
+REPEAT = 100
+DEVICE = "cuda"
+
+
+def build_round(spec, k_heads: int, v_heads: int, dk: int, dv: int):
+    """The round on the device, random inputs, fla's cu_seqlens (one sequence per segment, stream order),
+    the stream rows of the trunks and the sequence index of each trunk."""
+    rng = np.random.default_rng(0)
+    requests = [RequestSpec(rng.integers(0, 100, trunk), [rng.integers(0, 100, b) for b in branches],
+                            [np.array([1])] * len(branches)) for trunk, branches in spec]
+    host = plan_round(requests, 4)
+    rnd = host.to(DEVICE)
+    total = host.num_tokens
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=DEVICE)
+
+    inputs = dict(
+        q=randn(total, k_heads, dk).bfloat16(), k=randn(total, k_heads, dk).bfloat16(),
+        v=randn(total, v_heads, dv).bfloat16(),
+        g=-F.softplus(randn(total, v_heads) - 2.0), beta=torch.sigmoid(randn(total, v_heads)),
+    )
+    lengths = [n for trunk, branches in spec for n in (trunk, *branches)]
+    cu_seqlens = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.long, device=DEVICE)
+    trunk_rows = torch.from_numpy(np.flatnonzero(host.seg_lo == host.key_lo)).to(DEVICE)
+    trunk_sequences = np.cumsum([0] + [1 + len(branches) for _, branches in spec])[:-1]
+    return rnd, inputs, cu_seqlens, trunk_rows, torch.from_numpy(trunk_sequences).to(DEVICE)
+
+
+def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((got.double() - expected.double()).norm() / expected.double().norm())
+
+
+def graph_of(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """`fn` captured in a CUDA graph after warm-up runs on a side stream."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def timed(fn: Callable[[], object]) -> dict:
+    """Eager and graph-replay timings of `fn` in ms (the graph entry holds the error if capture fails)."""
+    result = {"eager": cuda_time_ms(fn, warmup=5, repeat=REPEAT)}
+    try:
+        graph = graph_of(fn)
+        result["graph"] = cuda_time_ms(graph.replay, warmup=10, repeat=REPEAT)
+    except Exception as failure:  # a baseline that does not capture is timed eagerly only
+        result["graph"] = {"error": f"{type(failure).__name__}: {str(failure)[:300]}"}
+    return result
+
+
+def sweep(run_ours: Callable[..., torch.Tensor], mode: str) -> dict:
+    """Greedy one-knob-at-a-time search from the defaults (`mode` timings); every configuration tried, the best."""
+    best_knobs: dict = {}
+    best_time = timed(lambda: run_ours())[mode]["median_ms"]
+    tried = {"default": best_time}
+    for knob, choices in KNOB_CHOICES.items():
+        for value in choices[1:]:
+            knobs = {**best_knobs, knob: value}
+            name = ",".join(f"{k}={v}" for k, v in knobs.items())
+            try:
+                elapsed = timed(lambda knobs=knobs: run_ours(**knobs))[mode]["median_ms"]
+            except Exception as failure:  # an invalid tiling for this shape is reported, not fatal
+                tried[name] = f"{type(failure).__name__}: {str(failure)[:200]}"
+                continue
+            tried[name] = elapsed
+            if elapsed < best_time:
+                best_knobs, best_time = knobs, elapsed
+    return {"best_knobs": best_knobs, "best_ms": best_time, "tried_ms": tried}
+
+
+def fla_baseline(inputs: dict, group: int, cu_seqlens: torch.Tensor) -> tuple[Callable | None, str | None]:
+    """A closure running fla's chunk kernel on the round as independent sequences, or why there is none."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError as failure:
+        return None, f"flash-linear-attention not importable: {failure}"
+    q, k = (x.repeat_interleave(group, dim=1)[None] for x in (inputs["q"], inputs["k"]))
+    v, g, beta = inputs["v"][None], inputs["g"][None], inputs["beta"][None]
+
+    def run():
+        return chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                      cu_seqlens=cu_seqlens)
+
+    return run, None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-size", default="0.8B")
+    parser.add_argument("--no-sweep", action="store_true", help="time the default knobs only")
+    args = parser.parse_args()
+    text = release_config(args.model_size)["text_config"]
+    k_heads, v_heads = text["linear_num_key_heads"], text["linear_num_value_heads"]
+    dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
+    results = {}
+    for name, spec in ROUNDS.items():
+        rnd, x, cu_seqlens, trunk_rows, trunk_sequences = build_round(spec, k_heads, v_heads, dk, dv)
+        plan = rnd.delta
+        states = torch.zeros(plan.num_rows, v_heads, dk, dv, device=DEVICE)
+        reference_states = states.clone()
+        reference = gated_delta_reference(x["q"].float(), x["k"].float(), x["v"].float(), x["g"], x["beta"], plan,
+                                          reference_states)
+
+        def run_ours(**knobs):
+            return gated_delta_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], plan, states, **knobs)
+
+        def errors(**knobs) -> dict:
+            ours = run_ours(**knobs)
+            written = slice(1, plan.num_rows)
+            return {
+                "output_rel_err": relative_error(ours, reference),
+                "trunk_output_rel_err": relative_error(ours[trunk_rows], reference[trunk_rows]),
+                "state_rel_err": relative_error(states[written], reference_states[written]),
+            }
+
+        entry = {
+            "tokens": int(x["v"].shape[0]), "sequences": int(cu_seqlens.numel() - 1),
+            "levels": len(plan.levels), "chunks_per_level": [int(level.chunk_tokens.shape[0]) for level in plan.levels],
+            "ours": {**errors(), **timed(lambda: run_ours())},
+            # the accuracy option: W, U and the q-k block stored in float32, TF32 products in the scan
+            "ours_float32_storage": {
+                **errors(**PRECISE), **timed(lambda: run_ours(**PRECISE)), "knobs": str(PRECISE),
+            },
+        }
+        # ratios compare CUDA-graph replays when both capture, else eager runs
+        mode = "graph" if "median_ms" in entry["ours"]["graph"] else "eager"
+        run_fla, fla_missing = fla_baseline(x, v_heads // k_heads, cu_seqlens)
+        if run_fla is None:
+            entry["fla"] = {"error": fla_missing}
+        else:
+            fla_out, fla_states = run_fla()
+            entry["fla"] = {
+                "trunk_output_rel_err": relative_error(fla_out[0][trunk_rows], reference[trunk_rows]),
+                "trunk_state_rel_err": relative_error(fla_states[trunk_sequences], reference_states[1:1 + len(spec)]),
+                "qk_heads_repeated_to_value_heads": v_heads != k_heads,
+                **timed(run_fla),
+            }
+            mode = mode if "median_ms" in entry["fla"]["graph"] else "eager"
+            entry["ratio_ours_over_fla"] = entry["ours"][mode]["median_ms"] / entry["fla"][mode]["median_ms"]
+        entry["ratio_mode"] = mode
+        if not args.no_sweep:
+            entry["sweep"] = sweep(run_ours, mode)
+            if run_fla is not None:
+                entry["ratio_best_over_fla"] = entry["sweep"]["best_ms"] / entry["fla"][mode]["median_ms"]
+        results[name] = entry
+    command = f"python benchmarks/bench_gdn.py --model-size {args.model_size}{' --no-sweep' if args.no_sweep else ''}"
+    write_result(f"gdn-{args.model_size}", {
+        "benchmark": "gated_delta", "model_size": args.model_size, "k_heads": k_heads, "v_heads": v_heads,
+        "dk": dk, "dv": dv, **run_metadata(command), "rounds": results,
+    })
+
+
+if __name__ == "__main__":
+    main()
