@@ -27,7 +27,7 @@ ROUNDS = {
     "b_32_requests": [(350, 0, [20] * 4)] * 32,
     "c_resumed_8000_cached": [(500, 8000, [20] * 4)],
 }
-TUNINGS = [(128, 8, 2), (128, 4, 2), (128, 8, 3), (64, 4, 2), (256, 8, 2)]  # (block_rows, num_warps, num_stages)
+TUNINGS = [(128, 1, 8), (128, 4, 8), (128, 2, 8), (64, 1, 4), (64, 4, 4)]  # (block_rows, heads_per_program, warps)
 
 
 def build_round(spec, heads: int, kv_heads: int, dim: int, device: str = "cuda"):
@@ -89,16 +89,16 @@ def main() -> None:
         pairs = visible_pairs(host)
         flops_per_pair = 4 * dim * heads
         timings = {}
-        for block_rows, warps, stages in TUNINGS:
-            def run(block_rows=block_rows, warps=warps, stages=stages):
+        for block_rows, per_program, warps in TUNINGS:
+            def run(block_rows=block_rows, per_program=per_program, warps=warps):
                 return fork_attention_triton(t["q"], t["k"], t["v"], rnd.attention, None, t["k_cache"], t["v_cache"],
-                                             block_rows=block_rows, num_warps=warps, num_stages=stages)
+                                             block_rows=block_rows, heads_per_program=per_program, num_warps=warps)
 
             try:
-                timings[f"rows{block_rows}_w{warps}_s{stages}"] = cuda_time_ms(run)
+                timings[f"rows{block_rows}_heads{per_program}_w{warps}"] = cuda_time_ms(run)
             except Exception as failure:  # a tile shape that does not fit is reported, not fatal
-                timings[f"rows{block_rows}_w{warps}_s{stages}"] = {"error": str(failure)[:200]}
-        default = timings[f"rows{TUNINGS[0][0]}_w{TUNINGS[0][1]}_s{TUNINGS[0][2]}"]["median_ms"]
+                timings[f"rows{block_rows}_heads{per_program}_w{warps}"] = {"error": str(failure)[:200]}
+        default = timings[f"rows{TUNINGS[0][0]}_heads{TUNINGS[0][1]}_w{TUNINGS[0][2]}"]["median_ms"]
         best_name, best = min(((k, v["median_ms"]) for k, v in timings.items() if "median_ms" in v), key=lambda kv: kv[1])
         sdpa = sdpa_baseline(pairs, heads, dim)
         ours_rate = pairs * flops_per_pair / (default * 1e-3) / 1e12

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark in one device call (the lent H200 has no internet and a bare image).
 # Usage on the device, from the repository root with .whl/ and .bench-data/ carried:
-#   bash benchmarks/run_gpu.sh [step ...]      (steps: attention gdn fidelity; default: all)
+#   bash benchmarks/run_gpu.sh [step ...]      (steps: attention gdn fidelity check; default: the first three)
 # JSON results land in $OUT (one file per benchmark) with a combined log.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/msgspec*.whl .whl/pytest_asyncio*.whl || exit 1
@@ -17,6 +17,7 @@ for step in $steps; do
     gdn) PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size 0.8B
          PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size 4B --no-sweep ;;
     fidelity) python3 benchmarks/fidelity.py --model-size 0.8B ;;
+    check) python3 benchmarks/check_kernels.py ;;
     *) echo "unknown step $step" ;;
   esac 2>&1 | tail -c 20000 >> "$OUT/log.txt"
 done

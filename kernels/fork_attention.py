@@ -13,8 +13,8 @@ rows of a tile share their history and their fully visible keys. A tile then vis
 the cached history (one pool page per key block, no mask but the length), the keys every row of the
 tile sees (its trunk for branch rows, the earlier trunk for trunk rows: loaded without a mask), and the
 keys only some rows see (the tile's own rows and, for branch rows, the start of their branches), the
-only blocks that are masked. A program takes one tile and the query heads sharing one key/value head, so
-every key block it loads serves tokens x group rows. Launch shapes depend on the number of query rows and
+only blocks that are masked. A program takes one tile and one or more query heads sharing a key/value
+head, so every key block it loads serves tokens x heads rows. Launch shapes depend on the number of query rows and
 requests alone.
 """
 
@@ -125,19 +125,21 @@ def _fork_attention_kernel(
     key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, request_of_ptr, history_len_ptr, page_table_ptr, page_stride,
     stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om, stride_oh,
     scale_log2,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, IEEE: tl.constexpr,
+    GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
-    """One program: BT query tokens x the GROUP query heads of one key/value head (BT * GROUP rows)."""
+    """One program: BT query tokens x HEADS query heads sharing one key/value head (BT * HEADS rows)."""
     tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    head_block = tl.program_id(1)
     if tile >= tl.load(num_tiles_ptr):
         return
-    BM: tl.constexpr = BT * GROUP
+    BM: tl.constexpr = BT * HEADS
+    kv_head = head_block * HEADS // GROUP
     i0 = tl.load(tile_start_ptr + tile)
     i1 = tl.load(tile_start_ptr + tile + 1)
-    # row r of the program is token i0 + r // GROUP, query head kv_head * GROUP + r % GROUP
-    offs_i = i0 + tl.arange(0, BM) // GROUP
-    heads = kv_head * GROUP + tl.arange(0, BM) % GROUP
+    # row r of the program is token i0 + r // HEADS, query head head_block * HEADS + r % HEADS
+    offs_i = i0 + tl.arange(0, BM) // HEADS
+    heads = head_block * HEADS + tl.arange(0, BM) % HEADS
     row_ok = offs_i < i1
     rows = tl.load(rows_ptr + offs_i, mask=row_ok, other=0)
     first = tl.load(rows_ptr + i0)
@@ -202,25 +204,32 @@ def fork_attention_triton(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     *,
-    block_rows: int = BLOCK_ROWS,
+    block_rows: int | None = None,
+    heads_per_program: int = 1,
     num_warps: int | None = None,
-    num_stages: int = 2,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """The Triton kernel behind the same contract as `fork_attention_reference` (no host synchronisation).
 
-    A program handles the query heads that share one key/value head for a tile of block_rows // group
-    tokens, so each key block it loads serves block_rows rows. Keyword arguments are tuning knobs.
+    A program handles `heads_per_program` query heads that share a key/value head (a divisor of the
+    group) for a tile of block_rows // heads_per_program tokens, so each key block it loads serves
+    block_rows rows. Keyword arguments are tuning knobs; float32 inputs get smaller tiles (shared memory).
     """
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     if k.stride() != v.stride() or k_cache.stride() != v_cache.stride():
         raise ValueError("keys and values (and their caches) must share a layout")
     group = heads // kv_heads
-    block_tokens = max(16, block_rows // group)
+    if group % heads_per_program:
+        raise ValueError(f"heads_per_program={heads_per_program} must divide the group size {group}")
+    wide = q.dtype == torch.float32
+    block_rows = block_rows or (64 if wide else BLOCK_ROWS)
+    num_stages = num_stages or (1 if wide else 2)
+    block_tokens = max(16, block_rows // heads_per_program)
     rows = torch.arange(k.shape[0], device=q.device) if query_rows is None else query_rows
     tile_start, num_tiles, max_tiles = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], block_tokens)
     out = torch.empty_like(q)
-    ieee = q.dtype == torch.float32
-    _fork_attention_kernel[(max_tiles, kv_heads)](
+    ieee = wide
+    _fork_attention_kernel[(max_tiles, heads // heads_per_program)](
         q, k, v, k_cache, v_cache, out,
         rows, tile_start, num_tiles,
         plan.key_lo, plan.ctx_hi, plan.seg_lo, plan.request_of, plan.history_len, plan.page_table,
@@ -228,7 +237,7 @@ def fork_attention_triton(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1),
         head_dim**-0.5 * 1.4426950408889634,
-        GROUP=group, HEAD_DIM=head_dim, BT=block_tokens, BN=BLOCK_N, IEEE=ieee,
+        GROUP=group, HEADS=heads_per_program, HEAD_DIM=head_dim, BT=block_tokens, BN=BLOCK_N, IEEE=ieee,
         num_warps=num_warps or (8 if head_dim >= 128 else 4), num_stages=num_stages,
     )
     return out

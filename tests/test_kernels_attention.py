@@ -40,8 +40,9 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_triton_matches_reference_on_every_row(seed, heads, kv_heads, dim):
     rnd, q, k, v, k_cache, v_cache = round_with_history(seed, heads, kv_heads, dim)
     expected = fork_attention_reference(q, k, v, rnd.attention, None, k_cache, v_cache)
-    got = fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache)
-    assert relative_error(got, expected) <= 1e-5
+    for per_program in (1, heads // kv_heads):
+        got = fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, heads_per_program=per_program)
+        assert relative_error(got, expected) <= 1e-5
 
 
 def test_triton_matches_reference_on_readout_rows():
