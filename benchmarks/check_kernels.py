@@ -1,10 +1,16 @@
 """GPU correctness sweep of the forked Gated DeltaNet kernel in bf16: error vs the float32 reference per
-tuning, and where non-finite values appear (which level, chunk row and head), for debugging on the H200.
+tuning, and where non-finite values appear (trunk or branch rows, heads), for debugging on the H200.
+Each tuning runs in its own process, so an illegal memory access in one cannot hide the others.
 
     PYTHONPATH=$PWD python benchmarks/check_kernels.py
 """
 
 from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
 
 import numpy as np
 import torch
@@ -15,11 +21,11 @@ from flide_sdk.layout import RequestSpec, plan_round
 
 CONFIGS = [
     {},
-    {"scan_stages": 1},
-    {"prep_warps": 4, "block_v": 64, "split_v": 2, "scan_stages": 1},
+    {"scan_stages": 2},
     {"store_dtype": torch.float32},
+    {"prep_warps": 8},
+    {"block_v": 16, "split_v": 8},
     {"sub_block": 32},
-    {"scan_warps": 8},
 ]
 
 
@@ -36,7 +42,7 @@ def inputs(total: int, k_heads: int, v_heads: int, dim: int, seed: int = 0):
     return q, k, v, g, beta
 
 
-def main() -> None:
+def check(config: dict) -> dict:
     rng = np.random.default_rng(0)
     request = RequestSpec(rng.integers(0, 9, 2000), [rng.integers(0, 9, 20) for _ in range(64)], [np.array([1])] * 64)
     host = plan_round([request], 4)
@@ -44,30 +50,35 @@ def main() -> None:
     q, k, v, g, beta = inputs(host.num_tokens, 16, 16, 128)
     states_ref = torch.zeros(rnd.delta.num_rows, 16, 128, 128, device="cuda")
     reference = gated_delta_reference(q.float(), k.float(), v.float(), g, beta, rnd.delta, states_ref)
-    trunk = slice(0, 2000)
+    states = torch.zeros_like(states_ref)
+    out = gated_delta_triton(q, k, v, g, beta, rnd.delta, states, **config).float()
+    torch.cuda.synchronize()
+    bad = ~torch.isfinite(out)
+    diff = torch.where(bad, torch.zeros_like(out), out - reference)
+    return {
+        "nonfinite_outputs": int(bad.sum()),
+        "nonfinite_trunk_rows": int(bad[:2000].any(dim=2).any(dim=1).sum()),
+        "nonfinite_branch_rows": int(bad[2000:].any(dim=2).any(dim=1).sum()),
+        "nonfinite_heads": bad.any(dim=2).any(dim=0).nonzero().flatten().tolist(),
+        "nonfinite_states": int((~torch.isfinite(states)).sum()),
+        "rel_err_finite_part": float(diff.norm() / reference.norm()),
+        "state_rel_err": float((torch.nan_to_num(states) - states_ref).norm() / states_ref.norm()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", type=int, help="run one tuning in this process and print its JSON")
+    args = parser.parse_args()
+    if args.config is not None:
+        print(json.dumps(check(CONFIGS[args.config])))
+        return
     results = {}
-    for config in CONFIGS:
+    for index, config in enumerate(CONFIGS):
         name = ",".join(f"{key}={value}" for key, value in config.items()) or "default"
-        states = torch.zeros_like(states_ref)
-        try:
-            out = gated_delta_triton(q, k, v, g, beta, rnd.delta, states, **config).float()
-        except Exception as failure:
-            results[name] = {"error": str(failure)[:300]}
-            continue
-        bad = ~torch.isfinite(out)
-        entry = {
-            "nonfinite_outputs": int(bad.sum()),
-            "nonfinite_trunk_rows": int(bad[trunk].any(dim=(1, 2)).sum()),
-            "nonfinite_branch_rows": int(bad[2000:].any(dim=(1, 2)).sum()),
-            "first_bad_row": int(bad.any(dim=(1, 2)).nonzero()[0]) if bad.any() else -1,
-            "nonfinite_heads": sorted(set(bad.any(dim=(0, 2)).nonzero().flatten().tolist())),
-            "nonfinite_states": int((~torch.isfinite(states)).sum()),
-        }
-        finite = torch.isfinite(out)
-        diff = torch.where(finite, out - reference, torch.zeros_like(out))
-        entry["rel_err_finite_part"] = float(diff.norm() / reference.norm())
-        entry["state_rel_err"] = float((torch.nan_to_num(states) - states_ref).norm() / states_ref.norm())
-        results[name] = entry
+        run = subprocess.run([sys.executable, __file__, "--config", str(index)], capture_output=True, text=True)
+        lines = run.stdout.strip().splitlines()
+        results[name] = json.loads(lines[-1]) if run.returncode == 0 and lines else {"failed": run.stderr[-600:]}
     write_result("check-gdn-bf16", {"round": "a: 2000 + 64x20, 0.8B GDN shapes", "configs": results})
 
 

@@ -31,7 +31,6 @@ v_new in that dtype (as flash-linear-attention does). Float32 inputs keep float3
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
@@ -279,11 +278,6 @@ def _state_scan_kernel(
             tl.store(state_ptrs + final_row * stride_sr, state)
 
 
-@functools.lru_cache
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-
-
 def gated_delta_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -293,24 +287,24 @@ def gated_delta_triton(
     plan: DeltaPlan,
     states: torch.Tensor,
     *,
-    block_v: int | None = None,
-    split_v: int | None = None,
+    block_v: int = 64,
+    split_v: int = 2,
     sub_block: int = 16,
-    prep_warps: int = 8,
+    prep_warps: int = 4,
     scan_warps: int = 4,
-    scan_stages: int = 2,
+    scan_stages: int = 1,
     store_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
     Only stream tokens that belong to a segment of `plan` get an output row (plan_round covers all).
-    Dk and Dv must be powers of two >= 16. The keyword arguments are tuning knobs for benchmarks, each
-    default chosen per level from tensor shapes only: the scan's V tile (32, or 16 when the level has too
-    few segments x heads to fill the GPU) and V split (programs per segment and head: one per tile for
-    such small levels, else one looping over all tiles), the prep kernel's sub-block rows (16, 32 or 64),
-    warps of both kernels and the scan's pipeline depth. `store_dtype` (default: the inputs' dtype) is the
-    dtype of the stored W, U and q-k block, and so of the scan's product operands: float32 trades time
-    (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
+    Dk and Dv must be powers of two >= 16. The keyword arguments are tuning knobs for benchmarks; the
+    defaults are the best of the H200 sweep on rounds (a) and (b) (benchmarks/results): the scan's V tile
+    (64 columns) and V split (2 programs per segment and head), the prep kernel's sub-block rows (16, 32
+    or 64), warps of both kernels, and the scan's pipeline depth (1: a deeper software pipeline prefetches
+    the next step's chunk index and its dependent loads past the segment's end). `store_dtype` (default:
+    the inputs' dtype) is the dtype of the stored W, U and q-k block, and so of the scan's product
+    operands: float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
     """
     total, v_heads, dv = v.shape
     k_heads, dk = k.shape[1], k.shape[2]
@@ -326,7 +320,6 @@ def gated_delta_triton(
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     store = store_dtype or q.dtype
     chunk = GDN_CHUNK
-    multiprocessors = _multiprocessors(q.device)
     for level in plan.levels:
         chunks, segments = level.chunk_tokens.shape[0], level.init_row.shape[0]
         w = torch.empty(chunks, v_heads, chunk, dk, dtype=store, device=q.device)
@@ -345,9 +338,7 @@ def gated_delta_triton(
             GROUP=v_heads // k_heads, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
             COLS=min(dk, dv, 64), PREC=prec, num_warps=prep_warps,
         )
-        pairs = segments * v_heads
-        bv = block_v or min(dv, 32 if pairs * (dv // 32) >= multiprocessors else 16)
-        split = split_v or (1 if pairs >= 2 * multiprocessors else dv // bv)
+        bv, split = min(block_v, dv), min(split_v, dv // min(block_v, dv))
         if bv < 16 or dv % (bv * split):
             raise ValueError(f"block_v = {bv} and split_v = {split} do not tile Dv = {dv}")
         _state_scan_kernel[(segments, v_heads, split)](
