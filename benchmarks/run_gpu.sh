@@ -14,7 +14,7 @@ for step in $steps; do
   echo "=== $step" | tee -a "$OUT/log.txt"
   case $step in
     attention) for size in 0.8B 4B; do python3 benchmarks/bench_attention.py --model-size $size; done ;;
-    gdn) PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size 0.8B
+    gdn) PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size 0.8B --no-sweep
          PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size 4B --no-sweep ;;
     fidelity) python3 benchmarks/fidelity.py --model-size 0.8B ;;
     check) python3 benchmarks/check_kernels.py ;;
