@@ -301,10 +301,11 @@ def gated_delta_triton(
     Dk and Dv must be powers of two >= 16. The keyword arguments are tuning knobs for benchmarks; the
     defaults are the best of the H200 sweep on rounds (a) and (b) (benchmarks/results): the scan's V tile
     (64 columns) and V split (2 programs per segment and head), the prep kernel's sub-block rows (16, 32
-    or 64), warps of both kernels, and the scan's pipeline depth (1: a deeper software pipeline prefetches
-    the next step's chunk index and its dependent loads past the segment's end). `store_dtype` (default:
+    or 64), warps of both kernels, and the scan's pipeline depth. `store_dtype` (default:
     the inputs' dtype) is the dtype of the stored W, U and q-k block, and so of the scan's product
     operands: float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
+    On CUDA the V tile must be at least 32 columns: compiled for the H200 with 16-column tiles, the scan
+    returned non-finite values (benchmarks/results, check-gdn-bf16); the interpreter is not affected.
     """
     total, v_heads, dv = v.shape
     k_heads, dk = k.shape[1], k.shape[2]
@@ -339,7 +340,7 @@ def gated_delta_triton(
             COLS=min(dk, dv, 64), PREC=prec, num_warps=prep_warps,
         )
         bv, split = min(block_v, dv), min(split_v, dv // min(block_v, dv))
-        if bv < 16 or dv % (bv * split):
+        if bv < (32 if q.is_cuda else 16) or dv % (bv * split):
             raise ValueError(f"block_v = {bv} and split_v = {split} do not tile Dv = {dv}")
         _state_scan_kernel[(segments, v_heads, split)](
             q, k, w, u, a, q_gate, k_gate, decay, out, states,
