@@ -220,8 +220,6 @@ class HostRound:
 class _Builder:
     """Accumulates the per-request pieces of a round before they become arrays."""
 
-    conv_kernel: int
-    total: int
     num_resumed: int
     request_bounds: list[tuple[int, int]] = field(default_factory=list)
     history: list[tuple[int, np.ndarray | None]] = field(default_factory=list)
@@ -247,7 +245,7 @@ class _Builder:
 def plan_round(requests: Sequence[RequestSpec], conv_kernel: int) -> HostRound:
     """Lay out `requests` as one flat stream and build all metadata (host side, numpy)."""
     total = sum(request.num_tokens for request in requests)
-    build = _Builder(conv_kernel, total, sum(request.resume is not None for request in requests))
+    build = _Builder(sum(request.resume is not None for request in requests))
     ids = np.empty(total, dtype=np.int64)
     positions = np.empty(total, dtype=np.int64)
     key_lo = np.empty(total, dtype=np.int64)

@@ -228,7 +228,6 @@ def fork_attention_triton(
     rows = torch.arange(k.shape[0], device=q.device) if query_rows is None else query_rows
     tile_start, num_tiles, max_tiles = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], block_tokens)
     out = torch.empty_like(q)
-    ieee = wide
     _fork_attention_kernel[(max_tiles, heads // heads_per_program)](
         q, k, v, k_cache, v_cache, out,
         rows, tile_start, num_tiles,
@@ -237,7 +236,7 @@ def fork_attention_triton(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1),
         head_dim**-0.5 * 1.4426950408889634,
-        GROUP=group, HEADS=heads_per_program, HEAD_DIM=head_dim, BT=block_tokens, BN=BLOCK_N, IEEE=ieee,
+        GROUP=group, HEADS=heads_per_program, HEAD_DIM=head_dim, BT=block_tokens, BN=BLOCK_N, IEEE=wide,
         num_warps=num_warps or (8 if head_dim >= 128 else 4), num_stages=num_stages,
     )
     return out
