@@ -39,7 +39,7 @@ def build_round(spec, heads: int, kv_heads: int, dim: int, device: str = "cuda")
             count = -(-cached // PAGE)
             resume = Resume(0, np.arange(pages_used, pages_used + count))
             pages_used += count
-        requests.append(RequestSpec(rng.integers(0, 100, trunk), [rng.integers(0, 100, b) for b in branches],
+        requests.append(RequestSpec.of(rng.integers(0, 100, trunk), [rng.integers(0, 100, b) for b in branches],
                                     [np.array([1])] * len(branches), start=cached, resume=resume))
     host = plan_round(requests, 4)
     rnd = host.to(device)

@@ -52,7 +52,7 @@ def build_round(spec, k_heads: int, v_heads: int, dk: int, dv: int):
     """The round on the device, random inputs, fla's cu_seqlens (one sequence per segment, stream order),
     the stream rows of the trunks and the sequence index of each trunk."""
     rng = np.random.default_rng(0)
-    requests = [RequestSpec(rng.integers(0, 100, trunk), [rng.integers(0, 100, b) for b in branches],
+    requests = [RequestSpec.of(rng.integers(0, 100, trunk), [rng.integers(0, 100, b) for b in branches],
                             [np.array([1])] * len(branches)) for trunk, branches in spec]
     host = plan_round(requests, 4)
     rnd = host.to(DEVICE)

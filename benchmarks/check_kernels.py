@@ -44,7 +44,7 @@ def inputs(total: int, k_heads: int, v_heads: int, dim: int, seed: int = 0):
 
 def check(config: dict) -> dict:
     rng = np.random.default_rng(0)
-    request = RequestSpec(rng.integers(0, 9, 2000), [rng.integers(0, 9, 20) for _ in range(64)], [np.array([1])] * 64)
+    request = RequestSpec.of(rng.integers(0, 9, 2000), [rng.integers(0, 9, 20) for _ in range(64)], [np.array([1])] * 64)
     host = plan_round([request], 4)
     rnd = host.to("cuda")
     q, k, v, g, beta = inputs(host.num_tokens, 16, 16, 128)

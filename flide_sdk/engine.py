@@ -4,10 +4,13 @@ An ask is validated and rendered in the caller (errors raise there, and the engi
 queued. On the round thread, `_select` admits queued asks with state-ready traversal (RadixFlow): each
 ask looks up the furthest checkpoint matching its trunk; an ask that would resume from a checkpoint
 another admitted ask is producing in this very round waits for the next round, while the scan goes on
-filling the round with independent work, up to the token capacity. `_run_round` computes identical trunks
-once, plans each request's checkpoint save at its stable boundary, lays everything out as one flat stream,
-runs the model once, copies the label probabilities to the host in one transfer, publishes the new
-checkpoints, and resolves each ask's future with typed answers.
+filling the round with independent work, up to the round's token, request and question capacity.
+`_launch` computes identical trunks once, plans each request's checkpoint save at its stable boundary,
+lays everything out as one flat stream, and starts the model on it: the replay of the smallest captured
+CUDA graph the round fits (`graphs.py`), or an eager forward (CPU, or a round larger than every graph).
+It publishes the new checkpoints at once (device work is stream-ordered). `_finish` waits for the one
+copy of the label probabilities to the host and resolves each ask's future with typed answers; the round
+loop finishes round k after launching round k+1, so host and device work overlap.
 """
 
 from __future__ import annotations
@@ -18,15 +21,18 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from flide_sdk.capacity import capacity_ladder
 from flide_sdk.errors import EngineClosedError, QueueFullError
+from flide_sdk.graphs import GraphRunner, Launch
 from flide_sdk.history import Trunk
-from flide_sdk.layout import RequestSpec, Resume, Save, plan_round
+from flide_sdk.layout import Branches, HostRound, RequestSpec, Resume, Save, plan_round
 from flide_sdk.models.checkpoint import load_model
 from flide_sdk.models.qwen35 import Qwen35Model
 from flide_sdk.ops import Ops, ops_for
@@ -43,6 +49,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 CPU_POOL_BYTES = 512 << 20
 CUDA_POOL_FRACTION = 0.4  # of the free device memory after the weights are loaded
 DEFER_MIN_TOKENS = 64  # an ask waits for a checkpoint produced in the same round only if it saves this much
+STAT_KEYS = (
+    "rounds", "asks", "questions", "tokens_computed", "tokens_padded", "tokens_resumed", "checkpoint_hits",
+    "checkpoint_misses", "graph_replays", "eager_runs", "deferred", "merged_trunks", "mutable_tail_tokens",
+    "max_mutable_tail_tokens", "round_seconds", "submit_seconds", "plan_seconds", "launch_seconds",
+    "staging_seconds", "replay_seconds", "readback_seconds", "finish_seconds", "graphs_captured",
+    "capture_seconds", "graph_memory_bytes",
+)
 
 
 def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -63,19 +76,18 @@ def _default_pool_bytes(device: torch.device) -> int:
 
 
 class AskPayload:
-    """One ask on its way through the round thread: trunk, questions, their branches, the resume point."""
+    """One ask on its way through the round thread: trunk, questions, their branches (laid out once, when
+    the ask is prepared, so the round thread only concatenates them), the resume point."""
 
-    __slots__ = ("trunk", "questions", "rendered", "resume")
+    __slots__ = ("trunk", "questions", "rendered", "branches", "branch_tokens", "resume")
 
     def __init__(self, trunk: Trunk, questions: dict[str, Question], rendered: dict[str, RenderedQuestion]) -> None:
         self.trunk = trunk
         self.questions = questions
         self.rendered = rendered
+        self.branches = Branches.of([q.ids for q in rendered.values()], [q.label_ids for q in rendered.values()])
+        self.branch_tokens = int(self.branches.lengths.sum())
         self.resume: Checkpoint | None = None
-
-    @property
-    def branch_tokens(self) -> int:
-        return sum(len(q.ids) for q in self.rendered.values())
 
     @property
     def resume_length(self) -> int:
@@ -99,6 +111,17 @@ class AskPayload:
         return self.trunk.prefix_equals(producer.trunk.buffer, at) and not self.same_trunk(producer)
 
 
+@dataclass
+class InFlight:
+    """A launched round: its asks (grouped by shared trunk), real stream tokens, and its probabilities
+    (a `Launch` to wait for, or the array itself when the round ran eagerly)."""
+
+    groups: list[list[PendingAsk]]
+    tokens: int
+    result: Launch | np.ndarray
+    started: float
+
+
 class Engine:
     """A loaded model serving asks. Build it with `Engine.load(path)` or `Engine.tiny()`."""
 
@@ -112,8 +135,10 @@ class Engine:
         pool_bytes: int | None = None,
         pool_checkpoints: int | None = None,
         max_round_tokens: int = 8192,
-        round_deadline_ms: float = 1.0,
+        max_round_requests: int = 64,
+        round_deadline_ms: float = 0.0,
         max_pending: int = 4096,
+        graphs: bool | None = None,
         name: str = "qwen3.5",
     ) -> None:
         self.model = model
@@ -123,16 +148,27 @@ class Engine:
         self.name = name
         dtype = model.embed_tokens.weight.dtype
         budget = _default_pool_bytes(device) if pool_bytes is None else pool_bytes
-        self.pool = CheckpointPool(model.config, device, dtype, budget, pool_checkpoints)
+        self.pool = CheckpointPool(model.config, device, dtype, budget, pool_checkpoints, max_round_requests)
         self._caches = self.pool.layer_caches()
         self._pool_lock = threading.Lock()  # the round thread holds it while it reads or changes the pool
         self._stats_lock = threading.Lock()
-        self._stats: dict[str, float] = dict.fromkeys(
-            ["rounds", "asks", "questions", "tokens_computed", "tokens_resumed", "checkpoint_hits",
-             "checkpoint_misses", "graph_replays", "eager_runs", "deferred", "merged_trunks",
-             "mutable_tail_tokens", "max_mutable_tail_tokens", "round_seconds"], 0
-        )
-        self._loop = RoundLoop(self._select, self._run_round, max_round_tokens, round_deadline_ms / 1000.0, max_pending)
+        self._stats: dict[str, float] = dict.fromkeys(STAT_KEYS, 0)
+        self.max_round_requests = max_round_requests
+        self.max_round_questions = max_round_tokens  # every question has at least one branch token
+        self._graphs: GraphRunner | None = None
+        if graphs if graphs is not None else device.type == "cuda":
+            if device.type != "cuda":
+                raise ValueError("CUDA graphs need a CUDA device (graphs=True on cpu)")
+            ladder = capacity_ladder(model.config.conv_kernel, max_round_tokens, max_round_requests,
+                                     renderer.max_prompt_tokens)
+            self._graphs = GraphRunner(model, self.ops, self._caches, ladder, self.pool.state_rows,
+                                       self.pool.window_sink, self.pool.kv_sink)
+            report = self._graphs.capture()
+            self.max_round_questions = ladder[-1].questions
+            self._stats.update(graphs_captured=report.graphs, capture_seconds=report.seconds,
+                               graph_memory_bytes=report.memory_bytes)
+        self._loop = RoundLoop(self._select, self._launch, self._finish, max_round_tokens,
+                               round_deadline_ms / 1000.0, max_pending)
 
     @classmethod
     def load(
@@ -143,16 +179,22 @@ class Engine:
         *,
         max_prompt_tokens: int | None = None,
         max_round_tokens: int | None = None,
-        round_deadline_ms: float = 1.0,
+        max_round_requests: int = 64,
+        round_deadline_ms: float = 0.0,
         pool_bytes: int | None = None,
         pool_checkpoints: int | None = None,
         max_pending: int = 4096,
+        graphs: bool | None = None,
     ) -> Engine:
         """Load an HF-format Qwen3.5 checkpoint directory (text-only or release layout).
 
         device: "cuda" when available, else "cpu". dtype: bfloat16 on CUDA, float32 on CPU.
         max_prompt_tokens: longest standalone prompt accepted (default: the model's max positions).
-        max_round_tokens: stream tokens per round before a round is split (default 16384 CUDA / 8192 CPU).
+        max_round_tokens: stream tokens per round before a round is split (default 16384 CUDA / 8192 CPU);
+        max_round_requests: distinct trunks per round (each holds a scratch state row while it runs).
+        round_deadline_ms: when the device is idle, how long a round waits for more asks (default: none).
+        graphs: capture CUDA graphs of the round forward at start (default: on CUDA); rounds then replay the
+        smallest graph they fit, and only a round larger than max_round_tokens runs eagerly.
         pool_bytes: checkpoint pool budget (default 40% of free device memory on CUDA, 512 MiB on CPU);
         pool_checkpoints: how many checkpoints it holds at most (default: a quarter of the budget's worth).
         max_pending: queued asks before `ask` waits for room.
@@ -166,8 +208,10 @@ class Engine:
             pool_bytes=pool_bytes,
             pool_checkpoints=pool_checkpoints,
             max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192),
+            max_round_requests=max_round_requests,
             round_deadline_ms=round_deadline_ms,
             max_pending=max_pending,
+            graphs=graphs,
             name=Path(path).name,
         )
 
@@ -194,10 +238,13 @@ class Engine:
         """Validate questions against a trunk and build the queued form of the ask (raises on bad input)."""
         if self._loop.closed:
             raise EngineClosedError("the engine is closed")
+        started = time.perf_counter()
         parsed = parse_questions(questions)
         rendered = self.renderer.render_questions(parsed)
         self.renderer.check_length(len(trunk), rendered)
         payload = AskPayload(trunk, parsed, rendered)
+        with self._stats_lock:
+            self._stats["submit_seconds"] += time.perf_counter() - started
         return PendingAsk(payload, trunk.fresh + payload.branch_tokens)
 
     async def submit(self, ask: PendingAsk, queue_timeout: float | None = None) -> SystemOneResponse:
@@ -267,7 +314,7 @@ class Engine:
         capacity = self._loop.max_round_tokens
         selected: list[PendingAsk] = []
         kept: deque[PendingAsk] = deque()
-        tokens = 0
+        tokens = requests = questions = 0
         deferred = 0
         while pending:
             ask = pending.popleft()
@@ -282,7 +329,9 @@ class Engine:
                 continue
             merged = any(payload.same_trunk(other.payload) for other in selected)
             cost = payload.branch_tokens + (0 if merged else len(payload.trunk) - payload.resume_length)
-            if selected and tokens + cost > capacity:
+            full = (tokens + cost > capacity or requests + (not merged) > self.max_round_requests
+                    or questions + len(payload.branches) > self.max_round_questions)
+            if selected and full:
                 kept.append(ask)
                 continue
             if not ask.future.set_running_or_notify_cancel():
@@ -291,17 +340,17 @@ class Engine:
                 self.pool.pin(resume)
             selected.append(ask)
             tokens += cost
+            requests += not merged
+            questions += len(payload.branches)
         pending.extend(kept)
         if deferred:
             with self._stats_lock:
                 self._stats["deferred"] += deferred
         return selected
 
-    def _run_round(self, batch: list[PendingAsk]) -> None:
-        with self._pool_lock:
-            self._run_locked(batch)
-
-    def _run_locked(self, batch: list[PendingAsk]) -> None:
+    def _launch(self, batch: list[PendingAsk]) -> InFlight | None:
+        """Plan a round, start it on the device, and publish its checkpoints (device work is stream-ordered,
+        so a later round reading them runs after this one wrote them). None if it failed (asks resolved)."""
         started = time.perf_counter()
         groups: list[list[PendingAsk]] = []
         for ask in batch:
@@ -311,41 +360,64 @@ class Engine:
             else:
                 group.append(ask)
         saves: list[PlannedSave] = []
-        try:
-            specs = []
-            for group in groups:
-                spec, save = self._request_spec(group)
-                specs.append(spec)
-                if save is not None:
-                    saves.append(save)
-            self.pool.copy_pages([copy for save in saves for copy in save.page_copies])
-            host = plan_round(specs, self.model.config.conv_kernel)
-            probabilities = self.model(host.to(self.device), self.ops, self._caches).cpu().numpy()
-        except Exception as error:  # a failed round fails its asks, never the loop
+        with self._pool_lock:
+            try:
+                specs = []
+                for group in groups:
+                    spec, save = self._request_spec(group)
+                    specs.append(spec)
+                    if save is not None:
+                        saves.append(save)
+                host = plan_round(specs, self.model.config.conv_kernel, self.pool.state_rows, self.pool.kv_sink)
+                planned = time.perf_counter()
+                self.pool.copy_pages([copy for save in saves for copy in save.page_copies])
+                launch = None if self._graphs is None else self._graphs.launch(host)
+                result = launch if launch is not None else self._run_eager(host)
+            except Exception as error:  # a failed round fails its asks, never the loop
+                for save in saves:
+                    self.pool.abort(save)
+                self._unpin(batch)
+                for ask in batch:
+                    ask.future.set_exception(error)
+                return None
             for save in saves:
-                self.pool.abort(save)
+                self.pool.commit(save)
             self._unpin(batch)
-            for ask in batch:
-                ask.future.set_exception(error)
-            return
-        for save in saves:
-            self.pool.commit(save)
-        self._unpin(batch)
-        results = self._answers(groups, probabilities)
-        self._count_round(groups, host.num_tokens, time.perf_counter() - started)
-        for ask, answers in results:
-            ask.future.set_result(answers)
+        launched = time.perf_counter()
+        with self._stats_lock:
+            self._stats["plan_seconds"] += planned - started
+            self._stats["launch_seconds"] += launched - planned
+            self._stats["graph_replays" if launch is not None else "eager_runs"] += 1
+            self._stats["tokens_padded"] += host.num_real if launch is None else launch.capacity.tokens
+        return InFlight(groups, host.num_real, result, started)
+
+    def _run_eager(self, host: HostRound) -> np.ndarray:
+        return self.model(host.to(self.device), self.ops, self._caches).cpu().numpy()
+
+    def _finish(self, flight: InFlight) -> None:
+        """Wait for a launched round and resolve its asks."""
+        waited = time.perf_counter()
+        result = flight.result
+        probabilities = result.wait() if isinstance(result, Launch) else result
+        finished = time.perf_counter()
+        answers = self._answers(flight.groups, probabilities)
+        self._count_round(flight.groups, flight.tokens, finished - flight.started)
+        with self._stats_lock:
+            self._stats["finish_seconds"] += finished - waited
+            if isinstance(result, Launch):
+                for key, seconds in result.device_seconds().items():
+                    self._stats[key] += seconds
+        for ask, response in answers:
+            ask.future.set_result(response)
 
     def _request_spec(self, group: list[PendingAsk]) -> tuple[RequestSpec, PlannedSave | None]:
         lead: AskPayload = group[0].payload
         trunk, resume = lead.trunk, lead.resume
         start = lead.resume_length
         save = self.pool.plan_save(trunk, resume, trunk.boundary)
-        branches = [q for ask in group for q in ask.payload.rendered.values()]
         spec = RequestSpec(
             trunk=trunk.tokens(start),
-            branches=[q.ids for q in branches],
-            labels=[q.label_ids for q in branches],
+            branches=Branches.join([ask.payload.branches for ask in group]),
             start=start,
             resume=None if resume is None else Resume(resume.slot, np.asarray(resume.pages, dtype=np.int64)),
             save=None if save is None else Save(trunk.boundary, save.checkpoint.slot, save.kv_slots),
@@ -375,7 +447,6 @@ class Engine:
         with self._stats_lock:
             s = self._stats
             s["rounds"] += 1
-            s["eager_runs"] += 1
             s["tokens_computed"] += tokens
             s["round_seconds"] += seconds
             s["merged_trunks"] += sum(len(group) - 1 for group in groups)

@@ -1,9 +1,10 @@
 """The flat stream of a round (DESIGN.md §5): token packing and every piece of metadata the kernels read.
 
 A round is a list of requests, each a trunk (the state) and branches (one per question). The stream packs
-each request's trunk then its branches, with no padding between requests. This module turns the list of
-requests into host arrays (numpy) once, and `HostRound.to(device)` copies them in one go. Nothing here
-looks at the model's weights; the model and kernels only read the resulting tensors.
+each request's trunk then its branches, with no padding between requests. `plan_round` turns the list of
+requests into host arrays (numpy, vectorised over tokens, branches and chunks: no per-token Python);
+`pad_round` pads them to fixed capacities (padding only at the tail, so a captured CUDA graph can read
+any round that fits); `HostRound.to(device)` copies them. Nothing here looks at the model's weights.
 
 A request may *resume* from a checkpoint at position r (its trunk in the stream then starts at r: keys and
 values of [0, r) come from pool pages, the Gated DeltaNet state and conv window from a pool slot) and may
@@ -16,26 +17,48 @@ token t sees its request's cached history, the keys [key_lo, ctx_hi) (the trunk,
 [seg_lo, t] (its own segment).
 
 Gated DeltaNet runs level by level: trunks up to their save point, trunk remainders, then branches, each
-segment starting from a row of a per-round state table (row 0 zero, then the resumed states, then the
-rows segments write). Within a level, segments are sorted by chunk count, longest first, and chunks are
-stored step-major, so at scan step j the active segments are exactly the first `active[j]`.
-The short convolution reads each token's predecessors through `conv_src`, rows of the table
-[zero row, stream tokens, resumed conv windows], so a branch's first tokens read its trunk's last tokens
-and a resumed trunk reads its saved window.
+segment starting from a row of the state arena (`StateRows`: the pool's slots, an always-zero row and a
+few scratch rows for trunk states, so resuming and saving move no state at all). Within a level, segments
+are sorted by chunk count, longest first, and chunks are stored step-major, so at scan step j the active
+segments are exactly the first `active[j]`. The short convolution reads each token's predecessors through
+`conv_src`, rows of the table [zero row, stream tokens, resumed conv windows], so a branch's first tokens
+read its trunk's last tokens and a resumed trunk reads its saved window. Keys and values are saved per
+token through `kv_slots` (a pool position, or the pool's sink slot for tokens that are not saved).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 GDN_CHUNK = 64
 PAGE = 64  # tokens per key/value page of the checkpoint pool
-ZERO_ROW = 0
 DISCARD_ROW = -1
+
+
+@dataclass(frozen=True)
+class StateRows:
+    """Rows of the Gated DeltaNet state arena a round uses: pool slot s is row `slot_base + s`, row `zero`
+    is always zero, and rows [scratch, scratch + scratch_count) hold trunk states during a round."""
+
+    zero: int
+    scratch: int
+    scratch_count: int
+    slot_base: int = 0
+
+    @classmethod
+    def compact(cls, requests: Sequence[RequestSpec]) -> StateRows:
+        """A small standalone table for tests and benchmarks: zero row 0, slots from 1, scratch after them."""
+        slots = [r.resume.slot for r in requests if r.resume] + [r.save.slot for r in requests if r.save]
+        scratch = 2 + max(slots, default=-1)
+        return cls(zero=0, scratch=scratch, scratch_count=len(requests), slot_base=1)
+
+    @property
+    def num_rows(self) -> int:
+        return self.scratch + self.scratch_count
 
 
 @dataclass(frozen=True)
@@ -56,19 +79,59 @@ class Save:
 
 
 @dataclass(frozen=True)
+class Branches:
+    """The branches of one or more questions, concatenated: ids, each branch's length, its label ids
+    (one row per branch, padded with -1). Built once per ask, when it is submitted."""
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    labels: np.ndarray
+
+    @classmethod
+    def of(cls, branches: Sequence[np.ndarray], labels: Sequence[np.ndarray]) -> Branches:
+        if len(branches) != len(labels):
+            raise ValueError("one label array per branch")
+        lengths = np.array([len(branch) for branch in branches], dtype=np.int64)
+        if (lengths == 0).any():
+            raise ValueError("a branch must have at least one token")
+        width = max((len(label) for label in labels), default=1)
+        table = np.full((len(labels), width), -1, dtype=np.int64)
+        for row, label in enumerate(labels):
+            table[row, : len(label)] = label
+        ids = np.concatenate([np.asarray(b, dtype=np.int64) for b in branches]) if branches else np.zeros(0, np.int64)
+        return cls(ids, lengths, table)
+
+    @classmethod
+    def join(cls, parts: Sequence[Branches]) -> Branches:
+        if len(parts) == 1:
+            return parts[0]
+        width = max(part.labels.shape[1] for part in parts)
+        labels = np.concatenate([np.pad(p.labels, ((0, 0), (0, width - p.labels.shape[1])), constant_values=-1)
+                                 for p in parts])
+        return cls(np.concatenate([p.ids for p in parts]), np.concatenate([p.lengths for p in parts]), labels)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
+@dataclass(frozen=True)
 class RequestSpec:
-    """One request of a round: trunk token ids from position `start`, and per question its branch and labels."""
+    """One request of a round: trunk token ids from position `start`, and its branches (one per question)."""
 
     trunk: np.ndarray
-    branches: Sequence[np.ndarray]
-    labels: Sequence[np.ndarray]
+    branches: Branches
     start: int = 0
     resume: Resume | None = None
     save: Save | None = None
 
+    @classmethod
+    def of(cls, trunk: np.ndarray, branches: Sequence[np.ndarray], labels: Sequence[np.ndarray], **where) -> RequestSpec:
+        """From per-question branch and label arrays (tests, benchmarks)."""
+        return cls(np.asarray(trunk, dtype=np.int64), Branches.of(branches, labels), **where)
+
     @property
     def num_tokens(self) -> int:
-        return len(self.trunk) + sum(len(branch) for branch in self.branches)
+        return len(self.trunk) + int(self.branches.lengths.sum())
 
 
 @dataclass
@@ -78,16 +141,18 @@ class AttentionPlan:
     seg_lo: torch.Tensor  # [T] start of the token's own causal segment
     request_of: torch.Tensor  # [T] request index of each token
     history_len: torch.Tensor  # [R] cached positions [0, r) of each request (keys/values in pool pages)
-    page_table: torch.Tensor  # [R, max pages] pool page of each cached PAGE-token block, padded with 0
+    page_offset: torch.Tensor  # [R] where each request's pages start in `pages`
+    pages: torch.Tensor  # [P] pool page of each cached PAGE-token block, requests one after the other
+    num_tokens: torch.Tensor  # [1] real stream tokens (rows at or past it are padding)
     request_bounds: list[tuple[int, int]]  # host: stream [start, end) of each request (reference op)
-    history: list[tuple[int, torch.Tensor | None]]  # host: per request, cached length r and its pages
+    history: list[tuple[int, np.ndarray | None]]  # host: per request, cached length r and its pages
 
 
 @dataclass
 class DeltaLevel:
     chunk_tokens: torch.Tensor  # [num_chunks, GDN_CHUNK] stream index per chunk position, T for padding
     active: list[int]  # host: active segments at scan step j (non-increasing)
-    init_row: torch.Tensor  # [num_segments] state-table row each segment starts from
+    init_row: torch.Tensor  # [num_segments] state row each segment starts from
     final_row: torch.Tensor  # [num_segments] row its final state is written to (DISCARD_ROW: none)
     chunk_count: torch.Tensor  # [num_segments] chunks (scan steps) of each segment
     step_start: torch.Tensor  # [num_steps] first chunk row of step j: segment s's chunk j is row step_start[j] + s
@@ -96,30 +161,23 @@ class DeltaLevel:
 @dataclass
 class DeltaPlan:
     levels: list[DeltaLevel]
-    num_rows: int
+    num_rows: int  # rows of the standalone state table the plan was made for (StateRows.num_rows)
 
 
 @dataclass
 class CheckpointPlan:
-    """Pool traffic of a round: states and windows read at resume, everything written at save."""
+    """Pool traffic of a round besides the states (which levels read and write in place)."""
 
-    resume_slots: torch.Tensor  # [n_resume] pool slots copied into state-table rows 1..n_resume
-    save_slots: torch.Tensor  # [n_save] pool slots written
-    save_rows: torch.Tensor  # [n_save] state-table rows holding the state at each save point
+    resume_slots: torch.Tensor  # [n_resume] pool slots whose conv windows are read
+    save_slots: torch.Tensor  # [n_save] pool slots whose conv windows are written
     save_window_src: torch.Tensor  # [n_save, K-1] conv-table rows of the conv inputs before each save point
-    kv_rows: torch.Tensor  # [N] stream rows whose keys/values are saved
-    kv_slots: torch.Tensor  # [N] flat pool positions (page * PAGE + offset) they go to
-
-    @property
-    def saves(self) -> bool:
-        return self.save_slots.numel() > 0
+    kv_slots: torch.Tensor  # [T] flat pool position of each token's keys/values (the sink if not saved)
 
 
 @dataclass
 class ReadoutPlan:
     rows: torch.Tensor  # [R] stream index of each question's last token
-    label_ids: torch.Tensor  # [R, L] label token ids, padded with 0
-    label_valid: torch.Tensor  # [R, L] which label columns are real
+    label_ids: torch.Tensor  # [R, L] label token ids, padded with -1
 
 
 @dataclass
@@ -136,15 +194,7 @@ class RoundTensors:
 
 
 @dataclass
-class _Segment:
-    start: int
-    length: int
-    init_row: int
-    final_row: int
-
-
-@dataclass
-class _HostLevel:
+class HostLevel:
     chunk_tokens: np.ndarray
     active: list[int]
     init_row: np.ndarray
@@ -163,166 +213,174 @@ class HostRound:
     ctx_hi: np.ndarray
     seg_lo: np.ndarray
     request_of: np.ndarray
+    history_len: np.ndarray
+    page_offset: np.ndarray
+    pages: np.ndarray
+    num_real: int  # real tokens; rows past it (to len(ids)) are padding
     request_bounds: list[tuple[int, int]]
     history: list[tuple[int, np.ndarray | None]]
-    levels: list[_HostLevel]
+    levels: list[HostLevel]
     num_rows: int
     conv_src: np.ndarray
     resume_slots: np.ndarray
     save_slots: np.ndarray
-    save_rows: np.ndarray
     save_window_src: np.ndarray
-    kv_rows: np.ndarray
     kv_slots: np.ndarray
     readout_rows: np.ndarray
     label_ids: np.ndarray
-    label_valid: np.ndarray
 
     @property
     def num_tokens(self) -> int:
         return len(self.ids)
 
-    def to(self, device: torch.device | str) -> RoundTensors:
-        def dev(array: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(array).to(device, non_blocking=True)
+    @property
+    def num_questions(self) -> int:
+        return len(self.readout_rows)
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every int64 array the device needs, by name (level arrays as `level{i}.<field>`)."""
+        named = {name: getattr(self, name) for name in DEVICE_FIELDS}
+        named["num_tokens"] = np.array([self.num_real], dtype=np.int64)
+        for index, level in enumerate(self.levels):
+            for name in LEVEL_FIELDS:
+                named[f"level{index}.{name}"] = getattr(level, name)
+        return named
+
+    def to(self, device: torch.device | str) -> RoundTensors:
+        tensors = {name: torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)
+                   for name, a in self.arrays().items()}
+        return self.tensors(tensors)
+
+    def tensors(self, t: dict[str, torch.Tensor]) -> RoundTensors:
+        """The `RoundTensors` view of device tensors named as in `arrays()` (the host lists come from self)."""
         levels = [
-            DeltaLevel(
-                dev(v.chunk_tokens), v.active, dev(v.init_row), dev(v.final_row), dev(v.chunk_count), dev(v.step_start)
-            )
-            for v in self.levels
+            DeltaLevel(t[f"level{i}.chunk_tokens"], level.active, t[f"level{i}.init_row"], t[f"level{i}.final_row"],
+                       t[f"level{i}.chunk_count"], t[f"level{i}.step_start"])
+            for i, level in enumerate(self.levels)
         ]
-        history = [(length, None if pages is None else dev(pages)) for length, pages in self.history]
-        history_len = np.array([length for length, _ in self.history], dtype=np.int64)
-        page_table = np.zeros((len(self.history), max(1, -(-int(history_len.max(initial=0)) // PAGE))), dtype=np.int64)
-        for row, (length, pages) in enumerate(self.history):
-            if length:
-                page_table[row, : len(pages)] = pages
         attention = AttentionPlan(
-            dev(self.key_lo), dev(self.ctx_hi), dev(self.seg_lo), dev(self.request_of), dev(history_len),
-            dev(page_table), self.request_bounds, history,
+            t["key_lo"], t["ctx_hi"], t["seg_lo"], t["request_of"], t["history_len"], t["page_offset"], t["pages"],
+            t["num_tokens"], self.request_bounds, self.history,
         )
         return RoundTensors(
-            ids=dev(self.ids),
-            positions=dev(self.positions),
+            ids=t["ids"],
+            positions=t["positions"],
             attention=attention,
             delta=DeltaPlan(levels, self.num_rows),
-            conv_src=dev(self.conv_src),
-            checkpoint=CheckpointPlan(
-                dev(self.resume_slots), dev(self.save_slots), dev(self.save_rows), dev(self.save_window_src),
-                dev(self.kv_rows), dev(self.kv_slots),
-            ),
-            readout=ReadoutPlan(dev(self.readout_rows), dev(self.label_ids), dev(self.label_valid)),
+            conv_src=t["conv_src"],
+            checkpoint=CheckpointPlan(t["resume_slots"], t["save_slots"], t["save_window_src"], t["kv_slots"]),
+            readout=ReadoutPlan(t["readout_rows"], t["label_ids"]),
         )
 
 
-@dataclass
-class _Builder:
-    """Accumulates the per-request pieces of a round before they become arrays."""
-
-    num_resumed: int
-    request_bounds: list[tuple[int, int]] = field(default_factory=list)
-    history: list[tuple[int, np.ndarray | None]] = field(default_factory=list)
-    levels: tuple[list[_Segment], ...] = field(default_factory=lambda: ([], [], []))
-    next_row: int = 0
-    resume_slots: list[int] = field(default_factory=list)
-    save_slots: list[int] = field(default_factory=list)
-    save_rows: list[int] = field(default_factory=list)
-    save_window_src: list[np.ndarray] = field(default_factory=list)
-    kv_rows: list[np.ndarray] = field(default_factory=list)
-    kv_slots: list[np.ndarray] = field(default_factory=list)
-    readout_rows: list[int] = field(default_factory=list)
-    labels: list[np.ndarray] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.next_row = 1 + self.num_resumed
-
-    def take_row(self) -> int:
-        self.next_row += 1
-        return self.next_row - 1
+DEVICE_FIELDS = ("ids", "positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "history_len", "page_offset",
+                 "pages", "conv_src", "resume_slots", "save_slots", "save_window_src", "kv_slots", "readout_rows",
+                 "label_ids")
+LEVEL_FIELDS = ("chunk_tokens", "init_row", "final_row", "chunk_count", "step_start")
 
 
-def plan_round(requests: Sequence[RequestSpec], conv_kernel: int) -> HostRound:
-    """Lay out `requests` as one flat stream and build all metadata (host side, numpy)."""
-    total = sum(request.num_tokens for request in requests)
-    build = _Builder(sum(request.resume is not None for request in requests))
+def plan_round(
+    requests: Sequence[RequestSpec], conv_kernel: int, rows: StateRows | None = None, kv_sink: int = -1
+) -> HostRound:
+    """Lay out `requests` as one flat stream and build all metadata (host side, numpy, vectorised).
+
+    rows: where states live (default: a compact standalone table, `StateRows.compact`). kv_sink: the flat
+    pool position that keys/values of unsaved tokens are written to (-1: the last position of the arena).
+    Empty levels are kept (with no chunks), so a round always has NUM_LEVELS levels.
+    """
+    rows = rows or StateRows.compact(requests)
+    if len(requests) > rows.scratch_count:
+        raise ValueError(f"{len(requests)} requests but {rows.scratch_count} scratch state rows")
+    count = len(requests)
+    first = np.array([r.start for r in requests], dtype=np.int64)
+    computed = np.array([len(r.trunk) for r in requests], dtype=np.int64)
+    if (computed < 1).any():
+        raise ValueError("every request computes at least one trunk token")
+    resumed = np.array([r.resume is not None for r in requests], dtype=bool)
+    if ((first > 0) != resumed).any():
+        raise ValueError("a request starts past position 0 exactly when it resumes from a checkpoint")
+    branches = Branches.join([r.branches for r in requests]) if requests else Branches.of([], [])
+    per_request = np.array([len(r.branches) for r in requests], dtype=np.int64)
+    branch_request = np.repeat(np.arange(count), per_request)
+
+    # pieces in stream order: each request's trunk, then its branches
+    piece_len = np.empty(count + len(branches), dtype=np.int64)
+    piece_request = np.empty_like(piece_len)
+    trunk_piece = np.arange(count) + _offsets(per_request)
+    is_trunk_piece = np.zeros(len(piece_len), dtype=bool)
+    is_trunk_piece[trunk_piece] = True
+    piece_len[is_trunk_piece], piece_len[~is_trunk_piece] = computed, branches.lengths
+    piece_request[is_trunk_piece], piece_request[~is_trunk_piece] = np.arange(count), branch_request
+    piece_start = _offsets(piece_len)
+    total = int(piece_len.sum())
+    trunk_start = piece_start[trunk_piece]
+    branch_tokens = np.bincount(branch_request, weights=branches.lengths, minlength=count).astype(np.int64)
+    request_end = trunk_start + computed + branch_tokens
+
+    piece_of = np.repeat(np.arange(len(piece_len)), piece_len)
+    within = np.arange(total, dtype=np.int64) - piece_start[piece_of]
+    request_of = piece_request[piece_of]
+    in_branch = ~is_trunk_piece[piece_of]
+    tok_first, tok_start, tok_computed = first[request_of], trunk_start[request_of], computed[request_of]
+    trunk_end_pos = tok_first + tok_computed  # absolute position just past the trunk
+    positions = np.where(in_branch, trunk_end_pos + within, tok_first + within)
+    key_lo = tok_start
+    ctx_hi = np.where(in_branch, tok_start + tok_computed, tok_start)
+    seg_lo = np.where(in_branch, piece_start[piece_of], tok_start)
     ids = np.empty(total, dtype=np.int64)
-    positions = np.empty(total, dtype=np.int64)
-    key_lo = np.empty(total, dtype=np.int64)
-    ctx_hi = np.empty(total, dtype=np.int64)
-    seg_lo = np.empty(total, dtype=np.int64)
-    request_of = np.empty(total, dtype=np.int64)
-    conv_src = np.zeros((total, conv_kernel), dtype=np.int64)
-    taps = np.arange(-(conv_kernel - 1), 1, dtype=np.int64)
+    if count:
+        ids[~in_branch] = np.concatenate([r.trunk for r in requests])
+    ids[in_branch] = branches.ids
 
-    cursor = 0
-    for request in requests:
-        start, first, computed = cursor, request.start, len(request.trunk)
-        end_of_trunk = first + computed  # absolute position just past the trunk
-        window_base = 1 + total + len(build.resume_slots) * (conv_kernel - 1)
+    # conv sources: stream rows 1 + t, resumed windows 1 + total + resume_index * (K - 1) + j, else 0
+    window_rows = conv_kernel - 1
+    resume_index = np.cumsum(resumed) - 1
+    taps = np.arange(-window_rows, 1, dtype=np.int64)
 
-        def trunk_rows(q: np.ndarray) -> np.ndarray:
-            """Conv-table row of the conv input at absolute trunk position q (q < end_of_trunk)."""
-            resumed = np.where(q >= 0, window_base + q - first + conv_kernel - 1, ZERO_ROW)
-            return np.where(q >= first, start + q - first + 1, resumed)
+    def trunk_rows(request: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """Conv-table row of the conv input at absolute trunk position q of `request` (q < its trunk end)."""
+        f = first[request]
+        window = 1 + total + resume_index[request] * window_rows + q - f + window_rows
+        return np.where(q >= f, trunk_start[request] + q - f + 1, np.where(q >= 0, window, 0))
 
-        if (first > 0) != (request.resume is not None):
-            raise ValueError("a request starts past position 0 exactly when it resumes from a checkpoint")
-        resume_row = ZERO_ROW
-        if request.resume is not None:
-            resume_row = 1 + len(build.resume_slots)
-            build.resume_slots.append(request.resume.slot)
-        build.history.append((first, None if request.resume is None else request.resume.pages))
+    pred = positions[:, None] + taps[None, :]
+    own_branch = in_branch[:, None] & (pred >= trunk_end_pos[:, None])
+    conv_src = np.where(own_branch, seg_lo[:, None] + pred - trunk_end_pos[:, None] + 1,
+                        trunk_rows(request_of[:, None], pred))
 
-        trunk = slice(start, start + computed)
-        ids[trunk] = request.trunk
-        positions[trunk] = first + np.arange(computed)
-        key_lo[trunk] = ctx_hi[trunk] = seg_lo[trunk] = start
-        conv_src[trunk] = trunk_rows(positions[trunk, None] + taps[None, :])
+    # Gated DeltaNet segments
+    save_at = np.array([r.save.at if r.save else 0 for r in requests], dtype=np.int64)
+    saves = np.array([r.save is not None for r in requests], dtype=bool)
+    if (saves & ~((first < save_at) & (save_at <= first + computed))).any():
+        raise ValueError("a save point lies outside its request's computed trunk (start, end]")
+    split = np.where(saves, save_at - first, computed)
+    scratch = rows.scratch + np.arange(count, dtype=np.int64)
+    save_row = np.array([rows.slot_base + r.save.slot if r.save else -1 for r in requests], dtype=np.int64)
+    init = np.array([rows.slot_base + r.resume.slot if r.resume else rows.zero for r in requests], dtype=np.int64)
+    trunk_final = np.where(saves & (split == computed), save_row, scratch)
+    remainder = saves & (split < computed)
+    levels = [
+        _plan_level(trunk_start, split, init, np.where(saves, save_row, scratch), total),
+        _plan_level((trunk_start + split)[remainder], (computed - split)[remainder], save_row[remainder],
+                    scratch[remainder], total),
+        _plan_level(piece_start[~is_trunk_piece], branches.lengths, trunk_final[branch_request],
+                    np.full(len(branches), DISCARD_ROW, dtype=np.int64), total),
+    ]
 
-        trunk_row = build.take_row()
+    # checkpoint traffic
+    kv_slots = np.full(total, kv_sink, dtype=np.int64)
+    for request, start, n in zip(requests, trunk_start, split):
         if request.save is not None:
-            save = request.save
-            if not first < save.at <= end_of_trunk:
-                raise ValueError(f"save point {save.at} outside the computed trunk ({first}, {end_of_trunk}]")
-            split = save.at - first
-            save_row = trunk_row if split == computed else build.take_row()
-            build.levels[0].append(_Segment(start, split, resume_row, save_row))
-            if split < computed:
-                build.levels[1].append(_Segment(start + split, computed - split, save_row, trunk_row))
-            build.save_slots.append(save.slot)
-            build.save_rows.append(save_row)
-            build.save_window_src.append(trunk_rows(save.at + taps[:-1]))
-            build.kv_rows.append(start + np.arange(split))
-            build.kv_slots.append(np.asarray(save.kv_slots, dtype=np.int64))
-        else:
-            build.levels[0].append(_Segment(start, computed, resume_row, trunk_row))
-        cursor += computed
+            kv_slots[start : start + n] = request.save.kv_slots
+    saving = np.flatnonzero(saves)
+    save_window_src = trunk_rows(saving[:, None], save_at[saving, None] + taps[None, :-1]).reshape(-1, window_rows)
 
-        for branch, label in zip(request.branches, request.labels):
-            span = slice(cursor, cursor + len(branch))
-            ids[span] = branch
-            positions[span] = end_of_trunk + np.arange(len(branch))
-            key_lo[span] = start
-            ctx_hi[span] = start + computed
-            seg_lo[span] = cursor
-            pred = positions[span, None] + taps[None, :]
-            conv_src[span] = np.where(pred >= end_of_trunk, cursor + pred - end_of_trunk + 1, trunk_rows(pred))
-            build.levels[2].append(_Segment(cursor, len(branch), trunk_row, DISCARD_ROW))
-            cursor += len(branch)
-            build.readout_rows.append(cursor - 1)
-            build.labels.append(np.asarray(label, dtype=np.int64))
-        request_of[start:cursor] = len(build.request_bounds)
-        build.request_bounds.append((start, cursor))
+    history_len = first.copy()
+    page_lists = [r.resume.pages if r.resume else np.zeros(0, np.int64) for r in requests]
+    page_count = np.array([-(-f // PAGE) for f in first], dtype=np.int64)
+    page_offset = _offsets(page_count)
+    pages = np.concatenate([np.asarray(p, dtype=np.int64)[:n] for p, n in zip(page_lists, page_count)] + [np.zeros(0, np.int64)])
 
-    max_labels = max((len(label) for label in build.labels), default=1)
-    label_ids = np.zeros((len(build.labels), max_labels), dtype=np.int64)
-    label_valid = np.zeros((len(build.labels), max_labels), dtype=bool)
-    for row, label in enumerate(build.labels):
-        label_ids[row, : len(label)] = label
-        label_valid[row, : len(label)] = True
-
-    levels = [_plan_level(segments, total) for segments in build.levels]
     return HostRound(
         ids=ids,
         positions=positions,
@@ -330,47 +388,42 @@ def plan_round(requests: Sequence[RequestSpec], conv_kernel: int) -> HostRound:
         ctx_hi=ctx_hi,
         seg_lo=seg_lo,
         request_of=request_of,
-        request_bounds=build.request_bounds,
-        history=build.history,
-        levels=[level for level in levels if level is not None],
-        num_rows=build.next_row,
+        history_len=history_len,
+        page_offset=page_offset,
+        pages=pages,
+        num_real=total,
+        request_bounds=list(zip(trunk_start.tolist(), request_end.tolist())),
+        history=[(int(f), r.resume.pages if r.resume else None) for f, r in zip(first, requests)],
+        levels=levels,
+        num_rows=rows.num_rows,
         conv_src=conv_src,
-        resume_slots=np.asarray(build.resume_slots, dtype=np.int64),
-        save_slots=np.asarray(build.save_slots, dtype=np.int64),
-        save_rows=np.asarray(build.save_rows, dtype=np.int64),
-        save_window_src=np.array(build.save_window_src, dtype=np.int64).reshape(-1, conv_kernel - 1),
-        kv_rows=_concatenate(build.kv_rows),
-        kv_slots=_concatenate(build.kv_slots),
-        readout_rows=np.asarray(build.readout_rows, dtype=np.int64),
-        label_ids=label_ids,
-        label_valid=label_valid,
+        resume_slots=np.array([r.resume.slot for r in requests if r.resume], dtype=np.int64),
+        save_slots=np.array([r.save.slot for r in requests if r.save], dtype=np.int64),
+        save_window_src=save_window_src,
+        kv_slots=kv_slots,
+        readout_rows=piece_start[~is_trunk_piece] + branches.lengths - 1,
+        label_ids=branches.labels,
     )
 
 
-def _concatenate(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+def _offsets(counts: np.ndarray) -> np.ndarray:
+    """Exclusive prefix sums: where each of a list of consecutive runs of `counts` starts."""
+    return (np.cumsum(counts) - counts).astype(np.int64)
 
 
-def _plan_level(segments: list[_Segment], pad_index: int) -> _HostLevel | None:
-    if not segments:
-        return None
-    ordered = sorted(segments, key=lambda s: -s.length)
-    chunk_counts = np.array([-(-s.length // GDN_CHUNK) for s in ordered], dtype=np.int64)
-    active = [int((chunk_counts > j).sum()) for j in range(int(chunk_counts[0]))]
-    chunk_tokens = np.full((sum(active), GDN_CHUNK), pad_index, dtype=np.int64)
-    within = np.arange(GDN_CHUNK, dtype=np.int64)
-    row = 0
-    for j, count in enumerate(active):
-        for segment in ordered[:count]:
-            offset = j * GDN_CHUNK
-            length = min(GDN_CHUNK, segment.length - offset)
-            chunk_tokens[row, :length] = segment.start + offset + within[:length]
-            row += 1
-    return _HostLevel(
-        chunk_tokens=chunk_tokens,
-        active=active,
-        init_row=np.array([s.init_row for s in ordered], dtype=np.int64),
-        final_row=np.array([s.final_row for s in ordered], dtype=np.int64),
-        chunk_count=chunk_counts,
-        step_start=np.cumsum([0, *active[:-1]], dtype=np.int64),
-    )
+def _plan_level(start: np.ndarray, length: np.ndarray, init_row: np.ndarray, final_row: np.ndarray,
+                pad_index: int) -> HostLevel:
+    """Chunk table of one level: segments longest first, chunks step-major (vectorised)."""
+    order = np.argsort(-length, kind="stable")
+    start, length, init_row, final_row = start[order], length[order], init_row[order], final_row[order]
+    counts = -(-length // GDN_CHUNK)
+    steps = int(counts.max(initial=0))
+    active = (counts[None, :] > np.arange(steps)[:, None]).sum(axis=1)
+    step_start = _offsets(active)
+    segment = np.repeat(np.arange(len(counts)), counts)
+    step = np.arange(len(segment)) - np.repeat(_offsets(counts), counts)
+    row = step_start[step] + segment
+    offset = step[:, None] * GDN_CHUNK + np.arange(GDN_CHUNK)[None, :]
+    chunk_tokens = np.full((len(segment), GDN_CHUNK), pad_index, dtype=np.int64)
+    chunk_tokens[row] = np.where(offset < length[segment, None], start[segment, None] + offset, pad_index)
+    return HostLevel(chunk_tokens, active.tolist(), init_row, final_row, counts.astype(np.int64), step_start)

@@ -10,7 +10,10 @@ refers to them; checkpoints are evicted least-recently-used when a slot or page 
 
 All device memory is three arenas allocated once (slots, windows, pages), so kernels and captured graphs
 see fixed addresses; the host keeps the bookkeeping (free lists, reference counts, fill marks, the hash
-index) and hands the round planner plain integer tables.
+index) and hands the round planner plain integer tables. Past the checkpoint slots, the state arena has an
+always-zero row and `scratch_rows` rows where a round keeps its trunks' states (`layout.StateRows`), so a
+round reads and saves states in place; the window arena has one sink slot and the key/value arena one
+sink page, where padded saves of a fixed-shape round go.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 import torch
 
 from flide_sdk.history import BLOCK, TokenBuffer, Trunk
-from flide_sdk.layout import PAGE
+from flide_sdk.layout import PAGE, StateRows
 from flide_sdk.models.qwen35 import FULL_ATTENTION, LINEAR_ATTENTION, LayerCache, Qwen35Config
 
 
@@ -58,6 +61,7 @@ class CheckpointPool:
         dtype: torch.dtype,
         budget_bytes: int,
         max_checkpoints: int | None = None,
+        scratch_rows: int = 64,
     ) -> None:
         c = config
         self.gdn_layers = [i for i, kind in enumerate(c.layer_types) if kind == LINEAR_ATTENTION]
@@ -72,10 +76,15 @@ class CheckpointPool:
         slots = min(wanted, budget_bytes // slot_bytes)  # a zero budget disables checkpoints
         pages = (budget_bytes - slots * self.slot_bytes) // page_bytes
         self.num_slots, self.num_pages = slots, pages
-        self.states = torch.zeros(slots, len(self.gdn_layers), c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim,
-                                  dtype=torch.float32, device=device)
-        self.windows = torch.zeros(slots, len(self.gdn_layers), c.conv_kernel - 1, c.conv_dim, dtype=dtype, device=device)
-        self.kv = torch.zeros(len(self.attention_layers), 2, pages * PAGE, c.num_kv_heads, c.head_dim, dtype=dtype, device=device)
+        self.state_rows = StateRows(zero=slots, scratch=slots + 1, scratch_count=scratch_rows)
+        self.window_sink = slots
+        self.kv_sink = pages * PAGE
+        self.states = torch.zeros(self.state_rows.num_rows, len(self.gdn_layers), c.gdn_value_heads, c.gdn_key_dim,
+                                  c.gdn_value_dim, dtype=torch.float32, device=device)
+        self.windows = torch.zeros(slots + 1, len(self.gdn_layers), c.conv_kernel - 1, c.conv_dim, dtype=dtype,
+                                   device=device)
+        self.kv = torch.zeros(len(self.attention_layers), 2, (pages + 1) * PAGE, c.num_kv_heads, c.head_dim,
+                              dtype=dtype, device=device)
         self._free_slots = list(range(slots - 1, -1, -1))
         self._free_pages = list(range(pages - 1, -1, -1))
         self._page_refs = np.zeros(pages, dtype=np.int64)
@@ -187,7 +196,7 @@ class CheckpointPool:
         if not copies:
             return
         source, target = (torch.tensor(column, device=self.kv.device) for column in zip(*copies))
-        paged = self.kv.view(*self.kv.shape[:2], self.num_pages, PAGE, *self.kv.shape[3:])
+        paged = self.kv.view(*self.kv.shape[:2], self.num_pages + 1, PAGE, *self.kv.shape[3:])
         paged[:, :, target] = paged[:, :, source]
 
     def clear(self) -> None:

@@ -5,12 +5,16 @@ it through `asyncio.wrap_future`, so results resolve on the caller's own loop, a
 task cancels the ask as long as no round has taken it. The queue is bounded: `submit` waits for room
 (backpressure), nothing is dropped.
 
-A round is admitted when the queued work reaches the round capacity or a short deadline passes after an
-ask arrived. Which queued asks join it is the engine's decision (`select`, run under the queue lock on
-this thread: it marks the asks it takes as running and leaves the rest queued, e.g. asks waiting for a
-checkpoint this round produces). Closing fails every queued ask with `EngineClosedError`; a round already
-running finishes. `hold()` pauses admission, so a test can queue several asks and have them admitted
-together, deterministically.
+Rounds are pipelined: `launch` starts a round on the device and returns an in-flight handle, and
+`finish` waits for one and resolves its asks. While a round runs, the thread builds and launches the next
+one (up to `depth` rounds in flight), and finishes the oldest round when there is nothing to launch or
+the pipeline is full, so the host work of round k+1 overlaps the device work of round k. When nothing is
+in flight, a round is admitted at once, or, with a deadline, when the queued work reaches the round
+capacity or the deadline passes. Which queued asks join a round is the engine's decision (`select`, run
+under the queue lock on this thread: it marks the asks it takes as running and leaves the rest queued,
+e.g. asks waiting for a checkpoint this round produces). Closing fails every queued ask with
+`EngineClosedError`; rounds already launched finish. `hold()` pauses admission, so a test can queue
+several asks and have them admitted together, deterministically.
 """
 
 from __future__ import annotations
@@ -42,14 +46,19 @@ class RoundLoop:
     def __init__(
         self,
         select: Callable[[deque[PendingAsk]], list[PendingAsk]],
-        run_round: Callable[[list[PendingAsk]], None],
+        launch: Callable[[list[PendingAsk]], Any],
+        finish: Callable[[Any], None],
         max_round_tokens: int,
         deadline_s: float,
         max_pending: int,
+        depth: int = 2,
         name: str = "flide-rounds",
     ) -> None:
         self._select = select
-        self._run_round = run_round
+        self._launch = launch
+        self._finish = finish
+        self.depth = depth
+        self._in_flight: deque[Any] = deque()
         self.max_round_tokens = max_round_tokens
         self.deadline_s = deadline_s
         self.max_pending = max_pending
@@ -114,23 +123,37 @@ class RoundLoop:
         return sum(ask.tokens for ask in self._pending)
 
     def _loop(self) -> None:
-        while True:
-            with self._cond:
-                while not self._closed and (not self._pending or self._held):
-                    self._cond.wait()
-                if self._closed:
-                    return
-                deadline = time.monotonic() + self.deadline_s
-                while not self._closed and not self._held and self._queued_tokens() < self.max_round_tokens:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._cond.wait(remaining)
-                if self._closed:
-                    return
-                if self._held:
-                    continue
+        try:
+            while self._step():
+                pass
+        finally:
+            while self._in_flight:
+                self._finish(self._in_flight.popleft())
+
+    def _step(self) -> bool:
+        """Launch a round, or finish the oldest one in flight; False once closed."""
+        batch: list[PendingAsk] = []
+        with self._cond:
+            while not self._in_flight and not self._closed and (not self._pending or self._held):
+                self._cond.wait()
+            if self._closed:
+                return False
+            if self._pending and not self._held and len(self._in_flight) < self.depth:
+                if not self._in_flight and self.deadline_s > 0:
+                    deadline = time.monotonic() + self.deadline_s
+                    while not self._closed and not self._held and self._queued_tokens() < self.max_round_tokens:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(remaining)
+                    if self._closed or self._held:
+                        return not self._closed
                 batch = self._select(self._pending)
                 self._cond.notify_all()  # room in the queue for waiting submitters
-            if batch:
-                self._run_round(batch)
+        if batch:
+            flight = self._launch(batch)
+            if flight is not None:
+                self._in_flight.append(flight)
+        elif self._in_flight:
+            self._finish(self._in_flight.popleft())
+        return True

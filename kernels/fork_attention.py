@@ -60,6 +60,7 @@ def fork_attention_reference(
         )
         k_req, v_req = k[start:end], v[start:end]
         if cached:
+            pages = torch.as_tensor(pages, device=q.device)
             slots = (pages[:, None] * PAGE + torch.arange(PAGE, device=q.device)).reshape(-1)[:cached]
             k_req, v_req = torch.cat([k_cache[slots], k_req]), torch.cat([v_cache[slots], v_req])
             visible = torch.cat([visible.new_ones(len(token), cached), visible], dim=1)
@@ -72,12 +73,14 @@ def fork_attention_reference(
 
 
 def plan_tiles(
-    rows: torch.Tensor, ctx_hi: torch.Tensor, num_requests: int, block_tokens: int
+    rows: torch.Tensor, ctx_hi: torch.Tensor, num_requests: int, block_tokens: int, num_tokens: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Device-side tile table for query `rows` (sorted stream indices): (tile_start, num_tiles, max_tiles).
 
-    Tiles hold at most `block_tokens` rows and never cross a region; a region is identified by ctx_hi (a request's start for its trunk rows, its trunk end for its branch
-    rows). Tile i covers rows[tile_start[i]:tile_start[i + 1]]; entries past num_tiles hold len(rows).
+    Tiles hold at most `block_tokens` rows and never cross a region; a region is identified by ctx_hi (a
+    request's start for its trunk rows, its trunk end for its branch rows). Tile i covers
+    rows[tile_start[i]:tile_start[i + 1]]; entries past num_tiles hold len(rows). Rows at or past
+    `num_tokens` ([1], on the device) are padding (their own region, at the tail) and get no tile.
     """
     count = rows.shape[0]
     max_tiles = -(-count // block_tokens) + 2 * num_requests
@@ -90,7 +93,7 @@ def plan_tiles(
     tile_of = torch.cumsum(is_start, dim=0) - 1
     tile_start = torch.full((max_tiles + 2,), count, dtype=torch.int64, device=rows.device)
     tile_start.scatter_(0, torch.where(is_start, tile_of, max_tiles + 1), index)
-    return tile_start, is_start.sum().reshape(1), max_tiles
+    return tile_start, (is_start & (rows < num_tokens)).sum().reshape(1), max_tiles
 
 
 @triton.jit
@@ -122,7 +125,7 @@ def _attend_block(
 def _fork_attention_kernel(
     q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, o_ptr,
     rows_ptr, tile_start_ptr, num_tiles_ptr,
-    key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, request_of_ptr, history_len_ptr, page_table_ptr, page_stride,
+    key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, request_of_ptr, history_len_ptr, page_offset_ptr, pages_ptr,
     stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om, stride_oh,
     scale_log2,
     GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
@@ -160,8 +163,9 @@ def _fork_attention_kernel(
 
     # 1. cached history: one pool page per block, visible to every row
     history = tl.load(history_len_ptr + request)
+    page_list = pages_ptr + tl.load(page_offset_ptr + request)
     for start in range(0, history, BN):
-        page = tl.load(page_table_ptr + request * page_stride + start // BN)
+        page = tl.load(page_list + start // BN)
         key_ok = start + n < history
         slots = page * BN + n
         k_ptrs = kc_ptr + slots[:, None] * stride_cm + kv_head * stride_ch + d[None, :]
@@ -226,13 +230,13 @@ def fork_attention_triton(
     num_stages = num_stages or (1 if wide else 2)
     block_tokens = max(16, block_rows // heads_per_program)
     rows = torch.arange(k.shape[0], device=q.device) if query_rows is None else query_rows
-    tile_start, num_tiles, max_tiles = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], block_tokens)
+    tile_start, num_tiles, max_tiles = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], block_tokens,
+                                                  plan.num_tokens)
     out = torch.empty_like(q)
     _fork_attention_kernel[(max_tiles, heads // heads_per_program)](
         q, k, v, k_cache, v_cache, out,
         rows, tile_start, num_tiles,
-        plan.key_lo, plan.ctx_hi, plan.seg_lo, plan.request_of, plan.history_len, plan.page_table,
-        plan.page_table.stride(0),
+        plan.key_lo, plan.ctx_hi, plan.seg_lo, plan.request_of, plan.history_len, plan.page_offset, plan.pages,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1),
         head_dim**-0.5 * 1.4426950408889634,

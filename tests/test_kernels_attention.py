@@ -23,7 +23,7 @@ def round_with_history(seed: int, heads: int, kv_heads: int, dim: int):
         if history:
             pages = rng.choice(pages_total, size=-(-history // PAGE), replace=False)
             resume = Resume(slot=0, pages=pages)
-        requests.append(RequestSpec(rng.integers(0, 50, trunk_len), branches, [np.array([1])] * len(branches),
+        requests.append(RequestSpec.of(rng.integers(0, 50, trunk_len), branches, [np.array([1])] * len(branches),
                                     start=history, resume=resume))
     rnd = plan_round(requests, 4).to("cpu")
     total = rnd.ids.shape[0]
@@ -56,7 +56,8 @@ def test_triton_matches_reference_on_readout_rows():
 def test_tile_table_partitions_rows_by_region():
     rnd, *_ = round_with_history(3, 2, 2, 16)
     rows = torch.arange(rnd.ids.shape[0])
-    tile_start, num_tiles, max_tiles = plan_tiles(rows, rnd.attention.ctx_hi, rnd.attention.history_len.shape[0], 32)
+    tile_start, num_tiles, max_tiles = plan_tiles(rows, rnd.attention.ctx_hi, rnd.attention.history_len.shape[0], 32,
+                                                  rnd.attention.num_tokens)
     starts = tile_start[: int(num_tiles) + 1].tolist()
     assert starts[0] == 0 and starts[-1] == len(rows) and int(num_tiles) <= max_tiles
     region = rnd.attention.ctx_hi

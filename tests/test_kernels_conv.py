@@ -12,10 +12,10 @@ from flide_sdk.layout import RequestSpec, Resume, plan_round
 def test_triton_conv_matches_reference_with_resumed_windows():
     rng = np.random.default_rng(0)
     requests = [
-        RequestSpec(rng.integers(0, 9, 70), [rng.integers(0, 9, 3), rng.integers(0, 9, 1)], [np.array([1])] * 2,
+        RequestSpec.of(rng.integers(0, 9, 70), [rng.integers(0, 9, 3), rng.integers(0, 9, 1)], [np.array([1])] * 2,
                     start=40, resume=Resume(0, np.array([0]))),
-        RequestSpec(rng.integers(0, 9, 2), [rng.integers(0, 9, 5)], [np.array([1])]),
-        RequestSpec(rng.integers(0, 9, 1), [rng.integers(0, 9, 2)] * 3, [np.array([1])] * 3,
+        RequestSpec.of(rng.integers(0, 9, 2), [rng.integers(0, 9, 5)], [np.array([1])]),
+        RequestSpec.of(rng.integers(0, 9, 1), [rng.integers(0, 9, 2)] * 3, [np.array([1])] * 3,
                     start=2, resume=Resume(1, np.array([1]))),
     ]
     rnd = plan_round(requests, 4).to("cpu")

@@ -28,7 +28,7 @@ def make_requests(seed: int, trunks: list[tuple[int, int, int | None]], max_bran
         branches = [rng.integers(0, 100, rng.integers(1, 70)) for _ in range(rng.integers(1, max_branches + 1))]
         resume = Resume(slot, np.arange(-(-start // 64))) if start else None
         save = Save(save_at, slot, np.arange(save_at - start)) if save_at is not None else None
-        requests.append(RequestSpec(rng.integers(0, 100, length), branches, [np.array([1, 2])] * len(branches),
+        requests.append(RequestSpec.of(rng.integers(0, 100, length), branches, [np.array([1, 2])] * len(branches),
                                     start=start, resume=resume, save=save))
     return requests
 

@@ -24,7 +24,7 @@ def make_round(seed: int, trunk_lengths=(1, 63, 64, 65, 130), max_branches=16):
     requests = []
     for trunk_len in trunk_lengths:
         branches = [rng.integers(0, 100, rng.integers(1, 70)) for _ in range(rng.integers(1, max_branches + 1))]
-        requests.append(RequestSpec(rng.integers(0, 100, trunk_len), branches, [np.array([1, 2])] * len(branches)))
+        requests.append(RequestSpec.of(rng.integers(0, 100, trunk_len), branches, [np.array([1, 2])] * len(branches)))
     return requests, plan_round(requests, CONV)
 
 
@@ -34,9 +34,9 @@ def prompts(requests, host):
     for request, (start, _) in zip(requests, host.request_bounds):
         trunk = np.arange(start, start + len(request.trunk))
         cursor = trunk[-1] + 1
-        for branch in request.branches:
-            out.append(np.concatenate([trunk, np.arange(cursor, cursor + len(branch))]))
-            cursor += len(branch)
+        for length in request.branches.lengths:
+            out.append(np.concatenate([trunk, np.arange(cursor, cursor + length)]))
+            cursor += length
     return out
 
 
@@ -57,7 +57,7 @@ def test_layout_metadata_matches_the_tree():
     )
     assert np.array_equal(implied, visible)
     assert host.readout_rows.tolist() == [p[-1] for p in prompts(requests, host)]
-    trunks, branches = host.levels
+    trunks, _, branches = host.levels
     for level in host.levels:
         assert all(a >= b for a, b in zip(level.active, level.active[1:]))
         assert level.chunk_tokens.shape == (sum(level.active), GDN_CHUNK)

@@ -29,7 +29,8 @@ FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"
 
 LayerCache = tuple[torch.Tensor, torch.Tensor]
-"""A layer's pool arenas: (keys, values) [pages * PAGE, Hkv, D], or (states [S, Hv, Dk, Dv], windows [S, K-1, C])."""
+"""A layer's pool arenas: (keys, values) [pages * PAGE, Hkv, D], or (states [rows, Hv, Dk, Dv], windows [S, K-1, C]).
+The state arena's rows are the pool's slots plus a zero row and scratch rows (`layout.StateRows`)."""
 
 
 @dataclass(frozen=True)
@@ -203,10 +204,8 @@ class GatedAttention(nn.Module):
         k = apply_rotary(self.k_norm(self.k_proj(h).view(h.shape[0], c.num_kv_heads, c.head_dim)), cos, sin)
         v = self.v_proj(h).view(h.shape[0], c.num_kv_heads, c.head_dim)
         k_cache, v_cache = cache
-        plan = rnd.checkpoint
-        if plan.saves:
-            k_cache[plan.kv_slots] = k[plan.kv_rows]
-            v_cache[plan.kv_slots] = v[plan.kv_rows]
+        k_cache[rnd.checkpoint.kv_slots] = k  # tokens that are not saved go to the pool's sink slot
+        v_cache[rnd.checkpoint.kv_slots] = v
         out = ops.fork_attention(q, k, v, rnd.attention, rows, k_cache, v_cache)
         out = out.reshape(h_q.shape[0], -1) * torch.sigmoid(gate.reshape(h_q.shape[0], -1))
         return self.o_proj(out)
@@ -248,14 +247,8 @@ class GatedDeltaNet(nn.Module):
         v = v.view(tokens, c.gdn_value_heads, c.gdn_value_dim)
         beta = torch.sigmoid(self.in_proj_b(h)).float()
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(h).float() + self.dt_bias.float())
-        states = torch.zeros(
-            rnd.delta.num_rows, c.gdn_value_heads, c.gdn_key_dim, c.gdn_value_dim, dtype=torch.float32, device=h.device
-        )
-        states[1 : 1 + plan.resume_slots.numel()] = state_cache[plan.resume_slots]
-        core = ops.gated_delta(q, k, v, g, beta, rnd.delta, states)
-        if plan.saves:
-            state_cache[plan.save_slots] = states[plan.save_rows]
-            window_cache[plan.save_slots] = conv_rows(qkv, windows, plan.save_window_src)
+        core = ops.gated_delta(q, k, v, g, beta, rnd.delta, state_cache)  # states are read and saved in place
+        window_cache[plan.save_slots] = conv_rows(qkv, windows, plan.save_window_src)
         z = self.in_proj_z(h if rows is None else h[rows])
         if rows is not None:
             core = core[rows]
@@ -312,7 +305,8 @@ class Qwen35Model(nn.Module):
         for index, (layer, cache) in enumerate(zip(self.layers, caches)):
             x = layer(x, rnd, ops, rope, rnd.readout.rows if index == last else None, cache)
         h = self.norm(x)  # [R, hidden]
-        label_rows = self.head_weight()[rnd.readout.label_ids]  # [R, L, hidden]
+        label_ids = rnd.readout.label_ids  # [R, L], -1 where a question has fewer labels
+        label_rows = self.head_weight()[label_ids.clamp(min=0)]  # [R, L, hidden]
         logits = torch.einsum("rh,rlh->rl", h, label_rows).float()
-        logits = logits.masked_fill(~rnd.readout.label_valid, float("-inf"))
+        logits = logits.masked_fill(label_ids < 0, float("-inf"))
         return torch.softmax(logits, dim=-1)

@@ -1,0 +1,169 @@
+"""Fixed round shapes for CUDA graphs: the capacity ladder, bucket choice, and padding a round to a capacity.
+
+A captured graph reads fixed-size buffers, so every round quantity has a capacity: stream tokens T (the
+ladder, 128 to 16,384 by default), requests, questions, label columns, history pages, and per Gated
+DeltaNet level its chunks and segments. Requests and questions scale with T (a request needs tokens; a
+question's branch needs some too), so a small graph also has small tables. `choose` picks the smallest
+capacity a round fits; `pad_round` pads the round's arrays to it, only at the tail: padding tokens form
+one region of their own after the real tokens (they see nothing real and nothing real sees them), padded
+segments and chunks are empty, padded saves go to the pool's sink slot and page, padded readout rows read
+the first padding token. Everything here is host code (numpy), tested on CPU against the unpadded layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from flide_sdk.layout import DEVICE_FIELDS, DISCARD_ROW, GDN_CHUNK, LEVEL_FIELDS, PAGE, HostLevel, HostRound
+
+TOKEN_LADDER = (128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+LABELS = 32  # label columns of a graph (a question has at most 26 options: letters)
+TOKENS_PER_REQUEST = 64  # requests capacity = T / this (at least MIN_REQUESTS)
+TOKENS_PER_QUESTION = 16  # questions capacity = T / this (at least MIN_QUESTIONS)
+MIN_REQUESTS, MIN_QUESTIONS = 4, 16
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """The fixed shape of one captured round."""
+
+    tokens: int
+    requests: int
+    questions: int
+    labels: int
+    pages: int
+    conv_kernel: int
+
+    @property
+    def segments(self) -> tuple[int, int, int]:
+        """Segments per level: trunks to their save point, trunk remainders, branches."""
+        return self.requests, self.requests, self.questions
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        """Chunks per level: a level's segments hold at most T tokens, each segment starts a chunk."""
+        return tuple(self.tokens // GDN_CHUNK + segments for segments in self.segments)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shape of every array of a round of this capacity, named as `HostRound.arrays()`."""
+        t, r, q, k = self.tokens, self.requests, self.questions, self.conv_kernel
+        shapes: dict[str, tuple[int, ...]] = {
+            "ids": (t,), "positions": (t,), "key_lo": (t,), "ctx_hi": (t,), "seg_lo": (t,), "request_of": (t,),
+            "history_len": (r + 1,), "page_offset": (r + 1,), "pages": (self.pages,), "conv_src": (t, k),
+            "resume_slots": (r,), "save_slots": (r,), "save_window_src": (r, k - 1), "kv_slots": (t,),
+            "readout_rows": (q,), "label_ids": (q, self.labels), "num_tokens": (1,),
+        }
+        for index, (chunks, segments) in enumerate(zip(self.chunks, self.segments)):
+            shapes[f"level{index}.chunk_tokens"] = (chunks, GDN_CHUNK)
+            shapes[f"level{index}.step_start"] = (chunks,)
+            for name in ("init_row", "final_row", "chunk_count"):
+                shapes[f"level{index}.{name}"] = (segments,)
+        return shapes
+
+    @property
+    def elements(self) -> int:
+        return sum(int(np.prod(shape)) for shape in self.shapes().values())
+
+    def fits(self, host: HostRound) -> bool:
+        """Whether `host` (unpadded) fits, with at least one padding token (padded readout rows read it)."""
+        return (
+            host.num_real < self.tokens
+            and len(host.request_bounds) <= self.requests
+            and host.num_questions <= self.questions
+            and host.label_ids.shape[1] <= self.labels
+            and len(host.pages) <= self.pages
+            and len(host.resume_slots) <= self.requests
+            and all(len(level.init_row) <= s and len(level.chunk_tokens) <= c
+                    for level, s, c in zip(host.levels, self.segments, self.chunks))
+        )
+
+
+def capacity_ladder(
+    conv_kernel: int,
+    max_tokens: int = TOKEN_LADDER[-1],
+    max_requests: int = 64,
+    max_prompt_tokens: int = 32768,
+    tokens: tuple[int, ...] = TOKEN_LADDER,
+) -> list[Capacity]:
+    """Capacities from the smallest to `max_tokens` (which is always the last rung)."""
+    rungs = sorted({t for t in tokens if t < max_tokens} | {max_tokens})
+    history_pages = -(-max_prompt_tokens // PAGE)
+    return [
+        Capacity(
+            tokens=t,
+            requests=min(max_requests, max(MIN_REQUESTS, t // TOKENS_PER_REQUEST)),
+            questions=max(MIN_QUESTIONS, t // TOKENS_PER_QUESTION),
+            labels=LABELS,
+            pages=max(history_pages, t // 2),
+            conv_kernel=conv_kernel,
+        )
+        for t in rungs
+    ]
+
+
+def choose(ladder: list[Capacity], host: HostRound) -> Capacity | None:
+    """The smallest capacity `host` fits, or None (the round runs eagerly)."""
+    return next((capacity for capacity in ladder if capacity.fits(host)), None)
+
+
+def pad_into(host: HostRound, capacity: Capacity, out: dict[str, np.ndarray], window_sink: int, kv_sink: int,
+             zero_row: int) -> None:
+    """Write `host` padded to `capacity` into the arrays `out` (shaped as `capacity.shapes()`).
+
+    window_sink: a pool slot that padded conv-window saves write to (and padded resumes read);
+    kv_sink: the flat pool position padding tokens' keys/values go to; zero_row: the always-zero state row.
+    """
+    real, total = host.num_real, capacity.tokens
+    requests, questions = len(host.request_bounds), host.num_questions
+
+    def put(name: str, array: np.ndarray, fill: int) -> np.ndarray:
+        target = out[name]
+        target.fill(fill)
+        target[tuple(slice(0, n) for n in array.shape)] = array
+        return target
+
+    put("ids", host.ids, 0)
+    put("positions", host.positions, 0)
+    for name in ("key_lo", "ctx_hi", "seg_lo"):
+        put(name, getattr(host, name), real)  # padding: one region starting at the first padding token
+    put("request_of", host.request_of, requests)  # a request with no history
+    put("history_len", host.history_len, 0)
+    put("page_offset", host.page_offset, 0)
+    put("pages", host.pages, 0)
+    put("conv_src", np.where(host.conv_src > real, host.conv_src + total - real, host.conv_src), 0)
+    put("resume_slots", host.resume_slots, window_sink)
+    put("save_slots", host.save_slots, window_sink)
+    put("save_window_src", np.where(host.save_window_src > real, host.save_window_src + total - real,
+                                    host.save_window_src), 0)
+    put("kv_slots", host.kv_slots, kv_sink)
+    put("readout_rows", host.readout_rows, real)
+    labels = put("label_ids", host.label_ids, -1)
+    labels[questions:, 0] = 0  # padded questions read one label, so their softmax stays finite
+    out["num_tokens"][0] = real
+    for index, level in enumerate(host.levels):
+        prefix = f"level{index}."
+        put(prefix + "chunk_tokens", np.where(level.chunk_tokens == real, total, level.chunk_tokens), total)
+        put(prefix + "step_start", level.step_start, 0)
+        put(prefix + "init_row", level.init_row, zero_row)
+        put(prefix + "final_row", level.final_row, DISCARD_ROW)
+        put(prefix + "chunk_count", level.chunk_count, 0)
+
+
+def pad_round(host: HostRound, capacity: Capacity, window_sink: int, kv_sink: int, zero_row: int) -> HostRound:
+    """`host` padded to `capacity` as a new HostRound (the host-side lists are kept as they are)."""
+    if not capacity.fits(host):
+        raise ValueError(f"the round does not fit {capacity}")
+    arrays = {name: np.empty(shape, dtype=np.int64) for name, shape in capacity.shapes().items()}
+    pad_into(host, capacity, arrays, window_sink, kv_sink, zero_row)
+    levels = [HostLevel(active=level.active, **{name: arrays[f"level{i}.{name}"] for name in LEVEL_FIELDS})
+              for i, level in enumerate(host.levels)]
+    return HostRound(
+        **{name: arrays[name] for name in DEVICE_FIELDS},
+        num_real=host.num_real,
+        request_bounds=host.request_bounds,
+        history=host.history,
+        levels=levels,
+        num_rows=host.num_rows,
+    )
