@@ -1,0 +1,79 @@
+"""Where a round's device time goes: per-kernel CUDA time of one forward, grouped by kernel name.
+
+    PYTHONPATH=$PWD python benchmarks/profile_round.py --model-size 0.8B
+
+Rounds: a lone ~2,000-token QuALITY state with 1 and with 64 yes/no questions, padded to the capacity its
+CUDA graph would have. The forward runs eagerly under torch.profiler (kernel times are those a graph
+replay runs; launch gaps are not counted). Also times the host side of an ask: tokenizing the state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import flide_sdk as fl
+from benchmarks.common import build_random_checkpoint, run_metadata, write_result
+from benchmarks.fidelity import quality_request
+from flide_sdk.capacity import capacity_ladder, choose, pad_round
+from flide_sdk.layout import Branches, RequestSpec, plan_round
+
+
+def kernel_table(engine: fl.Engine, state: str, count: int) -> dict:
+    questions = {f"q{i}": fl.Noul(f"Does the passage mention a character named in clue number {i} of the list?")
+                 for i in range(count)}
+    rendered = engine.render(state, questions)
+    pool = engine.pool
+    spec = RequestSpec(rendered.trunk, Branches.of([q.ids for q in rendered.questions.values()],
+                                                   [q.label_ids for q in rendered.questions.values()]))
+    host = plan_round([spec], engine.model.config.conv_kernel, pool.state_rows, pool.kv_sink)
+    ladder = capacity_ladder(engine.model.config.conv_kernel, 16384, 64, engine.renderer.max_prompt_tokens)
+    capacity = choose(ladder, host)
+    padded = pad_round(host, capacity, pool.window_sink, pool.kv_sink, pool.state_rows.zero)
+    rnd = padded.to("cuda")
+    for _ in range(3):
+        engine.model(rnd, engine.ops, engine._caches)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        engine.model(rnd, engine.ops, engine._caches)
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
+        if device_us > 0:
+            rows.append({"kernel": event.key[:120], "calls": event.count, "ms": device_us / 1000})
+    rows.sort(key=lambda row: -row["ms"])
+    return {"questions": count, "tokens": host.num_real, "capacity_tokens": capacity.tokens,
+            "device_ms_total": sum(row["ms"] for row in rows), "kernels": rows[:30]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-size", default="0.8B")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_random_checkpoint(args.model_size, Path(tmp) / "model")
+        engine = fl.Engine.load(path, device="cuda", dtype="bfloat16", graphs=False)
+        state, _ = quality_request(engine.renderer)
+        tables = [kernel_table(engine, state, count) for count in (1, 64)]
+        tokenize = []
+        for rep in range(10):
+            started = time.perf_counter()
+            engine.renderer.trunk(f"Request {rep}.\n{state}")
+            tokenize.append(1000 * (time.perf_counter() - started))
+        engine.close()
+    write_result(f"profile_round-{args.model_size}", {
+        **run_metadata(f"python benchmarks/profile_round.py --model-size {args.model_size}"),
+        "model_size": args.model_size,
+        "tokenize_state_ms": sorted(tokenize),
+        "rounds": tables,
+    })
+
+
+if __name__ == "__main__":
+    main()
