@@ -8,15 +8,21 @@ depend on their values, and fidelity is measured against a float32 run of the sa
 from __future__ import annotations
 
 import datetime
+import inspect
 import json
 import os
 import platform
+import re
+import shlex
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +65,7 @@ def run_metadata(command: str) -> dict[str, Any]:
     commit = os.environ.get("FLIDE_COMMIT", "")
     if not commit:
         try:
-            probe = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+            probe = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
             commit = probe.stdout.strip() if probe.returncode == 0 else ""
         except OSError:
             commit = ""
@@ -115,3 +121,256 @@ def wall_time_ms(fn, warmup: int = 2, repeat: int = 10) -> dict[str, float]:
         times.append((time.perf_counter() - start) * 1000)
     times.sort()
     return {"median_ms": times[len(times) // 2], "p90_ms": times[int(0.9 * (len(times) - 1))]}
+
+
+def command_line() -> str:
+    """The command that started this script, as run from the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script = script.relative_to(ROOT)
+    except ValueError:
+        pass
+    return shlex.join(["python", str(script), *sys.argv[1:]])
+
+
+# ------------------------------------------------------------------------------------- engine runs
+PEAK_BF16_FLOPS = 790e12  # the dense bf16 rate model FLOP utilisation is measured against (H200)
+STAGE_SUFFIX = "_seconds"
+
+
+def add_engine_args(parser) -> None:
+    """Options every engine benchmark takes: the model, the CPU smoke mode, graphs and the round deadline."""
+    parser.add_argument("--model-size", default="0.8B", choices=MODEL_SIZES)
+    parser.add_argument("--tiny", action="store_true",
+                        help="CPU smoke test: flide_sdk.testing.tiny_checkpoint() in float32, small counts")
+    parser.add_argument("--eager", action="store_true", help="load the engine with graphs=False")
+    parser.add_argument("--round-deadline-ms", type=float, default=None,
+                        help="engine round deadline (default: the engine's own)")
+
+
+def bench_checkpoint(args) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint a run uses and where it runs: the tiny random model on CPU in float32 with --tiny,
+    else a random real-shape checkpoint of --model-size on CUDA in bfloat16."""
+    if args.tiny:
+        from flide_sdk.testing import tiny_checkpoint
+
+        return tiny_checkpoint(), {"model": "tiny (flide_sdk.testing.tiny_checkpoint)", "device": "cpu",
+                                   "dtype": "float32", "tiny": True}
+    path = build_random_checkpoint(args.model_size, Path(tempfile.mkdtemp(prefix="flide-bench-")))
+    return path, {"model": f"Qwen3.5-{args.model_size} shapes, random bf16 weights, real tokenizer",
+                  "device": "cuda", "dtype": "bfloat16", "tiny": False}
+
+
+def load_engine(path: Path, device: str, dtype: str, graphs: bool, **options: Any):
+    """`Engine.load` with `graphs` passed only when the engine takes it; returns (engine, what was asked and
+    what was applied), so a result says whether CUDA graphs were in use."""
+    import flide_sdk as fl
+
+    parameters = inspect.signature(fl.Engine.load).parameters
+    supported = "graphs" in parameters
+    if supported:
+        options["graphs"] = graphs
+    elif graphs:
+        print("warning: Engine.load takes no `graphs` option; running without it", file=sys.stderr)
+    options = {key: value for key, value in options.items() if value is not None}
+    started = time.perf_counter()
+    engine = fl.Engine.load(path, device=device, dtype=dtype, **options)
+    info = {"graphs_requested": graphs, "graphs_option_supported": supported,
+            "load_options": {k: v for k, v in options.items()}, "load_seconds": time.perf_counter() - started}
+    return engine, info
+
+
+def engine_settings(args) -> tuple[bool, dict[str, Any]]:
+    """(graphs, extra load options) from the common command-line options."""
+    graphs = not (args.tiny or args.eager)
+    return graphs, {"round_deadline_ms": args.round_deadline_ms}
+
+
+def release_device_memory() -> None:
+    """Give the memory of dropped objects (a closed engine) back, before the baseline runs in the same process."""
+    import gc
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def pool_geometry(engine) -> dict[str, Any]:
+    """Bytes of one checkpoint slot (recurrent states + conv windows) and of one KV page, when the engine's pool
+    exposes them."""
+    pool = getattr(engine, "pool", None)
+    return {key: getattr(pool, key, None) for key in ("slot_bytes", "page_bytes", "num_slots", "num_pages")}
+
+
+def stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """Every counter of `engine.stats()` over a measured phase (after - before, whatever keys exist; gauges such
+    as pool bytes are also given at the end), and per round, in milliseconds, every `*_seconds` stage."""
+    delta = {key: after[key] - before.get(key, 0) for key in after if isinstance(after[key], (int, float))}
+    rounds = delta.get("rounds", 0)
+    per_round_ms = {
+        key[: -len(STAGE_SUFFIX)] + "_ms": 1000.0 * value / rounds
+        for key, value in delta.items() if key.endswith(STAGE_SUFFIX) and rounds
+    }
+    per_round = {key: delta[key] / rounds for key in ("asks", "questions", "tokens_computed") if rounds and key in delta}
+    return {"delta": delta, "per_round_ms": per_round_ms, "per_round": per_round, "end": dict(after)}
+
+
+def latency_stats(times_ms: list[float]) -> dict[str, float]:
+    """Median, p90 (nearest rank), mean, min and max of a list of latencies in milliseconds."""
+    values = np.sort(np.asarray(times_ms, dtype=np.float64))
+    if not len(values):
+        return {"n": 0}
+    return {"n": len(values), "median_ms": float(np.median(values)),
+            "p90_ms": float(values[int(np.ceil(0.9 * len(values))) - 1]), "mean_ms": float(values.mean()),
+            "min_ms": float(values[0]), "max_ms": float(values[-1])}
+
+
+def target(measured: float | None, bound: float, kind: str = "max") -> dict[str, Any]:
+    """A measured value next to its target; `met` says whether it is within (kind "max": <=, "min": >=)."""
+    met = None if measured is None else (measured <= bound if kind == "max" else measured >= bound)
+    return {"measured": measured, "target": bound, "kind": kind, "met": met}
+
+
+def non_embedding_parameters(model: torch.nn.Module) -> int:
+    """Parameters outside the token embedding and the output head (the matmul work per token is twice this)."""
+    return sum(p.numel() for name, p in model.named_parameters()
+               if not name.startswith(("embed_tokens", "lm_head")))
+
+
+def model_flop_utilisation(params: int, tokens: float, seconds: float, peak: float = PEAK_BF16_FLOPS) -> float:
+    """non-embedding parameters x 2 x tokens computed / latency / peak rate (attention scores left out)."""
+    return 2.0 * params * tokens / seconds / peak
+
+
+def answer_probabilities(answer) -> np.ndarray:
+    """An answer's option probabilities in option order (a Noul as [P(yes), P(no)])."""
+    import flide_sdk as fl
+
+    if isinstance(answer, fl.NoulAnswer):
+        return np.array([answer.noul, 1.0 - answer.noul])
+    return np.array(list(answer.probabilities.values()), dtype=np.float64)
+
+
+# ------------------------------------------------------------------------------------------- data
+RACE_SOURCE = "RACE dev/middle (non-commercial research)"
+QUALITY_SOURCE = "QuALITY via L-Eval (CC BY 4.0)"
+OPTION = re.compile(r"\(([A-D])\)\s*(.*?)(?=\s*\([A-D]\)|$)", re.DOTALL)
+
+
+def quality_records() -> list[dict[str, Any]]:
+    """The QuALITY articles (`input`) with their four-option questions (`instructions`)."""
+    with data_path("reading", "quality", "quality.jsonl").open() as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def quality_choices(record: dict[str, Any]) -> dict[str, Any]:
+    """A QuALITY record's questions as `fl.Choice` (options cut to 200 characters)."""
+    import flide_sdk as fl
+
+    questions = {}
+    for index, text in enumerate(record["instructions"]):
+        stem, _, rest = text.partition("\n\n")
+        options = {label: body.strip()[:200] for label, body in OPTION.findall(rest)}
+        if len(options) >= 2:
+            questions[f"q{index}"] = fl.Choice(stem.strip(), options)
+    return questions
+
+
+def race_requests(count: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """RACE passages (sorted by file name, the first `count`) with their questions as `fl.Choice`."""
+    import flide_sdk as fl
+
+    requests = []
+    for path in sorted(data_path("reading", "race", "dev", "middle").glob("*.txt"))[:count]:
+        record = json.loads(path.read_text())
+        questions = {
+            f"q{i}": fl.Choice(question.replace("_", "___"), dict(zip("ABCD", options)))
+            for i, (question, options) in enumerate(zip(record["questions"], record["options"]))
+        }
+        requests.append((record["article"], questions))
+    return requests
+
+
+def token_count(renderer, text: str) -> int:
+    return len(renderer.tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def cut_tokens(renderer, text: str, start: int, count: int) -> str:
+    """`count` tokens of `text` from token `start` (taken modulo the room there is), decoded back to text."""
+    ids = renderer.tokenizer.encode(text, add_special_tokens=False).ids
+    start = start % (len(ids) - count + 1) if len(ids) > count else 0
+    return renderer.tokenizer.decode(ids[start : start + count])
+
+
+# Yes/no questions about a story, each 15-20 tokens with the Qwen3.5 tokenizer (questions_per_state.py
+# reports the lengths under whichever tokenizer it runs with).
+STORY_QUESTIONS = (
+    "Does the narrator describe a journey to another planet or moon somewhere in this passage?",
+    "Is the main character in this passage a member of a ship's crew or an expedition?",
+    "Does anyone in this passage openly lie to another character about something that matters to the plot?",
+    "Is there a scene in this passage where two characters argue about what to do next?",
+    "Does this passage mention a machine, robot or computer that can speak or think?",
+    "Is the story in this passage told by a first-person narrator who takes part in it?",
+    "Does a character in this passage receive a message, letter or radio signal from far away?",
+    "Is any character in this passage described as being afraid for their own life?",
+    "Does the passage describe a city, settlement or building in some visual detail?",
+    "Is money, payment or a debt an important part of what happens in this passage?",
+    "Does a character in this passage break a law, rule or explicit order from a superior?",
+    "Is there any violence or physical fighting between two or more characters somewhere in this passage?",
+    "Does the passage take place mostly aboard a spaceship, airship or other kind of vessel?",
+    "Is a government, military or official authority mentioned as acting in this passage?",
+    "Does any character in this passage express love or romantic interest in another character?",
+    "Is the weather, the sky or the climate described in some detail in this passage?",
+    "Does the passage include a spoken conversation between at least three of the different characters?",
+    "Is one of the characters in this passage a scientist, doctor or engineer by profession?",
+    "Does the passage suggest that the events take place in the future rather than the past?",
+    "Is an animal or an alien creature described as doing something in this passage?",
+    "Does a character in this passage make a discovery that surprises the other characters?",
+    "Is anybody in this passage injured, sick or in need of urgent medical attention?",
+    "Does the passage mention food, drink or a meal being shared between the characters?",
+    "Is a character in this passage trying to escape from a place, a person or a situation?",
+    "Does the narrator reveal a secret about his or her own past somewhere in this passage?",
+    "Is there a misunderstanding between two of the characters that drives the action of this passage?",
+    "Does the passage contain a joke, a pun or a moment that is clearly meant to be funny?",
+    "Is a weapon such as a gun, a knife or a ray mentioned anywhere in this passage?",
+    "Does any character in this passage mention their family, children or their home town?",
+    "Is the passage made up mostly of description and reflection rather than of dialogue and action?",
+    "Does a character in this passage give a long speech or explanation to the others?",
+    "Is a journey over land, by sea or through the air under way during this passage?",
+    "Does the passage describe a crowd, a meeting or a large public gathering of people?",
+    "Is a character in this passage waiting for someone or something that has not yet arrived?",
+    "Does a character in this passage change his or her mind about an important decision?",
+    "Is a name of a real country, city or historical person mentioned in this passage?",
+    "Does the passage describe a character's clothing, face or physical appearance in detail?",
+    "Is there a clear antagonist in this passage who works against the main character?",
+    "Does any character in this passage use a drug, a medicine or an alcoholic drink?",
+    "Is the time of day, such as night, morning or evening, stated clearly in this passage?",
+    "Does the passage mention a newspaper, a book, a report or some other written document?",
+    "Is a character in this passage hiding something from the others in the same room?",
+    "Does the passage describe a trade, a bargain or a negotiation between two parties?",
+    "Is any character in this passage described as old, elderly or near the end of life?",
+    "Does the passage include a flashback to events that happened to a character many years earlier?",
+    "Is a character in this passage alone for a long time, without anyone to talk to?",
+    "Does the passage describe a competition, a game or a contest between the characters?",
+    "Is some piece of technology in this passage shown failing, breaking down or behaving unexpectedly?",
+    "Does a character in this passage ask someone else for help with a serious problem?",
+    "Is the main character of this passage described as being unusually clever or gifted?",
+    "Does the passage mention a prison, a cell or anyone being held against their will?",
+    "Is there a moment in this passage where a character laughs or smiles at someone else?",
+    "Does the passage describe an explosion, a fire, a crash or a similar kind of disaster?",
+    "Is a character in this passage described as working hard at a job or a daily task?",
+    "Does any character in this passage travel back or forward in time by any means?",
+    "Is the ending of this passage hopeful for the main character rather than bleak?",
+    "Does the passage describe music, singing or one of the characters playing a musical instrument?",
+    "Is any character in this passage a child, a teenager or otherwise clearly very young?",
+    "Does the passage mention a disease, a plague or an epidemic affecting many people?",
+    "Is a character in this passage pretending to be someone he or she is not?",
+    "Does a character in this passage make a promise that the others expect him to keep?",
+    "Is a ship, a vehicle or a machine being repaired or built by hand in this passage?",
+    "Does the passage describe a landscape such as mountains, deserts, forests or oceans?",
+    "Is anyone in this passage described as rich, powerful or of very high social rank?",
+    "Does the passage mention an election, a vote or a decision made by a whole group?",
+    "Is a character in this passage punished, fined or demoted for something they did?",
+    "Does the passage end in the middle of an action scene or a moment of high tension?",
+    "Is the relationship between two of the characters in this passage shown to be changing over time?",
+)

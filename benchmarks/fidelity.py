@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import re
 import tempfile
 from pathlib import Path
 
@@ -24,34 +22,23 @@ import numpy as np
 import torch
 
 import flide_sdk as fl
-from benchmarks.common import build_random_checkpoint, data_path, run_metadata, write_result
-
-OPTION = re.compile(r"\(([A-D])\)\s*(.*?)(?=\s*\([A-D]\)|$)", re.DOTALL)
+from benchmarks.baseline import label_probabilities, load_transformers, prompts_of
+from benchmarks.common import (
+    answer_probabilities,
+    build_random_checkpoint,
+    cut_tokens,
+    quality_choices,
+    quality_records,
+    race_requests,
+    run_metadata,
+    write_result,
+)
 
 
 def quality_request(renderer, max_tokens: int = 2000):
-    record = json.loads(data_path("reading", "quality", "quality.jsonl").open().readline())
-    ids = renderer._encode(record["input"])[:max_tokens]
-    state = renderer.tokenizer.decode(ids.tolist())
-    questions = {}
-    for index, text in enumerate(record["instructions"]):
-        stem, _, rest = text.partition("\n\n")
-        options = {label: body.strip()[:200] for label, body in OPTION.findall(rest)}
-        if len(options) >= 2:
-            questions[f"q{index}"] = fl.Choice(stem.strip(), options)
-    return state, questions
-
-
-def race_requests(count: int):
-    requests = []
-    for path in sorted(data_path("reading", "race", "dev", "middle").glob("*.txt"))[:count]:
-        record = json.loads(path.read_text())
-        questions = {
-            f"q{i}": fl.Choice(question.replace("_", "___"), dict(zip("ABCD", options)))
-            for i, (question, options) in enumerate(zip(record["questions"], record["options"]))
-        }
-        requests.append((record["article"], questions))
-    return requests
+    """QuALITY article 1 cut to its first `max_tokens` tokens, with its questions."""
+    record = quality_records()[0]
+    return cut_tokens(renderer, record["input"], 0, max_tokens), quality_choices(record)
 
 
 def with_common_questions(questions: dict) -> dict:
@@ -62,18 +49,9 @@ def with_common_questions(questions: dict) -> dict:
     }
 
 
-def probabilities(answer) -> np.ndarray:
-    if isinstance(answer, fl.NoulAnswer):
-        return np.array([answer.noul, 1.0 - answer.noul])
-    return np.array(list(answer.probabilities.values()), dtype=np.float64)
-
-
 def hf_probabilities(model, rendered, name: str) -> np.ndarray:
-    ids = torch.as_tensor(rendered.prompt_ids(name), device="cuda")[None]
-    with torch.no_grad():
-        logits = model(ids, logits_to_keep=1).logits[0, -1].float()
-    labels = torch.as_tensor(rendered.questions[name].label_ids, device="cuda")
-    return torch.softmax(logits[labels], dim=-1).double().cpu().numpy()
+    """One question's standalone prompt, alone in its batch (no padding)."""
+    return label_probabilities(model, prompts_of(rendered, [name]), "cuda")[0]
 
 
 def summarize(candidate: list[np.ndarray], reference: list[np.ndarray], noul: list[bool]) -> dict:
@@ -96,8 +74,6 @@ def main() -> None:
     parser.add_argument("--model-size", default="0.8B")
     parser.add_argument("--race", type=int, default=24, help="RACE passages")
     args = parser.parse_args()
-    from transformers import Qwen3_5ForCausalLM
-
     checkpoint = build_random_checkpoint(args.model_size, Path(tempfile.mkdtemp(prefix="flide-fidelity-")))
     engine16 = fl.Engine.load(checkpoint, device="cuda", dtype="bfloat16", round_deadline_ms=20)
     requests = [quality_request(engine16.renderer)] + race_requests(args.race)
@@ -114,19 +90,19 @@ def main() -> None:
     torch.cuda.empty_cache()
 
     reference, hf16, ours16, ours32, noul = [], [], [], [], []
-    model32 = Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).cuda().eval()
+    model32 = load_transformers(checkpoint, torch.float32, "cuda")
     rendered_all = [renderer.render(state, fl.questions.parse_questions(q)) for state, q in requests]
     for rendered, (_, questions) in zip(rendered_all, requests):
         for name in questions:
             reference.append(hf_probabilities(model32, rendered, name))
     del model32
     torch.cuda.empty_cache()
-    model16 = Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=torch.bfloat16).cuda().eval()
+    model16 = load_transformers(checkpoint, torch.bfloat16, "cuda")
     for rendered, (_, questions), a16, a32 in zip(rendered_all, requests, answers16, answers32):
         for name, question in questions.items():
             hf16.append(hf_probabilities(model16, rendered, name))
-            ours16.append(probabilities(a16[name]))
-            ours32.append(probabilities(a32[name]))
+            ours16.append(answer_probabilities(a16[name]))
+            ours32.append(answer_probabilities(a32[name]))
             noul.append(isinstance(question, fl.Noul))
     result = {
         "benchmark": "fidelity", "model_size": args.model_size,

@@ -29,7 +29,7 @@ def kernel_table(engine: fl.Engine, state: str, count: int) -> dict:
                  for i in range(count)}
     rendered = engine.render(state, questions)
     pool = engine.pool
-    spec = RequestSpec(rendered.trunk, Branches.of([q.ids for q in rendered.questions.values()],
+    spec = RequestSpec(rendered.state_ids, Branches.of([q.ids for q in rendered.questions.values()],
                                                    [q.label_ids for q in rendered.questions.values()]))
     host = plan_round([spec], engine.model.config.conv_kernel, pool.state_rows, pool.kv_sink)
     ladder = capacity_ladder(engine.model.config.conv_kernel, 16384, 64, engine.renderer.max_prompt_tokens)
