@@ -147,6 +147,17 @@ class BoundaryFinder:
                     return True
         return False
 
+    def cuts(self, text: str, every: int, search: int = 256) -> list[int]:
+        """Stable boundaries about `every` characters apart (each the last one at or before its target),
+        where `text` can be encoded in independent pieces: the pieces' tokens are the whole text's."""
+        found: list[int] = []
+        for target in range(every, len(text) - every // 2, every):
+            low = max(target - search, found[-1] + 1 if found else 1)
+            cut = self.last(text[: target + 1], low)
+            if cut is not None:
+                found.append(cut)
+        return found
+
     def last(self, text: str, low: int) -> int | None:
         """Largest R in [low, len(text) - 1] that is a stable boundary of `text`, or None."""
         for position in range(len(text) - 1, max(low, 1) - 1, -1):

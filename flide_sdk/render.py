@@ -29,6 +29,7 @@ from flide_sdk.history import QWEN_PRETOKENIZER_PATTERN, SEPARATOR, BoundaryFind
 from flide_sdk.questions import Choice, Content, Noul, Question, Score
 
 LETTERS = tuple(string.ascii_uppercase)
+ENCODE_PIECE_CHARS = 2048  # longer texts are encoded in pieces of about this size, in parallel
 DIGITS = tuple(string.digits)
 REPLY_CHOICE = "Answer with the letter of one option only."
 REPLY_NOUL = "Answer with yes or no only."
@@ -189,9 +190,16 @@ class Renderer:
         return ids
 
     def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        encoding = self.tokenizer.encode(text, add_special_tokens=False)
-        starts = np.fromiter((start for start, _ in encoding.offsets), dtype=np.int64, count=len(encoding.ids))
-        return np.asarray(encoding.ids, dtype=np.int64), starts
+        """Token ids of `text` and each token's first character. A long text is cut at stable boundaries
+        into pieces that the tokenizer encodes in parallel (same tokens: BPE never merges across them)."""
+        cuts = self.boundaries.cuts(text, ENCODE_PIECE_CHARS) if len(text) > 2 * ENCODE_PIECE_CHARS else []
+        bounds = [0, *cuts, len(text)]
+        pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+        encodings = self.tokenizer.encode_batch(pieces, add_special_tokens=False)
+        ids = np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in encodings])
+        starts = np.concatenate([np.fromiter((begin + start for start, _ in e.offsets), dtype=np.int64,
+                                             count=len(e.ids)) for begin, e in zip(bounds, encodings)])
+        return ids, starts
 
     def label_id(self, label: str) -> int:
         if label not in self._label_ids:

@@ -124,3 +124,18 @@ def test_trunk_prefix_checks_and_hashes(tiny_path):
     assert a.block_hash(blocks) == b.block_hash(blocks) == chain_hashes(a.tokens()[: blocks * BLOCK])[-1]
     assert b.prefix_equals(a.buffer, a.boundary)
     assert not renderer.trunk("other " * 200).prefix_equals(a.buffer, a.boundary)
+
+
+def test_long_texts_encode_in_pieces_like_the_whole(tiny_path):
+    """encode_with_offsets cuts long texts at stable boundaries and encodes the pieces in parallel; the
+    ids and character offsets are those of encoding the whole text at once (adversarial pieces included)."""
+    rng = random.Random(7)
+    for renderer in renderers(tiny_path):
+        for trial in range(6):
+            text = "".join(rng.choice(PIECES) for _ in range(rng.randint(2000, 6000)))
+            cuts = renderer.boundaries.cuts(text, 2048)
+            assert len(text) < 4096 or cuts, "a long text is encoded in more than one piece"
+            whole = renderer.tokenizer.encode(text, add_special_tokens=False)
+            ids, starts = renderer.encode_with_offsets(text)
+            assert ids.tolist() == whole.ids
+            assert starts.tolist() == [start for start, _ in whole.offsets]
