@@ -17,9 +17,12 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+from flide_sdk.kernels.fork_attention import (
+    fork_attention_reference,
+    fork_attention_triton,
+)
 
 from benchmarks.common import cuda_time_ms, release_config, run_metadata, write_result
-from flide_sdk.kernels.fork_attention import fork_attention_reference, fork_attention_triton
 from flide_sdk.layout import PAGE, RequestSpec, Resume, plan_round
 
 ROUNDS = {
@@ -49,9 +52,9 @@ def build_round(spec, heads: int, kv_heads: int, dim: int, device: str = "cuda")
     def randn(*shape):
         return torch.randn(*shape, generator=gen, device=device, dtype=torch.bfloat16)
 
-    tensors = dict(q=randn(total, heads, dim), k=randn(total, kv_heads, dim), v=randn(total, kv_heads, dim),
-                   k_cache=randn(max(pages_used, 1) * PAGE, kv_heads, dim),
-                   v_cache=randn(max(pages_used, 1) * PAGE, kv_heads, dim))
+    tensors = {"q": randn(total, heads, dim), "k": randn(total, kv_heads, dim), "v": randn(total, kv_heads, dim),
+               "k_cache": randn(max(pages_used, 1) * PAGE, kv_heads, dim),
+               "v_cache": randn(max(pages_used, 1) * PAGE, kv_heads, dim)}
     return host, rnd, tensors
 
 
@@ -90,13 +93,13 @@ def main() -> None:
         flops_per_pair = 4 * dim * heads
         timings = {}
         for block_rows, per_program, warps in TUNINGS:
-            def run(block_rows=block_rows, per_program=per_program, warps=warps):
+            def run(block_rows=block_rows, per_program=per_program, warps=warps, t=t, rnd=rnd):
                 return fork_attention_triton(t["q"], t["k"], t["v"], rnd.attention, None, t["k_cache"], t["v_cache"],
                                              block_rows=block_rows, heads_per_program=per_program, num_warps=warps)
 
             try:
                 timings[f"rows{block_rows}_heads{per_program}_w{warps}"] = cuda_time_ms(run)
-            except Exception as failure:  # a tile shape that does not fit is reported, not fatal
+            except Exception as failure:  # noqa: BLE001 - a tile shape that does not fit is reported, not fatal
                 timings[f"rows{block_rows}_heads{per_program}_w{warps}"] = {"error": str(failure)[:200]}
         default = timings[f"rows{TUNINGS[0][0]}_heads{TUNINGS[0][1]}_w{TUNINGS[0][2]}"]["median_ms"]
         best_name, best = min(((k, v["median_ms"]) for k, v in timings.items() if "median_ms" in v), key=lambda kv: kv[1])

@@ -14,9 +14,9 @@ import sys
 
 import numpy as np
 import torch
+from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
 
 from benchmarks.common import write_result
-from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
 from flide_sdk.layout import RequestSpec, plan_round
 
 CONFIGS = [
@@ -76,7 +76,8 @@ def main() -> None:
     results = {}
     for index, config in enumerate(CONFIGS):
         name = ",".join(f"{key}={value}" for key, value in config.items()) or "default"
-        run = subprocess.run([sys.executable, __file__, "--config", str(index)], capture_output=True, text=True)
+        run = subprocess.run([sys.executable, __file__, "--config", str(index)], capture_output=True, text=True,
+                             check=False)
         lines = run.stdout.strip().splitlines()
         results[name] = json.loads(lines[-1]) if run.returncode == 0 and lines else {"failed": run.stderr[-600:]}
     write_result("check-gdn-bf16", {"round": "a: 2000 + 64x20, 0.8B GDN shapes", "configs": results})
