@@ -16,7 +16,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flide_sdk.layout import DEVICE_FIELDS, DISCARD_ROW, GDN_CHUNK, LEVEL_FIELDS, PAGE, HostLevel, HostRound
+from flide_sdk.layout import (
+    DEVICE_FIELDS,
+    DISCARD_ROW,
+    GDN_CHUNK,
+    LEVEL_FIELDS,
+    PAGE,
+    HostLevel,
+    HostRound,
+)
 
 TOKEN_LADDER = (128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
 LABELS = 32  # label columns of a graph (a question has at most 26 options: letters)

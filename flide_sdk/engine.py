@@ -79,7 +79,7 @@ class AskPayload:
     """One ask on its way through the round thread: trunk, questions, their branches (laid out once, when
     the ask is prepared, so the round thread only concatenates them), the resume point."""
 
-    __slots__ = ("trunk", "questions", "rendered", "branches", "branch_tokens", "resume")
+    __slots__ = ("branch_tokens", "branches", "questions", "rendered", "resume", "trunk")
 
     def __init__(self, trunk: Trunk, questions: dict[str, Question], rendered: dict[str, RenderedQuestion]) -> None:
         self.trunk = trunk

@@ -11,6 +11,7 @@ newline, before a letter or digit, see `history`); `Renderer` refuses any other 
 
 from __future__ import annotations
 
+import itertools
 import json
 import string
 from collections.abc import Mapping
@@ -24,8 +25,19 @@ import jinja2.sandbox
 import numpy as np
 from tokenizers import Tokenizer
 
-from flide_sdk.errors import CheckpointError, InvalidQuestionError, InvalidStateError, StateTooLongError
-from flide_sdk.history import QWEN_PRETOKENIZER_PATTERN, SEPARATOR, BoundaryFinder, History, Trunk
+from flide_sdk.errors import (
+    CheckpointError,
+    InvalidQuestionError,
+    InvalidStateError,
+    StateTooLongError,
+)
+from flide_sdk.history import (
+    QWEN_PRETOKENIZER_PATTERN,
+    SEPARATOR,
+    BoundaryFinder,
+    History,
+    Trunk,
+)
 from flide_sdk.questions import Choice, Content, Noul, Question, Score
 
 LETTERS = tuple(string.ascii_uppercase)
@@ -194,7 +206,7 @@ class Renderer:
         into pieces that the tokenizer encodes in parallel (same tokens: BPE never merges across them)."""
         cuts = self.boundaries.cuts(text, ENCODE_PIECE_CHARS) if len(text) > 2 * ENCODE_PIECE_CHARS else []
         bounds = [0, *cuts, len(text)]
-        pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]
+        pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
         encodings = self.tokenizer.encode_batch(pieces, add_special_tokens=False)
         ids = np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in encodings])
         starts = np.concatenate([np.fromiter((begin + start for start, _ in e.offsets), dtype=np.int64,

@@ -1,0 +1,255 @@
+"""The round planner for CUDA graphs (pure host code): every metadata field of `plan_round` against a slow
+per-token reference layout, bucket choice, the padding bound, padding only at the tail, splitting rounds at
+request boundaries, and padded rounds computing exactly what unpadded rounds compute (reference ops and
+the Triton kernels under the interpreter, pool writes included)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+import flide_sdk as fl
+from flide_sdk.capacity import TOKEN_LADDER, capacity_ladder, choose, pad_round
+from flide_sdk.layout import (
+    DISCARD_ROW,
+    PAGE,
+    RequestSpec,
+    Resume,
+    Save,
+    StateRows,
+    plan_round,
+)
+from flide_sdk.ops import kernel_ops, reference_ops
+
+K = 4
+ROWS = StateRows(zero=40, scratch=41, scratch_count=16)
+SINK = 10_000
+
+
+def random_requests(seed: int, count: int = 6) -> list[RequestSpec]:
+    """Trunks of 1..200 tokens, some resuming (history not a multiple of PAGE), some saving, 1..6 branches."""
+    rng = np.random.default_rng(seed)
+    requests = []
+    for index in range(count):
+        computed = int(rng.choice([1, 2, 3, 63, 64, 65, 130, 200]))
+        start = int(rng.choice([0, 0, 1, 2, 70, 129])) if index % 2 else 0
+        resume = Resume(slot=index, pages=rng.permutation(30)[: -(-start // PAGE)]) if start else None
+        save = None
+        if rng.random() < 0.6:
+            at = int(rng.integers(start + 1, start + computed + 1))
+            save = Save(at, slot=20 + index, kv_slots=rng.integers(0, 5000, at - start))
+        branches = [rng.integers(0, 99, rng.integers(1, 40)) for _ in range(rng.integers(1, 7))]
+        labels = [np.arange(rng.integers(1, 5)) + 3 for _ in branches]
+        requests.append(RequestSpec.of(rng.integers(0, 99, computed), branches, labels, start=start, resume=resume,
+                                       save=save))
+    return requests
+
+
+def slow_layout(requests: list[RequestSpec]) -> dict:
+    """The layout rules written token by token (the definition plan_round must match)."""
+    total = sum(r.num_tokens for r in requests)
+    out = {name: [] for name in ("ids", "positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "conv_src",
+                                 "kv_slots", "readout_rows", "labels", "save_window_src")}
+    segments: list[set] = [set(), set(), set()]
+    cursor = resumes = 0
+    for index, request in enumerate(requests):
+        s, first, comp = cursor, request.start, len(request.trunk)
+        resume_index = resumes
+        resumes += request.resume is not None
+
+        def trunk_row(p: int, s: int = s, first: int = first, resume_index: int = resume_index) -> int:
+            if p >= first:
+                return s + p - first + 1
+            if p >= 0:
+                return 1 + total + resume_index * (K - 1) + p - first + K - 1
+            return 0
+
+        split = request.save.at - first if request.save else comp
+        for i in range(comp):
+            out["ids"].append(request.trunk[i])
+            out["positions"].append(first + i)
+            out["key_lo"].append(s), out["ctx_hi"].append(s), out["seg_lo"].append(s), out["request_of"].append(index)
+            out["conv_src"].append([trunk_row(first + i - j) for j in range(K - 1, -1, -1)])
+            out["kv_slots"].append(int(request.save.kv_slots[i]) if request.save and i < split else SINK)
+        scratch = ROWS.scratch + index
+        init = ROWS.slot_base + request.resume.slot if request.resume else ROWS.zero
+        if request.save:
+            save_row = ROWS.slot_base + request.save.slot
+            segments[0].add((s, split, init, save_row))
+            if split < comp:
+                segments[1].add((s + split, comp - split, save_row, scratch))
+            trunk_final = save_row if split == comp else scratch
+            out["save_window_src"].append([trunk_row(request.save.at - j) for j in range(K - 1, 0, -1)])
+        else:
+            segments[0].add((s, comp, init, scratch))
+            trunk_final = scratch
+        cursor += comp
+        offset = 0
+        for length, label in zip(request.branches.lengths, request.branches.labels):
+            c = cursor
+            for i in range(length):
+                out["ids"].append(request.branches.ids[offset + i])
+                p = first + comp + i
+                out["positions"].append(p)
+                out["key_lo"].append(s), out["ctx_hi"].append(s + comp), out["seg_lo"].append(c)
+                out["request_of"].append(index)
+                out["conv_src"].append([c + q - first - comp + 1 if q >= first + comp else trunk_row(q)
+                                        for q in (p - j for j in range(K - 1, -1, -1))])
+                out["kv_slots"].append(SINK)
+            segments[2].add((c, int(length), trunk_final, DISCARD_ROW))
+            out["readout_rows"].append(c + length - 1)
+            out["labels"].append([int(x) for x in label if x >= 0])
+            offset += length
+            cursor += length
+    out["segments"] = segments
+    return out
+
+
+def level_segments(level) -> set:
+    """(start, length, init row, final row) of each segment, read back from the step-major chunk table."""
+    found = set()
+    for k in range(len(level.init_row)):
+        tokens = np.concatenate([level.chunk_tokens[level.step_start[j] + k] for j in range(level.chunk_count[k])])
+        real = tokens[tokens < PAD_INDEX[0]]
+        assert np.array_equal(real, np.arange(real[0], real[0] + len(real))), "a segment's chunks are contiguous"
+        assert (tokens[len(real):] == PAD_INDEX[0]).all(), "padding only at a segment's end"
+        found.add((int(real[0]), len(real), int(level.init_row[k]), int(level.final_row[k])))
+    return found
+
+
+PAD_INDEX = [0]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_field_matches_the_slow_layout(seed):
+    requests = random_requests(seed)
+    host = plan_round(requests, K, ROWS, SINK)
+    slow = slow_layout(requests)
+    PAD_INDEX[0] = host.num_real
+    for name in ("ids", "positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "conv_src", "kv_slots",
+                 "readout_rows"):
+        assert np.array_equal(getattr(host, name), np.array(slow[name])), name
+    assert [[int(x) for x in row if x >= 0] for row in host.label_ids] == slow["labels"]
+    assert np.array_equal(host.save_window_src, np.array(slow["save_window_src"]).reshape(-1, K - 1))
+    assert host.save_slots.tolist() == [r.save.slot for r in requests if r.save]
+    assert host.resume_slots.tolist() == [r.resume.slot for r in requests if r.resume]
+    assert host.history_len.tolist() == [r.start for r in requests]
+    for index, request in enumerate(requests):
+        count = -(-request.start // PAGE)
+        pages = host.pages[host.page_offset[index] : host.page_offset[index] + count]
+        assert pages.tolist() == (request.resume.pages[:count].tolist() if request.resume else [])
+    assert len(host.levels) == 3
+    for level, expected in zip(host.levels, slow["segments"]):
+        assert level_segments(level) == expected
+        assert all(a >= b for a, b in zip(level.active, level.active[1:]))
+        assert len(level.chunk_tokens) == sum(level.active) == int(level.chunk_count.sum())
+
+
+def test_bucket_choice_and_padding_bound():
+    ladder = capacity_ladder(K, max_tokens=16384, max_requests=64, max_prompt_tokens=32768)
+    assert [c.tokens for c in ladder] == list(TOKEN_LADDER)
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        trunk = int(rng.integers(1, 9000))
+        questions = int(rng.integers(1, 65))
+        request = RequestSpec.of(rng.integers(0, 9, trunk), [rng.integers(0, 9, 20)] * questions,
+                                 [np.array([1, 2])] * questions)
+        host = plan_round([request], K, ROWS, SINK)
+        capacity = choose(ladder, host)
+        if host.num_real >= ladder[-1].tokens:
+            assert capacity is None
+            continue
+        smaller = [c for c in ladder if c.tokens < capacity.tokens]
+        assert all(not c.fits(host) for c in smaller), "the smallest capacity that fits is chosen"
+        assert capacity.tokens <= max(128, 1.5 * (host.num_real + 1)), "padding is bounded by the ladder step"
+
+
+def test_padding_only_at_the_tail_and_padded_rounds_fit():
+    requests = random_requests(11)
+    host = plan_round(requests, K, ROWS, SINK)
+    ladder = capacity_ladder(K, 4096, 16, 4096)
+    capacity = choose(ladder, host)
+    padded = pad_round(host, capacity, window_sink=39, kv_sink=SINK, zero_row=ROWS.zero)
+    real, total = host.num_real, capacity.tokens
+    assert padded.ids.shape == (total,) and padded.num_real == real
+    for name in ("ids", "positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "kv_slots"):
+        assert np.array_equal(getattr(padded, name)[:real], getattr(host, name)), name
+    assert (padded.key_lo[real:] == real).all() and (padded.seg_lo[real:] == real).all()
+    assert (padded.request_of[real:] == len(requests)).all() and padded.history_len[len(requests)] == 0
+    assert (padded.kv_slots[real:] == SINK).all() and (padded.conv_src[real:] == 0).all()
+    shifted = np.where(host.conv_src > real, host.conv_src + total - real, host.conv_src)
+    assert np.array_equal(padded.conv_src[:real], shifted)
+    questions = host.num_questions
+    assert np.array_equal(padded.readout_rows[:questions], host.readout_rows)
+    assert (padded.readout_rows[questions:] == real).all()
+    for level, original in zip(padded.levels, host.levels):
+        chunks = len(original.chunk_tokens)
+        assert (level.chunk_tokens[chunks:] == total).all() and (level.chunk_count[len(original.init_row):] == 0).all()
+        assert (level.final_row[len(original.init_row):] == DISCARD_ROW).all()
+        kept = original.chunk_tokens
+        assert np.array_equal(level.chunk_tokens[:chunks], np.where(kept == real, total, kept))
+
+
+def test_padded_rounds_compute_what_unpadded_rounds_compute():
+    """Reference ops and the Triton kernels (interpreter): probabilities, saved states, windows and keys."""
+    engine = fl.Engine.tiny()
+    try:
+        model, pool = engine.model, engine.pool
+        rng = np.random.default_rng(5)
+        trunk = rng.integers(0, 200, 150)
+        first = [RequestSpec.of(trunk, [rng.integers(0, 200, 9), rng.integers(0, 200, 25)],
+                                [np.array([5, 6, 7]), np.array([5])], save=Save(130, 0, np.arange(130))),
+                 RequestSpec.of(rng.integers(0, 200, 40), [rng.integers(0, 200, 3)], [np.array([5, 6])])]
+        second = [RequestSpec.of(trunk[130:], [np.array([1, 2, 3])], [np.array([5, 6])], start=130,
+                                 resume=Resume(0, np.arange(3)), save=Save(150, 1, np.arange(192, 212)))]
+        ladder = capacity_ladder(model.config.conv_kernel, 1024, 8, 4096)
+        for ops in (reference_ops, kernel_ops()):
+            results = []
+            for padded in (False, True):
+                for arena in (pool.states, pool.windows, pool.kv):
+                    arena.zero_()
+                outputs = []
+                for requests in (first, second):
+                    host = plan_round(requests, model.config.conv_kernel, pool.state_rows, pool.kv_sink)
+                    if padded:
+                        host_run = pad_round(host, choose(ladder, host), pool.window_sink, pool.kv_sink,
+                                             pool.state_rows.zero)
+                    else:
+                        host_run = host
+                    outputs.append(model(host_run.to("cpu"), ops, engine._caches)[: host.num_questions, : host.label_ids.shape[1]])
+                outputs += [pool.states[:2].clone(), pool.windows[:2].clone(), pool.kv[:, :, : 4 * PAGE].clone()]
+                results.append(outputs)
+            for unpadded, padded_out in zip(*results):
+                assert torch.allclose(unpadded, padded_out, atol=1e-6, rtol=0)
+            assert results[0][2].abs().sum() > 0, "the first round saved a state"
+    finally:
+        engine.close()
+
+
+def test_rounds_split_at_request_boundaries_and_large_requests_run_alone():
+    """Asks that do not fit one round together are split over rounds, never inside a request; a request
+    larger than the round capacity still runs (alone); answers equal a roomy engine's."""
+    words = " ".join(f"w{i}" for i in range(400))
+    states = [f"{k} {words[: 300 + 40 * k]}" for k in range(5)] + [words * 3]
+    question = {"q": fl.Noul("Is it long?")}
+
+    async def run(engine):
+        with engine.admission_paused():
+            tasks = [asyncio.ensure_future(engine.ask(state, question)) for state in states]
+            await asyncio.sleep(0.05)
+        return [r["q"].noul for r in await asyncio.gather(*tasks)], engine.stats()
+
+    small = fl.Engine.tiny(max_round_tokens=512)
+    roomy = fl.Engine.tiny(max_round_tokens=8192)
+    try:
+        got, small_stats = asyncio.run(run(small))
+        expected, roomy_stats = asyncio.run(run(roomy))
+    finally:
+        small.close()
+        roomy.close()
+    assert roomy_stats["rounds"] == 1 and small_stats["rounds"] >= 4
+    assert small_stats["asks"] == len(states)
+    assert max(abs(a - b) for a, b in zip(got, expected)) <= 1e-5
