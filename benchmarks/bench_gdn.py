@@ -32,15 +32,16 @@ from benchmarks.common import cuda_time_ms, release_config, run_metadata, write_
 from flide_sdk.layout import RequestSpec, plan_round
 
 ROUNDS = {
+    "q1_one_trunk_1_branch": [(2000, [20])],
     "a_one_trunk_64_branches": [(2000, [20] * 64)],
     "b_32_requests": [(350, [20] * 4)] * 32,
 }
 KNOB_CHOICES = {  # first value = the kernel's default
     "sub_block": [16, 32],
     "prep_warps": [8, 4],
-    "block_v": [None, 16, 32, 64],
-    "split_v": [None, 1, 2],
-    "scan_warps": [4, 8],
+    "block_v": [None, 32, 128],
+    "split_v": [None, 1, 4],
+    "scan_warps": [8, 4],
     "scan_stages": [2, 1, 3],
 }
 PRECISE = {"store_dtype": torch.float32, "scan_warps": 8}
@@ -103,11 +104,11 @@ def timed(fn: Callable[[], object]) -> dict:
     return result
 
 
-def sweep(run_ours: Callable[..., torch.Tensor], mode: str) -> dict:
-    """Greedy one-knob-at-a-time search from the defaults (`mode` timings); every configuration tried, the best."""
-    best_knobs: dict = {}
-    best_time = timed(lambda: run_ours())[mode]["median_ms"]
-    tried = {"default": best_time}
+def sweep(run_ours: Callable[..., torch.Tensor], mode: str, base: dict) -> dict:
+    """Greedy one-knob-at-a-time search from `base` (`mode` timings); every configuration tried, the best."""
+    best_knobs: dict = dict(base)
+    best_time = timed(lambda: run_ours(**base))[mode]["median_ms"]
+    tried = {"base": best_time}
     for knob, choices in KNOB_CHOICES.items():
         for value in choices[1:]:
             knobs = {**best_knobs, knob: value}
@@ -143,6 +144,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-size", default="0.8B")
     parser.add_argument("--no-sweep", action="store_true", help="time the default knobs only")
+    parser.add_argument("--sweep-float32-storage", action="store_true",
+                        help="sweep from the engine's setting (float32 W/U storage) instead of the defaults")
     args = parser.parse_args()
     text = release_config(args.model_size)["text_config"]
     k_heads, v_heads = text["linear_num_key_heads"], text["linear_num_value_heads"]
@@ -195,11 +198,12 @@ def main() -> None:
             entry["ratio_ours_over_fla"] = entry["ours"][mode]["median_ms"] / entry["fla"][mode]["median_ms"]
         entry["ratio_mode"] = mode
         if not args.no_sweep:
-            entry["sweep"] = sweep(run_ours, mode)
+            entry["sweep"] = sweep(run_ours, mode, PRECISE if args.sweep_float32_storage else {})
             if run_fla is not None:
                 entry["ratio_best_over_fla"] = entry["sweep"]["best_ms"] / entry["fla"][mode]["median_ms"]
         results[name] = entry
-    command = f"python benchmarks/bench_gdn.py --model-size {args.model_size}{' --no-sweep' if args.no_sweep else ''}"
+    flags = " --no-sweep" * args.no_sweep + " --sweep-float32-storage" * args.sweep_float32_storage
+    command = f"python benchmarks/bench_gdn.py --model-size {args.model_size}{flags}"
     write_result(f"gdn-{args.model_size}", {
         "benchmark": "gated_delta", "model_size": args.model_size, "k_heads": k_heads, "v_heads": v_heads,
         "dk": dk, "dv": dv, **run_metadata(command), "rounds": results,
