@@ -121,7 +121,7 @@ def sweep(run_ours: Callable[..., torch.Tensor], mode: str, base: dict) -> dict:
             tried[name] = elapsed
             if elapsed < best_time:
                 best_knobs, best_time = knobs, elapsed
-    return {"best_knobs": best_knobs, "best_ms": best_time, "tried_ms": tried}
+    return {"best_knobs": {k: str(v) for k, v in best_knobs.items()}, "best_ms": best_time, "tried_ms": tried}
 
 
 def fla_baseline(inputs: dict, group: int, cu_seqlens: torch.Tensor) -> tuple[Callable | None, str | None]:

@@ -7,8 +7,8 @@ depend on their values, and fidelity is measured against a float32 run of the sa
 
 from __future__ import annotations
 
+import atexit
 import datetime
-import inspect
 import json
 import os
 import platform
@@ -150,34 +150,27 @@ def add_engine_args(parser) -> None:
 
 def bench_checkpoint(args) -> tuple[Path, dict[str, Any]]:
     """The checkpoint a run uses and where it runs: the tiny random model on CPU in float32 with --tiny,
-    else a random real-shape checkpoint of --model-size on CUDA in bfloat16."""
+    else a random real-shape checkpoint of --model-size on CUDA in bfloat16 (deleted when the process exits)."""
     if args.tiny:
         from flide_sdk.testing import tiny_checkpoint
 
         return tiny_checkpoint(), {"model": "tiny (flide_sdk.testing.tiny_checkpoint)", "device": "cpu",
                                    "dtype": "float32", "tiny": True}
     path = build_random_checkpoint(args.model_size, Path(tempfile.mkdtemp(prefix="flide-bench-")))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)  # 4B is ~9 GB of disk per script
     return path, {"model": f"Qwen3.5-{args.model_size} shapes, random bf16 weights, real tokenizer",
                   "device": "cuda", "dtype": "bfloat16", "tiny": False}
 
 
 def load_engine(path: Path, device: str, dtype: str, graphs: bool, **options: Any):
-    """`Engine.load` with `graphs` passed only when the engine takes it; returns (engine, what was asked and
-    what was applied), so a result says whether CUDA graphs were in use."""
+    """`Engine.load` timed; returns (engine, the options used and the load time). Options that are None are
+    left to the engine's defaults."""
     import flide_sdk as fl
 
-    parameters = inspect.signature(fl.Engine.load).parameters
-    supported = "graphs" in parameters
-    if supported:
-        options["graphs"] = graphs
-    elif graphs:
-        print("warning: Engine.load takes no `graphs` option; running without it", file=sys.stderr)
     options = {key: value for key, value in options.items() if value is not None}
     started = time.perf_counter()
-    engine = fl.Engine.load(path, device=device, dtype=dtype, **options)
-    info = {"graphs_requested": graphs, "graphs_option_supported": supported,
-            "load_options": {k: v for k, v in options.items()}, "load_seconds": time.perf_counter() - started}
-    return engine, info
+    engine = fl.Engine.load(path, device=device, dtype=dtype, graphs=graphs, **options)
+    return engine, {"graphs": graphs, "load_options": options, "load_seconds": time.perf_counter() - started}
 
 
 def engine_settings(args) -> tuple[bool, dict[str, Any]]:

@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark in one device call (the lent H200 has no internet and a bare image).
 # Usage on the device, from the repository root with .whl/ and .bench-data/ carried:
-#   bash benchmarks/run_gpu.sh [step ...]      (steps: attention gdn fidelity check; default: the first three)
-# JSON results land in $OUT (one file per benchmark) with a combined log.
+#   bash benchmarks/run_gpu.sh [step ...]      (steps: attention gdn fidelity check qps passages agent startup;
+#                                               default: the first three)
+# JSON results land in $OUT (one file per benchmark) with a combined log. The engine benchmarks (qps passages
+# agent startup) print their JSON to $OUT only; the log gets their targets in one line each.
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/msgspec*.whl .whl/pytest_asyncio*.whl || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla .whl/fla_core*.whl .whl/flash_linear*.whl || true
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-attention gdn fidelity}
+# An engine benchmark against transformers (with flash-linear-attention) at one model size: JSON and stderr
+# in $OUT, the log gets the stderr tail and the targets line.
+engine_bench() {
+  local script=$1 size=$2
+  PYTHONPATH=/tmp/fla:$PYTHONPATH python3 "benchmarks/$script.py" --model-size "$size" > /dev/null 2> "$OUT/$script-$size.err"
+  tail -c 1500 "$OUT/$script-$size.err"
+  python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[1], "targets:", json.dumps(d.get("targets", d.get("summary"))))' "$OUT/$script-$size.json"
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 for step in $steps; do
   echo "=== $step" | tee -a "$OUT/log.txt"
@@ -18,6 +28,14 @@ for step in $steps; do
          PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size 4B --no-sweep ;;
     fidelity) python3 benchmarks/fidelity.py --model-size 0.8B ;;
     check) python3 benchmarks/check_kernels.py ;;
+    qps) engine_bench questions_per_state 0.8B
+         engine_bench questions_per_state 4B ;;
+    passages) engine_bench short_passages 0.8B
+              engine_bench short_passages 4B ;;
+    agent) engine_bench agent_replay 0.8B
+           engine_bench agent_replay 4B ;;
+    startup) engine_bench startup 0.8B
+             engine_bench startup 4B ;;
     *) echo "unknown step $step" ;;
   esac 2>&1 | tail -c 20000 >> "$OUT/log.txt"
 done
