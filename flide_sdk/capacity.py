@@ -26,7 +26,8 @@ from flide_sdk.layout import (
     HostRound,
 )
 
-TOKEN_LADDER = (128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384)
+TOKEN_LADDER = (128, 256, 384, 512, 640, 768, 1024, 1280, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168,
+                8192, 10240, 12288, 14336, 16384)  # steps of at most 1.33x above 512 tokens
 LABELS = 32  # label columns of a graph (a question has at most 26 options: letters)
 TOKENS_PER_REQUEST = 64  # requests capacity = T / this (at least MIN_REQUESTS)
 TOKENS_PER_QUESTION = 16  # questions capacity = T / this (at least MIN_QUESTIONS)
