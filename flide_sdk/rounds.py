@@ -126,9 +126,23 @@ class RoundLoop:
         try:
             while self._step():
                 pass
+        except BaseException as error:  # a bug in select/launch/finish: fail everyone, never hang callers
+            self._fail_all(error)
+            raise
         finally:
             while self._in_flight:
                 self._finish(self._in_flight.popleft())
+
+    def _fail_all(self, error: BaseException) -> None:
+        """Close the loop after an internal error: queued asks fail with it; new asks raise EngineClosedError."""
+        with self._cond:
+            self._closed = True
+            dropped = list(self._pending)
+            self._pending.clear()
+            self._cond.notify_all()
+        for ask in dropped:
+            if ask.future.set_running_or_notify_cancel():
+                ask.future.set_exception(EngineClosedError(f"the round loop failed: {error!r}"))
 
     def _step(self) -> bool:
         """Launch a round, or finish the oldest one in flight; False once closed."""

@@ -133,3 +133,19 @@ def test_render_and_stats(engine):
     stats = engine.stats()
     assert stats["rounds"] == 1 and stats["asks"] == 1 and stats["questions"] == 2
     assert stats["tokens_computed"] == rendered.state_ids.size + sum(q.ids.size for q in rendered.questions.values())
+
+
+@pytest.mark.asyncio
+async def test_internal_round_loop_error_fails_asks_instead_of_hanging(tiny_path):
+    """A bug on the round thread (here: admission raising) closes the engine and fails queued asks."""
+    engine = fl.Engine.load(tiny_path)
+
+    def broken(pending):
+        raise RuntimeError("admission bug")
+
+    engine._loop._select = broken
+    with pytest.raises(fl.EngineClosedError, match="admission bug"):
+        await asyncio.wait_for(engine.ask("state", {"q": fl.Noul("ok?")}), timeout=30)
+    assert engine.closed
+    with pytest.raises(fl.EngineClosedError):
+        await engine.ask("state", {"q": fl.Noul("ok?")})
