@@ -12,25 +12,27 @@ state this way, which makes every branch compute exactly what it computes alone.
 `gated_delta_reference` is the definition, used on CPU; it batches all chunks of a level for the
 intra-chunk work and loops over scan steps (not tokens, not segments).
 
-`gated_delta_triton` is the GPU version of the same contract: two launches per level, grids that depend
-only on tensor shapes (no host synchronisation, CUDA-graph safe), outputs emitted by the scan itself:
+`gated_delta_triton` is the GPU version of the same contract: three launches per level, grids that depend
+only on tensor shapes (no host synchronisation, CUDA-graph safe); only the state recurrence is sequential:
 - `_chunk_prep_kernel`, one program per (chunk, value head): gathers the chunk's tokens, builds Gamma,
   A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
   16-row sub-blocks (through a float32 scratch), and stores W = T (beta K exp(cum)), U = T (beta V), the
   causal q-k block q K^T * Gamma and the per-row gate factors. All-padding chunks return at once.
 - `_state_scan_kernel`, one program per (segment, value head, V split): keeps a [Dk, BV] slice of S in
   registers from `init_row` through the segment's chunks (chunk j is row `step_start[j] + segment`),
-  emits each chunk's outputs o = (q exp(cum)) S + (q K^T * Gamma) v_new with v_new = U - W S, updates
+  stores per chunk the state at its start S_j and v_new = U - W S_j, updates
   S <- exp(g_last) S + (K exp(g_last - cum))^T v_new, and writes the final slice to `final_row`.
   Segments with no chunks and no final row return at once.
+- `_chunk_output_kernel`, one program per (chunk, value head, V tile), all in parallel: the chunk's
+  outputs o = (q exp(cum)) S_j + (q K^T * Gamma) v_new. All-padding chunks return at once.
 Gram products of the raw inputs are taken in the inputs' dtype (exact for bf16); the state and every
 accumulation are float32. For 16-bit inputs the products of float32 quantities inside a chunk use TF32,
-and W, U and the q-k block are stored in the inputs' dtype (by default), so the scan's products take S and
-v_new in that dtype (as flash-linear-attention does). Float32 inputs keep float32 with IEEE products.
+and W, U, the q-k block, S_j and v_new are stored in the inputs' dtype (by default), so the products of the
+scan and the output kernel take S and v_new in that dtype (as flash-linear-attention does); the state carried
+by the scan and the update's v_new stay float32. Float32 inputs keep float32 with IEEE products.
 """
 
 from __future__ import annotations
-
 
 import torch
 import triton
@@ -221,17 +223,18 @@ def _chunk_prep_kernel(
 
 @triton.jit
 def _state_scan_kernel(
-    q_ptr, k_ptr, w_ptr, u_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, out_ptr, states_ptr,
+    k_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
     chunk_tokens_ptr, chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr,
     total,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh, stride_sr, stride_sh, stride_sk,
+    stride_kt, stride_kh, stride_sr, stride_sh, stride_sk,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
     L: tl.constexpr, PREC: tl.constexpr,
 ):
     """One (segment, value head, V split): TILES V tiles of BV columns, one after the other.
 
-    Per tile the [DK, BV] slice of the state lives in registers through all the segment's chunks; a
-    chunk's q, k, W and q-k rows are the same for every tile, so later tiles can find them in L1.
+    Per tile the [DK, BV] slice of the state lives in registers through all the segment's chunks. Each step
+    stores the state at the chunk's start (h) and v_new = U - W S, then moves S to the chunk's end: only the
+    two products the recurrence needs are sequential; the outputs come from `_chunk_output_kernel`.
     """
     segment = tl.program_id(0)
     head = tl.program_id(1)
@@ -253,29 +256,58 @@ def _state_scan_kernel(
             base = chunk * heads + head
             tok = tl.load(chunk_tokens_ptr + chunk * L + i)
             ok = tok < total
-            q = tl.load(q_ptr + tok[:, None] * stride_qt + key_head * stride_qh + dk[None, :],
-                        mask=ok[:, None], other=0.0)
             k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :],
                         mask=ok[:, None], other=0.0)
             w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :], mask=ok[:, None], other=0.0)
             u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :], mask=ok[:, None], other=0.0)
-            causal = ok[:, None] & (i[:, None] >= i[None, :])
-            a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :], mask=causal, other=0.0)
-            q_gate = tl.load(q_gate_ptr + base * L + i)
             k_gate = tl.load(k_gate_ptr + base * L + i)
             decay = tl.load(decay_ptr + base)
 
+            tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], state.to(h_ptr.dtype.element_ty))
             # products take their operands in the storage dtype of W, U and the q-k block
-            state_op = state.to(w.dtype)
-            v_new = u.to(tl.float32) - tl.dot(w, state_op, input_precision=PREC)
-            out = q_gate[:, None] * tl.dot(q.to(w.dtype), state_op, input_precision=PREC)
-            out += tl.dot(a, v_new.to(w.dtype), input_precision=PREC)
-            tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+            v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
+            tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :],
+                     v_new.to(v_new_ptr.dtype.element_ty), mask=ok[:, None])
             update = (k_gate[:, None] * v_new).to(w.dtype)
             state = state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
         if final_row >= 0:
             tl.store(state_ptrs + final_row * stride_sr, state)
+
+
+@triton.jit
+def _chunk_output_kernel(
+    q_ptr, a_ptr, q_gate_ptr, v_new_ptr, h_ptr, out_ptr, chunk_tokens_ptr,
+    total,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, L: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """One (chunk, value head, V tile): o = (q exp(cum)) S_j + (q K^T * Gamma) v_new for the chunk's tokens.
+
+    S_j (h) is the state at the chunk's start and v_new the chunk's corrected values, both left by the scan.
+    All-padding chunks return at once.
+    """
+    chunk = tl.program_id(0)
+    head = tl.program_id(1)
+    if tl.load(chunk_tokens_ptr + chunk * L) >= total:
+        return
+    base = chunk * tl.num_programs(1) + head
+    i = tl.arange(0, L)
+    dk = tl.arange(0, DK)
+    cols = tl.program_id(2) * BV + tl.arange(0, BV)
+    tok = tl.load(chunk_tokens_ptr + chunk * L + i)
+    ok = tok < total
+    q = tl.load(q_ptr + tok[:, None] * stride_qt + (head // GROUP) * stride_qh + dk[None, :],
+                mask=ok[:, None], other=0.0)
+    h = tl.load(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :])
+    q_gate = tl.load(q_gate_ptr + base * L + i)
+    a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :], mask=ok[:, None] & (i[:, None] >= i[None, :]),
+                other=0.0)
+    v_new = tl.load(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :], mask=ok[:, None], other=0.0)
+    out = q_gate[:, None] * tl.dot(q.to(h.dtype), h, input_precision=PREC)
+    out += tl.dot(a, v_new, input_precision=PREC)
+    tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
 def gated_delta_triton(
@@ -287,24 +319,27 @@ def gated_delta_triton(
     plan: DeltaPlan,
     states: torch.Tensor,
     *,
-    block_v: int = 64,
-    split_v: int = 2,
+    block_v: int = 32,
+    split_v: int | None = None,
     sub_block: int = 16,
     prep_warps: int = 4,
     scan_warps: int = 4,
-    scan_stages: int = 1,
+    scan_stages: int = 2,
+    out_block_v: int = 64,
+    out_warps: int = 4,
     store_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
     Only stream tokens that belong to a segment of `plan` get an output row (plan_round covers all).
-    Dk and Dv must be powers of two >= 16. The keyword arguments are tuning knobs for benchmarks; the
-    defaults are the best of the H200 sweep on rounds (a) and (b) (benchmarks/results): the scan's V tile
-    (64 columns) and V split (2 programs per segment and head), the prep kernel's sub-block rows (16, 32
-    or 64), warps of both kernels, and the scan's pipeline depth. `store_dtype` (default:
-    the inputs' dtype) is the dtype of the stored W, U and q-k block, and so of the scan's product
-    operands: float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
-    On CUDA the V tile must be at least 32 columns: compiled for the H200 with 16-column tiles, the scan
+    Dk and Dv must be powers of two >= 16. The keyword arguments are tuning knobs for benchmarks: the
+    scan's V tile (`block_v` columns) and V split (`split_v` programs per segment and head, each doing
+    Dv / block_v / split_v tiles in turn; default: one tile per program), the prep kernel's sub-block rows
+    (16, 32 or 64), the warps of the three kernels, the scan's pipeline depth, and the output kernel's V
+    tile (`out_block_v`). `store_dtype` (default: the inputs' dtype) is the dtype of the stored W, U, q-k
+    block, per-chunk start states and v_new, and so of the product operands of the scan and the output
+    kernel: float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
+    On CUDA the V tiles must be at least 32 columns: compiled for the H200 with 16-column tiles, the scan
     returned non-finite values (benchmarks/results, check-gdn-bf16); the interpreter is not affected.
     """
     total, v_heads, dv = v.shape
@@ -316,11 +351,20 @@ def gated_delta_triton(
         raise ValueError("the state table must be float32 with a unit last stride")
     if sub_block < 16 or sub_block & (sub_block - 1) or GDN_CHUNK % sub_block:
         raise ValueError(f"sub_block = {sub_block} must be a power of two in [16, {GDN_CHUNK}]")
+    min_tile = 32 if q.is_cuda else 16
+    bv = min(block_v, dv)
+    split = min(split_v or dv, dv // bv) if bv > 0 else 0
+    if bv < min_tile or bv & (bv - 1) or split < 1 or dv % (bv * split):
+        raise ValueError(f"block_v = {bv} and split_v = {split} do not tile Dv = {dv}")
+    obv = min(out_block_v, dv)
+    if obv < min_tile or obv & (obv - 1):
+        raise ValueError(f"out_block_v = {obv} does not tile Dv = {dv}")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     store = store_dtype or q.dtype
     chunk = GDN_CHUNK
+    group = v_heads // k_heads
     for level in plan.levels:
         chunks, segments = level.chunk_tokens.shape[0], level.init_row.shape[0]
         w = torch.empty(chunks, v_heads, chunk, dk, dtype=store, device=q.device)
@@ -336,19 +380,24 @@ def gated_delta_triton(
             total, dk**-0.5, L2_EPS,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-            GROUP=v_heads // k_heads, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
+            GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
             COLS=min(dk, dv, 64), PREC=prec, num_warps=prep_warps,
         )
-        bv, split = min(block_v, dv), min(split_v, dv // min(block_v, dv))
-        if bv < (32 if q.is_cuda else 16) or dv % (bv * split):
-            raise ValueError(f"block_v = {bv} and split_v = {split} do not tile Dv = {dv}")
+        # written by the scan for every chunk of a segment: the state at the chunk's start, v_new = U - W S
+        h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
+        v_new = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
         _state_scan_kernel[(segments, v_heads, split)](
-            q, k, w, u, a, q_gate, k_gate, decay, out, states,
+            k, w, u, k_gate, decay, v_new, h, states,
             level.chunk_tokens, level.chunk_count, level.step_start, level.init_row, level.final_row,
             total,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), out.stride(0), out.stride(1),
-            states.stride(0), states.stride(1), states.stride(2),
-            GROUP=v_heads // k_heads, DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
+            k.stride(0), k.stride(1), states.stride(0), states.stride(1), states.stride(2),
+            GROUP=group, DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
             num_warps=scan_warps, num_stages=scan_stages,
+        )
+        _chunk_output_kernel[(chunks, v_heads, dv // obv)](
+            q, a, q_gate, v_new, h, out, level.chunk_tokens,
+            total,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            GROUP=group, DK=dk, DV=dv, BV=obv, L=chunk, PREC=prec, num_warps=out_warps,
         )
     return out
