@@ -1,9 +1,11 @@
-"""The op interface the model forward calls for its three stream-structured operations.
+"""The op interface the model forward calls for its stream-structured operations and its fused norms.
 
 The model never touches request structure itself: attention, the gated delta rule and the short
-convolution read it from the round's metadata through these three functions. `reference_ops` binds the
-pure-torch definitions (CPU, and CUDA until the Triton kernels replace them); a kernel set drops in by
-providing another `Ops` with the same signatures.
+convolution read it from the round's metadata through the first three functions. The RMS norms (plain,
+with the residual add folded in, and the Gated DeltaNet's gated one) go through here too, so that each is
+one kernel on CUDA instead of a chain of elementwise ops. `reference_ops` binds the pure-torch definitions
+(CPU); `kernel_ops()` the Triton kernels; another kernel set drops in by providing an `Ops` with the same
+signatures.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ import torch
 
 from flide_sdk.kernels.fork_attention import fork_attention_reference
 from flide_sdk.kernels.gated_delta import gated_delta_reference
+from flide_sdk.kernels.rms_norm import (
+    add_rms_norm_reference,
+    gated_rms_norm_reference,
+    rms_norm_reference,
+)
 from flide_sdk.kernels.short_conv import indexed_conv_reference
 from flide_sdk.layout import AttentionPlan, DeltaPlan
 
@@ -30,26 +37,46 @@ class Ops:
         [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, DeltaPlan, torch.Tensor], torch.Tensor
     ]
     indexed_conv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+    """(x [..., D], weight [D], eps) -> x / rms(x) * (1 + weight) in x's dtype."""
+    add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+    """(x, delta, weight, eps) -> (s = x + delta, rms_norm(s, weight, eps))."""
+    gated_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+    """(x [..., D], gate [..., D], weight [D], eps) -> weight * rmsnorm(x) * silu(gate) in x's dtype."""
 
 
 reference_ops = Ops(
     fork_attention=fork_attention_reference,
     gated_delta=gated_delta_reference,
     indexed_conv=indexed_conv_reference,
+    rms_norm=rms_norm_reference,
+    add_rms_norm=add_rms_norm_reference,
+    gated_rms_norm=gated_rms_norm_reference,
 )
-
 
 
 def kernel_ops() -> Ops:
     """The Triton kernels (used on CUDA; on CPU they run only under TRITON_INTERPRET=1, for tests)."""
     from flide_sdk.kernels.fork_attention import fork_attention_triton
     from flide_sdk.kernels.gated_delta import gated_delta_triton
+    from flide_sdk.kernels.rms_norm import (
+        add_rms_norm_triton,
+        gated_rms_norm_triton,
+        rms_norm_triton,
+    )
     from flide_sdk.kernels.short_conv import indexed_conv_triton
 
     # float32 W/U/q-k blocks in the Gated DeltaNet scan: with 16-bit storage the bf16 engine's answers drifted
     # further from float32 than transformers' own bf16 (benchmarks/results, fidelity); exactness first
     gated_delta = functools.partial(gated_delta_triton, store_dtype=torch.float32, scan_warps=8)
-    return Ops(fork_attention=fork_attention_triton, gated_delta=gated_delta, indexed_conv=indexed_conv_triton)
+    return Ops(
+        fork_attention=fork_attention_triton,
+        gated_delta=gated_delta,
+        indexed_conv=indexed_conv_triton,
+        rms_norm=rms_norm_triton,
+        add_rms_norm=add_rms_norm_triton,
+        gated_rms_norm=gated_rms_norm_triton,
+    )
 
 
 def ops_for(device: torch.device) -> Ops:

@@ -3,7 +3,9 @@
 Parameter names mirror the Hugging Face checkpoints (`layers.N.linear_attn.in_proj_qkv.weight`, ...), so a
 state dict loads by name. The forward reads request structure only through `RoundTensors` and the three
 stream ops of `flide_sdk.ops`; everything else is per-token dense math, written to match
-transformers' `Qwen3_5ForCausalLM` operation for operation:
+transformers' `Qwen3_5ForCausalLM` operation for operation. The RMS norms go through `flide_sdk.ops` too
+(fused kernels on CUDA), and each residual add is folded into the norm that reads its result: a layer returns
+its MLP output still to be added, and the next layer's input norm (or the final norm) adds it as it reads it.
 RMSNorm scales by (1 + w); attention queries carry an output gate (sigmoid) and q/k are RMS-normalised per
 head before a partial rotary embedding; Gated DeltaNet runs a SiLU short convolution over q|k|v, decay
 g = -exp(A_log) * softplus(a + dt_bias), rate beta = sigmoid(b), and a gated RMSNorm (w * norm(o) * silu(z)).
@@ -106,20 +108,6 @@ class Qwen35Config:
         )
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Zero-centred RMSNorm of Qwen3.5: x / rms(x) * (1 + w), computed in float32."""
-    xf = x.float()
-    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed * (1.0 + weight.float())).to(x.dtype)
-
-
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """w * rmsnorm(x) * silu(gate), as the Gated DeltaNet output norm."""
-    xf = x.float()
-    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (weight * normed * F.silu(gate.float())).to(x.dtype)
-
-
 def rotary_tables(positions: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [T, rotary_dim] for positions, frequencies computed in float32 and cast to `dtype`."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=positions.device) / rotary_dim
@@ -159,12 +147,20 @@ class Weight(nn.Module):
 
 
 class RMSNorm(Weight):
+    """Zero-centred RMSNorm (`flide_sdk.kernels.rms_norm`) over the last dimension, through the op set."""
+
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__(dim)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: torch.Tensor, delta: torch.Tensor | None, ops: Ops) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, its norm) in one pass; with no delta, (x, norm of x)."""
+        if delta is None:
+            return x, self(x, ops)
+        return ops.add_rms_norm(x, delta, self.weight, self.eps)
 
 
 class MLP(nn.Module):
@@ -200,8 +196,8 @@ class GatedAttention(nn.Module):
         h_q = h if rows is None else h[rows]
         cos_q, sin_q = (cos, sin) if rows is None else (cos[rows], sin[rows])
         q, gate = self.q_proj(h_q).view(h_q.shape[0], c.num_heads, 2 * c.head_dim).chunk(2, dim=-1)
-        q = apply_rotary(self.q_norm(q), cos_q, sin_q)
-        k = apply_rotary(self.k_norm(self.k_proj(h).view(h.shape[0], c.num_kv_heads, c.head_dim)), cos, sin)
+        q = apply_rotary(self.q_norm(q, ops), cos_q, sin_q)
+        k = apply_rotary(self.k_norm(self.k_proj(h).view(h.shape[0], c.num_kv_heads, c.head_dim), ops), cos, sin)
         v = self.v_proj(h).view(h.shape[0], c.num_kv_heads, c.head_dim)
         k_cache, v_cache = cache
         k_cache[rnd.checkpoint.kv_slots] = k  # tokens that are not saved go to the pool's sink slot
@@ -252,7 +248,7 @@ class GatedDeltaNet(nn.Module):
         z = self.in_proj_z(h if rows is None else h[rows])
         if rows is not None:
             core = core[rows]
-        out = gated_rms_norm(core, z.view(-1, c.gdn_value_heads, c.gdn_value_dim), self.norm.weight, c.rms_norm_eps)
+        out = ops.gated_rms_norm(core, z.view(-1, c.gdn_value_heads, c.gdn_value_dim), self.norm.weight, c.rms_norm_eps)
         return self.out_proj(out.reshape(out.shape[0], -1))
 
 
@@ -269,12 +265,25 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None, cache: LayerCache
-    ) -> torch.Tensor:
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        rnd: RoundTensors,
+        ops: Ops,
+        rope: tuple,
+        rows: torch.Tensor | None,
+        cache: LayerCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer on the residual stream x + delta (no delta: x alone); returns (x, delta) the same way.
+
+        The returned delta is the MLP's output, left for the next norm to add. With `rows`, everything after
+        the token mixer runs at those rows only, so the returned pair has one row per readout row.
+        """
         mixer = self.self_attn if self.is_attention else self.linear_attn
-        mixed = mixer(self.input_layernorm(x), rnd, ops, rope, rows, cache)
-        x = (x if rows is None else x[rows]) + mixed
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.input_layernorm.add(x, delta, ops)
+        mixed = mixer(h, rnd, ops, rope, rows, cache)
+        x, h = self.post_attention_layernorm.add(x if rows is None else x[rows], mixed, ops)
+        return x, self.mlp(h)
 
 
 class Qwen35Model(nn.Module):
@@ -302,9 +311,10 @@ class Qwen35Model(nn.Module):
         x = F.embedding(rnd.ids, self.embed_tokens.weight)
         rope = rotary_tables(rnd.positions, c.rotary_dim, c.rope_theta, x.dtype)
         last = len(self.layers) - 1
+        delta = None  # each layer's MLP output, added to the stream by the next norm
         for index, (layer, cache) in enumerate(zip(self.layers, caches)):
-            x = layer(x, rnd, ops, rope, rnd.readout.rows if index == last else None, cache)
-        h = self.norm(x)  # [R, hidden]
+            x, delta = layer(x, delta, rnd, ops, rope, rnd.readout.rows if index == last else None, cache)
+        _, h = self.norm.add(x, delta, ops)  # [R, hidden]
         label_ids = rnd.readout.label_ids  # [R, L], -1 where a question has fewer labels
         label_rows = self.head_weight()[label_ids.clamp(min=0)]  # [R, L, hidden]
         logits = torch.einsum("rh,rlh->rl", h, label_rows).float()

@@ -1,0 +1,164 @@
+"""The RMS norms of Qwen3.5, row-wise over the last dimension, each fused into one pass.
+
+- `rms_norm`: zero-centred RMSNorm, x / sqrt(mean(x^2) + eps) * (1 + w), computed in float32 and cast to
+  x's dtype (the decoder layers' norms, the final norm, and attention's per-head q/k norms with the head
+  dimension as the row).
+- `add_rms_norm`: the residual add folded into the norm after it: s = x + delta in x's dtype, and
+  rms_norm(s). Returns (s, normed), so the residual stream and the next sublayer's input come out of one
+  read of x and delta.
+- `gated_rms_norm`: the Gated DeltaNet output norm, w * rmsnorm(x) * silu(gate), with the casts of
+  transformers' version: normalise in float32, cast to x's dtype, multiply by w (rounded to the product's
+  dtype), multiply by silu(gate) in float32, cast to x's dtype.
+
+`*_reference` are the definitions (torch, used on CPU); `*_triton` the kernels behind the same contracts.
+A program normalises a block of whole rows held in registers (rows up to a few thousand wide, the
+hidden size included), accumulating in float32. Launch shapes depend on tensor shapes only, so the
+kernels are CUDA-graph safe. Leading dimensions are flattened into rows; the last one must be the row.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+TILE = 4096  # elements a program holds: a block of rows of the padded width (at least one row)
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm of Qwen3.5: x / rms(x) * (1 + w), computed in float32."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * (1.0 + weight.float())).to(x.dtype)
+
+
+def add_rms_norm_reference(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, rms_norm(s)) with s = x + delta: a residual add and the norm that reads its result."""
+    total = x + delta
+    return total, rms_norm_reference(total, weight, eps)
+
+
+def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """w * rmsnorm(x) * silu(gate), as the Gated DeltaNet output norm."""
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (weight * normed * F.silu(gate.float())).to(x.dtype)
+
+
+@triton.jit
+def _normalise(x, width, eps):
+    """x [BR, BN] float32, zero outside the row, times the reciprocal RMS of its row."""
+    mean_square = tl.sum(x * x, axis=1) / width
+    return x * tl.rsqrt(mean_square + eps)[:, None]
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, delta_ptr, weight_ptr, sum_ptr, out_ptr, rows, width, eps,
+    stride_x, stride_delta, stride_sum, stride_out,
+    HAS_DELTA: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+):
+    row = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
+    col = tl.arange(0, BN)
+    col_ok = col < width
+    ok = (row < rows)[:, None] & col_ok[None, :]
+    x = tl.load(x_ptr + row[:, None] * stride_x + col[None, :], mask=ok, other=0.0)
+    if HAS_DELTA:
+        delta = tl.load(delta_ptr + row[:, None] * stride_delta + col[None, :], mask=ok, other=0.0)
+        x = (x.to(tl.float32) + delta.to(tl.float32)).to(sum_ptr.dtype.element_ty)  # the sum, rounded as stored
+        tl.store(sum_ptr + row[:, None] * stride_sum + col[None, :], x, mask=ok)
+    normed = _normalise(x.to(tl.float32), width, eps)
+    weight = tl.load(weight_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
+    out = normed * (1.0 + weight)[None, :]
+    tl.store(out_ptr + row[:, None] * stride_out + col[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _gated_rms_norm_kernel(
+    x_ptr, gate_ptr, weight_ptr, out_ptr, rows, width, eps,
+    stride_x, stride_gate, stride_out,
+    ROUND_PRODUCT: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+):
+    row = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
+    col = tl.arange(0, BN)
+    col_ok = col < width
+    ok = (row < rows)[:, None] & col_ok[None, :]
+    dtype = out_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row[:, None] * stride_x + col[None, :], mask=ok, other=0.0).to(tl.float32)
+    normed = _normalise(x, width, eps).to(dtype).to(tl.float32)
+    weight = tl.load(weight_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
+    scaled = weight[None, :] * normed
+    if ROUND_PRODUCT:  # w and x share a 16-bit dtype: torch rounds w * normed to it
+        scaled = scaled.to(dtype).to(tl.float32)
+    gate = tl.load(gate_ptr + row[:, None] * stride_gate + col[None, :], mask=ok, other=0.0).to(tl.float32)
+    out = scaled * (gate * tl.sigmoid(gate))
+    tl.store(out_ptr + row[:, None] * stride_out + col[None, :], out.to(dtype), mask=ok)
+
+
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, width] with unit column stride (a view where the layout allows, e.g. q's chunk of q|gate)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _launch(rows: int, width: int) -> tuple[tuple[int], dict[str, int]]:
+    """Grid and block sizes: BR whole rows of padded width BN per program."""
+    block_n = triton.next_power_of_2(width)
+    block_r = max(1, TILE // block_n)
+    warps = 8 if block_r * block_n >= 8192 else 4
+    return (triton.cdiv(rows, block_r),), {"BR": block_r, "BN": block_n, "num_warps": warps}
+
+
+def _norm(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    width = x.shape[-1]
+    xs = _as_rows(x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    total = torch.empty_like(out) if delta is not None else None
+    if xs.shape[0]:
+        ds = _as_rows(delta) if delta is not None else xs
+        sums = total.view(-1, width) if total is not None else xs  # never written without a delta
+        outs = out.view(-1, width)
+        grid, blocks = _launch(xs.shape[0], width)
+        _rms_norm_kernel[grid](
+            xs, ds, weight.contiguous(), sums, outs, xs.shape[0], width, eps,
+            xs.stride(0), ds.stride(0), sums.stride(0), outs.stride(0),
+            HAS_DELTA=delta is not None, **blocks,
+        )
+    return total, out
+
+
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The Triton kernel behind the contract of `rms_norm_reference` (x [..., width], weight [width])."""
+    return _norm(x, None, weight, eps)[1]
+
+
+def add_rms_norm_triton(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton kernel behind the contract of `add_rms_norm_reference` (x and delta of one shape and dtype)."""
+    if delta.shape != x.shape or delta.dtype != x.dtype:
+        raise ValueError(f"add_rms_norm: delta {tuple(delta.shape)} {delta.dtype} vs x {tuple(x.shape)} {x.dtype}")
+    return _norm(x, delta, weight, eps)
+
+
+def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The Triton kernel behind the contract of `gated_rms_norm_reference` (x and gate [..., width])."""
+    if gate.shape != x.shape:
+        raise ValueError(f"gated_rms_norm: gate {tuple(gate.shape)} vs x {tuple(x.shape)}")
+    width = x.shape[-1]
+    xs, gs = _as_rows(x), _as_rows(gate)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if xs.shape[0]:
+        outs = out.view(-1, width)
+        grid, blocks = _launch(xs.shape[0], width)
+        _gated_rms_norm_kernel[grid](
+            xs, gs, weight.contiguous(), outs, xs.shape[0], width, eps,
+            xs.stride(0), gs.stride(0), outs.stride(0),
+            ROUND_PRODUCT=weight.dtype == x.dtype, **blocks,
+        )
+    return out

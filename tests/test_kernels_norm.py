@@ -1,0 +1,116 @@
+"""The RMS-norm Triton kernels (interpreter on CPU) against their torch references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flide_sdk.kernels.rms_norm import (
+    add_rms_norm_reference,
+    add_rms_norm_triton,
+    gated_rms_norm_reference,
+    gated_rms_norm_triton,
+    rms_norm_reference,
+    rms_norm_triton,
+)
+
+EPS = 1e-6
+WIDTHS = [16, 64, 1000, 1024]  # 1000: a row narrower than its power-of-two block
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+STEP = {torch.bfloat16: 2**-7, torch.float16: 2**-10}  # spacing of values relative to their size, at most
+
+
+def inputs(shape: tuple[int, ...], dtype: torch.dtype, seed: int, scale: float = 3.0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=generator) * scale + 0.5).to(dtype)
+
+
+def check(got: torch.Tensor, expected: torch.Tensor, roundings: int = 1) -> None:
+    """float32: relative error <= 1e-5. 16-bit: each of the definition's `roundings` may land one step apart.
+
+    Bit equality is not asked of bf16 outputs: Triton's interpreter rounds float32 -> bf16 casts toward zero
+    (the GPU rounds to nearest even), up to one bf16 step (2^-7 relative) per cast. It rounds float16 casts to
+    nearest, as torch does, so float16 outputs must be torch's bits, save ties moved by float32 noise in the
+    sum of squares: that pins the cast order.
+    """
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    if expected.dtype == torch.float32:
+        assert float((got - expected).norm() / expected.norm()) <= 1e-5
+        return
+    step = STEP[expected.dtype]
+    if expected.dtype == torch.float16:
+        assert float((got != expected).float().mean()) <= 1e-3
+    got, expected = got.float(), expected.float()
+    assert bool(((got - expected).abs() <= (roundings + 0.5) * step * expected.abs()).all())
+
+
+def is_rounding_of(got: torch.Tensor, exact: torch.Tensor) -> bool:
+    """Whether `got` is the float32 values `exact` rounded to got's dtype (bf16: to nearest or toward zero)."""
+    nearest = exact.to(got.dtype)
+    if got.dtype != torch.bfloat16:
+        return torch.equal(got, nearest)
+    toward_zero = (exact.view(torch.int32) & ~0xFFFF).view(torch.float32).to(got.dtype)  # exact in bf16
+    return bool(((got == nearest) | (got == toward_zero)).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_rms_norm_matches_reference(width: int, dtype: torch.dtype):
+    x = inputs((37, width), dtype, seed=width)
+    weight = inputs((width,), dtype, seed=width + 1, scale=0.1)
+    check(rms_norm_triton(x, weight, EPS), rms_norm_reference(x, weight, EPS))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_add_rms_norm_matches_reference(width: int, dtype: torch.dtype):
+    x = inputs((29, width), dtype, seed=width)
+    delta = inputs((29, width), dtype, seed=width + 2, scale=1.0)
+    weight = inputs((width,), dtype, seed=width + 1, scale=0.1)
+    total, normed = add_rms_norm_triton(x, delta, weight, EPS)
+    expected_total, expected = add_rms_norm_reference(x, delta, weight, EPS)
+    assert total.dtype == expected_total.dtype == dtype
+    assert is_rounding_of(total, x.float() + delta.float())  # the residual stream: one float32 add, one rounding
+    check(normed, expected, roundings=2)  # the sum, then the norm
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_gated_rms_norm_matches_reference(width: int, dtype: torch.dtype):
+    x = inputs((3, 11, width), dtype, seed=width)  # [T, heads, Dv] as GatedDeltaNet calls it
+    gate = inputs((3, 11, width), dtype, seed=width + 2, scale=2.0)
+    weight = inputs((width,), dtype, seed=width + 1, scale=0.1) + 1.0
+    check(gated_rms_norm_triton(x, gate, weight, EPS), gated_rms_norm_reference(x, gate, weight, EPS), roundings=3)
+
+
+def test_gated_rms_norm_float32_weight_on_bf16_rows():
+    """A float32 weight makes torch keep w * normed in float32: one rounding fewer than with a bf16 weight."""
+    x, gate = inputs((9, 128), torch.bfloat16, seed=1), inputs((9, 128), torch.bfloat16, seed=2)
+    weight = inputs((128,), torch.float32, seed=3, scale=0.1) + 1.0
+    check(gated_rms_norm_triton(x, gate, weight, EPS), gated_rms_norm_reference(x, gate, weight, EPS), roundings=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm_on_strided_head_views(dtype: torch.dtype):
+    """q/k norms: rows are the heads of a [T, H, D] view, here the q half of attention's q|gate projection."""
+    heads, dim = 4, 64
+    projected = inputs((13, heads, 2 * dim), dtype, seed=7)
+    q, _ = projected.chunk(2, dim=-1)
+    assert not q.is_contiguous()
+    weight = inputs((dim,), dtype, seed=8, scale=0.1)
+    got = rms_norm_triton(q, weight, EPS)
+    assert got.shape == q.shape
+    check(got, rms_norm_reference(q, weight, EPS))
+
+
+def test_wide_rows_and_empty_inputs():
+    x = inputs((5, 5120), torch.float32, seed=11)  # the widest hidden size: one row per program
+    delta = inputs((5, 5120), torch.float32, seed=12)
+    weight = inputs((5120,), torch.float32, seed=13, scale=0.1)
+    check(rms_norm_triton(x, weight, EPS), rms_norm_reference(x, weight, EPS))
+    total, normed = add_rms_norm_triton(x, delta, weight, EPS)
+    assert torch.equal(total, x + delta)
+    check(normed, rms_norm_reference(x + delta, weight, EPS))
+    empty = x[:0]
+    assert rms_norm_triton(empty, weight, EPS).shape == (0, 5120)
+    assert add_rms_norm_triton(empty, empty, weight, EPS)[1].shape == (0, 5120)
+    assert gated_rms_norm_triton(empty, empty, weight, EPS).shape == (0, 5120)
