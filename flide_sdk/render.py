@@ -41,7 +41,7 @@ from flide_sdk.history import (
 from flide_sdk.questions import Choice, Content, Noul, Question, Score
 
 LETTERS = tuple(string.ascii_uppercase)
-ENCODE_PIECE_CHARS = 2048  # longer texts are encoded in pieces of about this size, in parallel
+ENCODE_PIECE_CHARS = 512  # longer texts are encoded in pieces of about this size, in parallel
 DIGITS = tuple(string.digits)
 REPLY_CHOICE = "Answer with the letter of one option only."
 REPLY_NOUL = "Answer with yes or no only."
