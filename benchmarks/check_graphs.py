@@ -77,14 +77,18 @@ def main() -> None:
         path = build_random_checkpoint(args.model_size, Path(tmp) / "model")
         results = {}
         answers = {}
-        for graphs in (True, False):
+        for name, graphs, dtype in (("graphs", True, "bfloat16"), ("eager", False, "bfloat16"),
+                                    ("float32", False, "float32")):
             torch.cuda.reset_peak_memory_stats()
-            engine = fl.Engine.load(path, device="cuda", dtype="bfloat16", graphs=graphs)
+            engine = fl.Engine.load(path, device="cuda", dtype=dtype, graphs=graphs)
             state, questions = quality_request(engine.renderer)
             passages = race_requests(40)
-            answers[graphs] = asyncio.run(workload(engine, state, questions, passages))
+            answers[name] = np.array(asyncio.run(workload(engine, state, questions, passages)))
+            if name == "float32":
+                engine.close()
+                continue
             latency = [asyncio.run(lone_latency(engine, state, count)) for count in (1, 16, 64)]
-            results["graphs" if graphs else "eager"] = {
+            results[name] = {
                 "lone_latency": latency,
                 "stats": engine.stats(),
                 "peak_memory_bytes": torch.cuda.max_memory_allocated(),
@@ -92,13 +96,16 @@ def main() -> None:
             engine.close()
             del engine
             torch.cuda.empty_cache()
-        diff = np.abs(np.array(answers[True]) - np.array(answers[False]))
+        diff = np.abs(answers["graphs"] - answers["eager"])
+        to_float32 = {name: np.abs(answers[name] - answers["float32"]) for name in ("graphs", "eager")}
         write_result(f"check_graphs-{args.model_size}", {
             **run_metadata(f"python benchmarks/check_graphs.py --model-size {args.model_size}"),
             "model_size": args.model_size,
             "probabilities_compared": len(diff),
             "max_abs_dp_graph_vs_eager": float(diff.max()),
             "mean_abs_dp_graph_vs_eager": float(diff.mean()),
+            "bf16_rounding_scale": {f"{name}_vs_float32_{stat}": float(getattr(np, stat)(value))
+                                    for name, value in to_float32.items() for stat in ("mean", "max")},
             "graph_engine_eager_runs": results["graphs"]["stats"]["eager_runs"],
             **results,
         })
