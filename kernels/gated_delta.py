@@ -132,7 +132,7 @@ def _unit_lower_inverse(n, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, PREC: tl.c
 @triton.jit
 def _chunk_prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, chunk_tokens_ptr,
-    w_ptr, u_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
+    w_ptr, u_ptr, a_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
     total, scale, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
@@ -167,6 +167,8 @@ def _chunk_prep_kernel(
     gamma = tl.exp(tl.where(row >= col, cum[:, None] - cum[None, :], float("-inf")))
     q = tl.load(q_ptr + tok[:, None] * stride_qt + key_head * stride_qh + dk[None, :], mask=ok[:, None], other=0.0)
     k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :], mask=ok[:, None], other=0.0)
+    # the chunk's raw key rows, contiguous and zero on padding rows, for the scan's update products
+    tl.store(k_rows_ptr + base * L * DK + row * DK + dk[None, :], k)
     q32 = q.to(tl.float32)
     k32 = k.to(tl.float32)
     q_rnorm = tl.math.rsqrt(tl.sum(q32 * q32, axis=1) + eps) * scale
@@ -204,30 +206,32 @@ def _chunk_prep_kernel(
             tl.store(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :], inverse[b * (b + 1) // 2 + c])
     tl.debug_barrier()
 
-    # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers)
+    # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers);
+    # padding rows are stored as zeros, so the scan reads whole chunks without masks
     t = tl.load(scratch + row * L + col, mask=row // SUB >= col // SUB, other=0.0)
     for c0 in tl.static_range(0, DV, COLS):
         cols = c0 + tl.arange(0, COLS)
         v_cols = tl.load(v_ptr + tok[:, None] * stride_vt + head * stride_vh + cols[None, :],
                          mask=ok[:, None], other=0.0)
         u = tl.dot(t, beta[:, None] * v_cols.to(tl.float32), input_precision=PREC)
-        tl.store(u_ptr + base * L * DV + row * DV + cols[None, :], u.to(u_ptr.dtype.element_ty), mask=ok[:, None])
+        u = tl.where(ok[:, None], u, 0.0)
+        tl.store(u_ptr + base * L * DV + row * DV + cols[None, :], u.to(u_ptr.dtype.element_ty))
     k_scale = beta * k_rnorm * tl.exp(cum)
     for c0 in tl.static_range(0, DK, COLS):
         cols = c0 + tl.arange(0, COLS)
         k_cols = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + cols[None, :],
                          mask=ok[:, None], other=0.0)
         w = tl.dot(t, k_scale[:, None] * k_cols.to(tl.float32), input_precision=PREC)
-        tl.store(w_ptr + base * L * DK + row * DK + cols[None, :], w.to(w_ptr.dtype.element_ty), mask=ok[:, None])
+        w = tl.where(ok[:, None], w, 0.0)
+        tl.store(w_ptr + base * L * DK + row * DK + cols[None, :], w.to(w_ptr.dtype.element_ty))
 
 
 @triton.jit
 def _state_scan_kernel(
-    k_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
-    chunk_tokens_ptr, chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr,
-    total,
-    stride_kt, stride_kh, stride_sr, stride_sh, stride_sk,
-    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
+    k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
+    chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr,
+    stride_sr, stride_sh, stride_sk,
+    DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
     L: tl.constexpr, PREC: tl.constexpr,
 ):
     """One (segment, value head, V split): TILES V tiles of BV columns, one after the other.
@@ -235,6 +239,7 @@ def _state_scan_kernel(
     Per tile the [DK, BV] slice of the state lives in registers through all the segment's chunks. Each step
     stores the state at the chunk's start (h) and v_new = U - W S, then moves S to the chunk's end: only the
     two products the recurrence needs are sequential; the outputs come from `_chunk_output_kernel`.
+    Everything a step reads is contiguous per (chunk, head), zero on padding rows: no gathers, no masks.
     """
     segment = tl.program_id(0)
     head = tl.program_id(1)
@@ -243,7 +248,6 @@ def _state_scan_kernel(
     if (steps == 0) & (final_row < 0):
         return
     heads = tl.num_programs(1)
-    key_head = head // GROUP
     init_row = tl.load(init_row_ptr + segment)
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
@@ -254,20 +258,16 @@ def _state_scan_kernel(
         for j in range(steps):
             chunk = tl.load(step_start_ptr + j) + segment
             base = chunk * heads + head
-            tok = tl.load(chunk_tokens_ptr + chunk * L + i)
-            ok = tok < total
-            k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :],
-                        mask=ok[:, None], other=0.0)
-            w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :], mask=ok[:, None], other=0.0)
-            u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :], mask=ok[:, None], other=0.0)
+            k = tl.load(k_rows_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
+            w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
+            u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
             k_gate = tl.load(k_gate_ptr + base * L + i)
             decay = tl.load(decay_ptr + base)
 
             tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], state.to(h_ptr.dtype.element_ty))
             # products take their operands in the storage dtype of W, U and the q-k block
             v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
-            tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :],
-                     v_new.to(v_new_ptr.dtype.element_ty), mask=ok[:, None])
+            tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :], v_new.to(v_new_ptr.dtype.element_ty))
             update = (k_gate[:, None] * v_new).to(w.dtype)
             state = state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
         if final_row >= 0:
@@ -303,7 +303,7 @@ def _chunk_output_kernel(
     q_gate = tl.load(q_gate_ptr + base * L + i)
     a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :], mask=ok[:, None] & (i[:, None] >= i[None, :]),
                 other=0.0)
-    v_new = tl.load(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :], mask=ok[:, None], other=0.0)
+    v_new = tl.load(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
     out = q_gate[:, None] * tl.dot(q.to(h.dtype), h, input_precision=PREC)
     out += tl.dot(a, v_new, input_precision=PREC)
     tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
@@ -370,13 +370,14 @@ def gated_delta_triton(
         w = torch.empty(chunks, v_heads, chunk, dk, dtype=store, device=q.device)
         u = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
         a = torch.empty(chunks, v_heads, chunk, chunk, dtype=store, device=q.device)
+        k_rows = torch.empty(chunks, v_heads, chunk, dk, dtype=k.dtype, device=q.device)
         q_gate = torch.empty(chunks, v_heads, chunk, dtype=torch.float32, device=q.device)
         k_gate = torch.empty_like(q_gate)
         decay = torch.empty(chunks, v_heads, dtype=torch.float32, device=q.device)
         system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
         _chunk_prep_kernel[(chunks, v_heads)](
             q, k, v, g, beta, level.chunk_tokens,
-            w, u, a, q_gate, k_gate, decay, system,
+            w, u, a, k_rows, q_gate, k_gate, decay, system,
             total, dk**-0.5, L2_EPS,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
@@ -387,11 +388,10 @@ def gated_delta_triton(
         h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
         v_new = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
         _state_scan_kernel[(segments, v_heads, split)](
-            k, w, u, k_gate, decay, v_new, h, states,
-            level.chunk_tokens, level.chunk_count, level.step_start, level.init_row, level.final_row,
-            total,
-            k.stride(0), k.stride(1), states.stride(0), states.stride(1), states.stride(2),
-            GROUP=group, DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
+            k_rows, w, u, k_gate, decay, v_new, h, states,
+            level.chunk_count, level.step_start, level.init_row, level.final_row,
+            states.stride(0), states.stride(1), states.stride(2),
+            DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
             num_warps=scan_warps, num_stages=scan_stages,
         )
         _chunk_output_kernel[(chunks, v_heads, dv // obv)](
