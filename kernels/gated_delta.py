@@ -353,7 +353,7 @@ def gated_delta_triton(
         raise ValueError(f"sub_block = {sub_block} must be a power of two in [16, {GDN_CHUNK}]")
     min_tile = 32 if q.is_cuda else 16
     bv = min(block_v, dv)
-    split = min(split_v or dv, dv // bv) if bv > 0 else 0
+    split = min(split_v or dv, dv // max(bv, 1))
     if bv < min_tile or bv & (bv - 1) or split < 1 or dv % (bv * split):
         raise ValueError(f"block_v = {bv} and split_v = {split} do not tile Dv = {dv}")
     obv = min(out_block_v, dv)
