@@ -84,6 +84,7 @@ def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype)
         shown = ", ".join(prefix + name if name != "lm_head.weight" else name for name in missing[:5])
         raise CheckpointError(f"{path}: {len(missing)} decoder tensors missing, e.g. {shown}")
     model.load_state_dict(found, assign=True)
+    model.fuse_projections()
     return model.eval()
 
 

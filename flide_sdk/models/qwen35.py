@@ -138,6 +138,28 @@ class Linear(nn.Module):
         return F.linear(x, self.weight)
 
 
+class FusedProjections:
+    """Bias-free projections of one input as a single GEMM: one weight matrix whose row blocks are the
+    projections' weights. The projections' parameters become views of it, so their names (checkpoint
+    loading, state_dict) and their memory stay as they were."""
+
+    def __init__(self, linears: Sequence[Linear]) -> None:
+        self.sizes = [linear.weight.shape[0] for linear in linears]
+        self.weight = torch.cat([linear.weight.detach() for linear in linears])
+        offset = 0
+        for linear, size in zip(linears, self.sizes):
+            linear.weight.data = self.weight[offset : offset + size]
+            offset += size
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return F.linear(x, self.weight).split(self.sizes, dim=-1)
+
+
+def project(fused: FusedProjections | None, linears: Sequence[Linear], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The projections of x: one GEMM when fused (`Qwen35Model.fuse_projections`), else one per projection."""
+    return fused(x) if fused is not None else tuple(linear(x) for linear in linears)
+
+
 class Weight(nn.Module):
     """A module holding one uninitialised `weight`, for checkpoint names such as `conv1d.weight`."""
 
@@ -169,9 +191,14 @@ class MLP(nn.Module):
         self.gate_proj = Linear(config.hidden_size, config.intermediate_size)
         self.up_proj = Linear(config.hidden_size, config.intermediate_size)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        self.fused: FusedProjections | None = None
+
+    def fuse(self) -> None:
+        self.fused = FusedProjections([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = project(self.fused, [self.gate_proj, self.up_proj], x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class GatedAttention(nn.Module):
@@ -187,18 +214,27 @@ class GatedAttention(nn.Module):
         self.o_proj = Linear(c.num_heads * c.head_dim, c.hidden_size)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
+        self.fused: FusedProjections | None = None
+
+    def fuse(self) -> None:
+        self.fused = FusedProjections([self.q_proj, self.k_proj, self.v_proj])
 
     def forward(
         self, h: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None, cache: LayerCache
     ) -> torch.Tensor:
         c = self.config
         cos, sin = rope
-        h_q = h if rows is None else h[rows]
-        cos_q, sin_q = (cos, sin) if rows is None else (cos[rows], sin[rows])
-        q, gate = self.q_proj(h_q).view(h_q.shape[0], c.num_heads, 2 * c.head_dim).chunk(2, dim=-1)
+        if rows is None:  # queries at every token: one GEMM for q|gate, k and v
+            h_q, cos_q, sin_q = h, cos, sin
+            q_gate, k, v = project(self.fused, [self.q_proj, self.k_proj, self.v_proj], h)
+        else:  # selective readout: queries at the readout rows only
+            h_q, cos_q, sin_q = h[rows], cos[rows], sin[rows]
+            q_gate = self.q_proj(h_q)
+            k, v = self.k_proj(h), self.v_proj(h)
+        q, gate = q_gate.view(h_q.shape[0], c.num_heads, 2 * c.head_dim).chunk(2, dim=-1)
         q = apply_rotary(self.q_norm(q, ops), cos_q, sin_q)
-        k = apply_rotary(self.k_norm(self.k_proj(h).view(h.shape[0], c.num_kv_heads, c.head_dim), ops), cos, sin)
-        v = self.v_proj(h).view(h.shape[0], c.num_kv_heads, c.head_dim)
+        k = apply_rotary(self.k_norm(k.view(h.shape[0], c.num_kv_heads, c.head_dim), ops), cos, sin)
+        v = v.reshape(h.shape[0], c.num_kv_heads, c.head_dim).contiguous()  # keys and values share a layout
         k_cache, v_cache = cache
         k_cache[rnd.checkpoint.kv_slots] = k  # tokens that are not saved go to the pool's sink slot
         v_cache[rnd.checkpoint.kv_slots] = v
@@ -225,6 +261,10 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.empty(c.gdn_value_heads))
         self.norm = Weight(c.gdn_value_dim)
         self.out_proj = Linear(value_dim, c.hidden_size)
+        self.fused: FusedProjections | None = None
+
+    def fuse(self) -> None:
+        self.fused = FusedProjections([self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a])
 
     def forward(
         self, h: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None, cache: LayerCache
@@ -234,20 +274,19 @@ class GatedDeltaNet(nn.Module):
         key_dim = c.gdn_key_heads * c.gdn_key_dim
         state_cache, window_cache = cache
         plan = rnd.checkpoint
-        qkv = self.in_proj_qkv(h)
+        qkv, z, b, a = project(self.fused, [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a], h)
         windows = window_cache[plan.resume_slots].reshape(-1, c.conv_dim)  # resumed conv inputs (see layout)
         mixed = ops.indexed_conv(qkv, windows, self.conv1d.weight[:, 0, :], rnd.conv_src)
         q, k, v = mixed.split([key_dim, key_dim, c.gdn_value_heads * c.gdn_value_dim], dim=-1)
         q = q.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
         k = k.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
         v = v.view(tokens, c.gdn_value_heads, c.gdn_value_dim)
-        beta = torch.sigmoid(self.in_proj_b(h)).float()
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(h).float() + self.dt_bias.float())
+        beta = torch.sigmoid(b).float()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
         core = ops.gated_delta(q, k, v, g, beta, rnd.delta, state_cache)  # states are read and saved in place
         window_cache[plan.save_slots] = conv_rows(qkv, windows, plan.save_window_src)
-        z = self.in_proj_z(h if rows is None else h[rows])
         if rows is not None:
-            core = core[rows]
+            core, z = core[rows], z[rows]
         out = ops.gated_rms_norm(core, z.view(-1, c.gdn_value_heads, c.gdn_value_dim), self.norm.weight, c.rms_norm_eps)
         return self.out_proj(out.reshape(out.shape[0], -1))
 
@@ -301,6 +340,12 @@ class Qwen35Model(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size)
+
+    def fuse_projections(self) -> None:
+        """Run the projections that read the same input as one GEMM each (after the weights are loaded)."""
+        for layer in self.layers:
+            (layer.self_attn if layer.is_attention else layer.linear_attn).fuse()
+            layer.mlp.fuse()
 
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
