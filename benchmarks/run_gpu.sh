@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark in one device call (the lent H200 has no internet and a bare image).
 # Usage on the device, from the repository root with .whl/ and .bench-data/ carried:
-#   bash benchmarks/run_gpu.sh [step ...]      (steps: attention gdn fidelity check qps passages agent startup;
-#                                               default: the first three)
+#   [SIZES="0.8B 4B"] bash benchmarks/run_gpu.sh [step ...]
+#   steps: attention gdn fidelity check graphs profile qps passages agent startup (default: the first three)
 # JSON results land in $OUT (one file per benchmark) with a combined log. The engine benchmarks (qps passages
 # agent startup) print their JSON to $OUT only; the log gets their targets in one line each.
 set -uo pipefail
@@ -11,6 +11,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla .w
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-attention gdn fidelity}
+sizes=${SIZES:-0.8B 4B}  # model sizes of the per-size steps
 # An engine benchmark against transformers (with flash-linear-attention) at one model size: JSON and stderr
 # in $OUT, the log gets the stderr tail and the targets line.
 engine_bench() {
@@ -24,18 +25,15 @@ for step in $steps; do
   echo "=== $step" | tee -a "$OUT/log.txt"
   case $step in
     attention) for size in 0.8B 4B; do python3 benchmarks/bench_attention.py --model-size $size; done ;;
-    gdn) PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size 0.8B --no-sweep
-         PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size 4B --no-sweep ;;
+    gdn) for size in $sizes; do PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size $size --no-sweep; done ;;
+    graphs) for size in $sizes; do python3 benchmarks/check_graphs.py --model-size $size | tail -c 3000; done ;;
+    profile) for size in $sizes; do python3 benchmarks/profile_round.py --model-size $size | tail -c 3000; done ;;
     fidelity) python3 benchmarks/fidelity.py --model-size 0.8B ;;
     check) python3 benchmarks/check_kernels.py ;;
-    qps) engine_bench questions_per_state 0.8B
-         engine_bench questions_per_state 4B ;;
-    passages) engine_bench short_passages 0.8B
-              engine_bench short_passages 4B ;;
-    agent) engine_bench agent_replay 0.8B
-           engine_bench agent_replay 4B ;;
-    startup) engine_bench startup 0.8B
-             engine_bench startup 4B ;;
+    qps) for size in $sizes; do engine_bench questions_per_state $size; done ;;
+    passages) for size in $sizes; do engine_bench short_passages $size; done ;;
+    agent) for size in $sizes; do engine_bench agent_replay $size; done ;;
+    startup) for size in $sizes; do engine_bench startup $size; done ;;
     *) echo "unknown step $step" ;;
   esac 2>&1 | tail -c 20000 >> "$OUT/log.txt"
 done
