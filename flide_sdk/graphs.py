@@ -11,6 +11,7 @@ readback buffers alternate, so the host can build round k+1 while the device sti
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from flide_sdk.layout import Branches, HostRound, RequestSpec, StateRows, plan_r
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
 from flide_sdk.ops import Ops
 
+LOG = logging.getLogger(__name__)
 BUFFERS = 2  # staging/readback buffers in rotation: rounds that may be in flight at once
 
 
@@ -121,6 +123,7 @@ class GraphRunner:
         )
         for layout in reversed(self._layouts):
             capacity = layout.capacity
+            LOG.debug("capturing the round graph of %d tokens", capacity.tokens)
             device_views = layout.views(self._device_buffer)
             staged = layout.views(self._staging[0].numpy())
             pad_into(placeholder, capacity, staged, self.window_sink, self.kv_sink, self.rows.zero)
@@ -137,8 +140,11 @@ class GraphRunner:
             host_views = [layout.views(buffer.numpy()) for buffer in self._staging]
             self._captured[capacity] = _Captured(layout, graph, probabilities, host_views)
         torch.cuda.synchronize(self.device)
-        return CaptureReport(len(self._captured), time.perf_counter() - started,
-                             torch.cuda.memory_reserved(self.device) - reserved)
+        report = CaptureReport(len(self._captured), time.perf_counter() - started,
+                               torch.cuda.memory_reserved(self.device) - reserved)
+        LOG.info("captured %d CUDA graphs (%d to %d tokens) in %.1f s, %.2f GB", report.graphs,
+                 self.ladder[0].tokens, self.ladder[-1].tokens, report.seconds, report.memory_bytes / 1e9)
+        return report
 
     @property
     def largest(self) -> Capacity:

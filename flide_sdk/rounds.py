@@ -19,6 +19,7 @@ several asks and have them admitted together, deterministically.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -29,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flide_sdk.errors import EngineClosedError
+
+LOG = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -127,8 +130,8 @@ class RoundLoop:
             while self._step():
                 pass
         except BaseException as error:  # a bug in select/launch/finish: fail everyone, never hang callers
+            LOG.exception("the round loop failed; the engine is closed")
             self._fail_all(error)
-            raise
         finally:
             while self._in_flight:
                 self._finish(self._in_flight.popleft())
