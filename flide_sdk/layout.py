@@ -414,6 +414,9 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
 def _plan_level(start: np.ndarray, length: np.ndarray, init_row: np.ndarray, final_row: np.ndarray,
                 pad_index: int) -> HostLevel:
     """Chunk table of one level: segments longest first, chunks step-major (vectorised)."""
+    if len(length) == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return HostLevel(np.zeros((0, GDN_CHUNK), dtype=np.int64), [], empty, empty, empty, empty)
     order = np.argsort(-length, kind="stable")
     start, length, init_row, final_row = start[order], length[order], init_row[order], final_row[order]
     counts = -(-length // GDN_CHUNK)
