@@ -6,13 +6,20 @@ the Triton kernels under the interpreter, pool writes included)."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import numpy as np
 import pytest
 import torch
 
 import flide_sdk as fl
-from flide_sdk.capacity import TOKEN_LADDER, capacity_ladder, choose, pad_round
+from flide_sdk.capacity import (
+    TOKEN_LADDER,
+    capacity_ladder,
+    choose,
+    pad_into,
+    pad_round,
+)
 from flide_sdk.layout import (
     DISCARD_ROW,
     PAGE,
@@ -253,3 +260,25 @@ def test_rounds_split_at_request_boundaries_and_large_requests_run_alone():
     assert roomy_stats["rounds"] == 1 and small_stats["rounds"] >= 4
     assert small_stats["asks"] == len(states)
     assert max(abs(a - b) for a, b in zip(got, expected)) <= 1e-5
+
+
+def test_staging_layout_packs_every_field_once():
+    """The flat staging buffer of each capacity holds every array at its own offset, and padding a round
+    through its views gives the arrays `pad_round` gives (what the device copy then carries)."""
+    from flide_sdk.graphs import StagingLayout
+
+    requests = random_requests(2)
+    host = plan_round(requests, K, ROWS, SINK)
+    for capacity in capacity_ladder(K, 4096, 16, 4096):
+        layout = StagingLayout(capacity)
+        spans = sorted((offset, offset + int(np.prod(shape))) for offset, shape in layout.fields.values())
+        assert spans[0][0] == 0 and spans[-1][1] == layout.elements == capacity.elements
+        assert all(end == start for (_, end), (start, _) in itertools.pairwise(spans)), "fields tile the buffer"
+        if not capacity.fits(host):
+            continue
+        flat = np.full(layout.elements, -7, dtype=np.int64)
+        pad_into(host, capacity, layout.views(flat), 39, SINK, ROWS.zero)
+        assert (flat != -7).any()
+        padded = pad_round(host, capacity, 39, SINK, ROWS.zero)
+        for name, array in padded.arrays().items():
+            assert np.array_equal(layout.views(flat)[name], array), name
