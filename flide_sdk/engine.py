@@ -380,9 +380,9 @@ class Engine:
                 for ask in batch:
                     ask.future.set_exception(error)
                 return None
+            self._unpin(batch)
             for save in saves:
                 self.pool.commit(save)
-            self._unpin(batch)
         launched = time.perf_counter()
         with self._stats_lock:
             self._stats["plan_seconds"] += planned - started

@@ -47,6 +47,7 @@ class TokenBuffer:
     def __init__(self, capacity: int = 256) -> None:
         self._data = np.empty(capacity, dtype=np.int64)
         self.size = 0
+        self.shared_upto = 0  # tokens [0, shared_upto) are also a fork's: checkpoints up to there may serve it
 
     def extend(self, ids: np.ndarray) -> None:
         needed = self.size + len(ids)
@@ -237,6 +238,8 @@ class History:
         """An independent copy with the same history (the token buffer is copied once)."""
         other = History.__new__(History)
         other.__dict__.update(self.__dict__)
+        self.buffer.shared_upto = self.buffer.size
         other.buffer = self.buffer.copy()
+        other.buffer.shared_upto = other.buffer.size
         other.hashes = list(self.hashes)
         return other

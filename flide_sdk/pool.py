@@ -6,7 +6,10 @@ positions [0, m) in fixed-size *pages* (PAGE tokens, every attention layer). Pag
 that extends another (the same lineage, resumed and grown) references the same pages and appends into its
 last, partial page when nobody else has written past its end; a fork that diverges from a partial page
 copies that one page (copy-on-write), never the full pages before it. Pages are freed when no checkpoint
-refers to them; checkpoints are evicted least-recently-used when a slot or page is needed.
+refers to them; checkpoints are evicted least-recently-used when a slot or page is needed. A session's
+checkpoint is dropped as soon as the same session saves one further on (it is *superseded*: the session
+only ever resumes from its newest one, and its pages live on in the new one), unless a fork shares the
+history up to it; so a session holds one slot plus the pages of its history, however many steps it takes.
 
 All device memory is three arenas allocated once (slots, windows, pages), so kernels and captured graphs
 see fixed addresses; the host keeps the bookkeeping (free lists, reference counts, fill marks, the hash
@@ -49,6 +52,7 @@ class PlannedSave:
     start: int
     kv_slots: np.ndarray
     page_copies: list[tuple[int, int]] = field(default_factory=list)
+    base: Checkpoint | None = None  # the checkpoint it extends
 
 
 class CheckpointPool:
@@ -91,7 +95,7 @@ class CheckpointPool:
         self._page_fill = np.zeros(pages, dtype=np.int64)  # entries written from the page start
         self._lru: OrderedDict[Checkpoint, None] = OrderedDict()
         self._index: dict[int, list[Checkpoint]] = {}
-        self.counters = {"checkpoints_saved": 0, "evictions": 0, "page_copies": 0}
+        self.counters = {"checkpoints_saved": 0, "evictions": 0, "superseded": 0, "page_copies": 0}
 
     # -------------------------------------------------------------------------------------- queries
     @property
@@ -178,14 +182,25 @@ class CheckpointPool:
         key = trunk.block_hash(at // BLOCK)
         checkpoint = Checkpoint(trunk.buffer, at, slot, pages, key)
         self.counters["page_copies"] += len(copies)
-        return PlannedSave(checkpoint, start, kv_slots, copies)
+        return PlannedSave(checkpoint, start, kv_slots, copies, resume)
 
     def commit(self, save: PlannedSave) -> None:
-        """Make a written checkpoint visible to lookups (after its round ran)."""
+        """Make a written checkpoint visible to lookups (its round is launched: device work is ordered), and
+        drop the checkpoint it supersedes (same history, not shared with a fork, not in use)."""
         checkpoint = save.checkpoint
         self._lru[checkpoint] = None
         self._index.setdefault(checkpoint.key, []).append(checkpoint)
         self.counters["checkpoints_saved"] += 1
+        base = save.base
+        if (
+            base is not None
+            and base.buffer is checkpoint.buffer
+            and base.length > base.buffer.shared_upto
+            and base.pins == 0
+            and base in self._lru
+        ):
+            self._evict(base)
+            self.counters["superseded"] += 1
 
     def abort(self, save: PlannedSave) -> None:
         """Give back what a save reserved (its round failed)."""

@@ -280,3 +280,32 @@ def test_closed_session_refuses(engine):
         session.append("x")
     with pytest.raises(fl.InvalidStateError):
         session.ask_sync(QUESTIONS)
+
+
+def test_a_session_holds_one_checkpoint_and_forks_keep_theirs(engine, fresh, hf_tiny):
+    """Each step supersedes the session's previous checkpoint: after many steps the session holds one slot
+    and the pages of its history. A checkpoint a fork shares survives the parent's next steps."""
+    rng = random.Random(5)
+    session = engine.session()
+    state = ""
+    for _ in range(12):
+        piece = growth(rng)
+        session.append(piece)
+        state += piece
+        session.ask_sync(QUESTIONS)
+    stats = engine.stats()
+    assert stats["checkpoints"] == 1 and stats["superseded"] == stats["checkpoints_saved"] - 1
+    (kept,) = list(engine.pool._lru)
+    pages = -(-kept.length // 64)
+    assert stats["pool_bytes"] == engine.pool.slot_bytes + pages * engine.pool.page_bytes
+    child = session.fork()
+    for _ in range(3):  # the parent moves on before the child asks anything
+        session.append(growth(rng))
+        session.ask_sync(QUESTIONS)
+    child.append(" the child asks late")
+    before = engine.stats()
+    answers = child.ask_sync(QUESTIONS)
+    after = engine.stats()
+    assert after["checkpoint_hits"] - before["checkpoint_hits"] == 1
+    assert after["tokens_resumed"] - before["tokens_resumed"] >= kept.length
+    check(answers, fresh, hf_tiny, state + " the child asks late")
