@@ -479,11 +479,18 @@ class Engine:
         return self._loop.closed
 
     def close(self) -> None:
-        """Stop the engine: queued asks fail with EngineClosedError; a running round finishes first."""
+        """Stop the engine: queued asks fail with EngineClosedError; launched rounds finish first. Then the
+        checkpoint pool and the captured graphs are released (the model's weights stay with the engine)."""
         self._loop.close()
+        if self._loop.running:  # closed from a callback on the round thread: it still finishes its rounds
+            return
+        with self._pool_lock:
+            self._graphs = None
+            self._caches = []
+            self.pool.release()
 
     async def aclose(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self._loop.close)
+        await asyncio.get_running_loop().run_in_executor(None, self.close)
 
     async def __aenter__(self) -> Engine:
         return self

@@ -29,7 +29,12 @@ import torch
 
 from flide_sdk.history import BLOCK, TokenBuffer, Trunk
 from flide_sdk.layout import PAGE, StateRows
-from flide_sdk.models.qwen35 import FULL_ATTENTION, LINEAR_ATTENTION, LayerCache, Qwen35Config
+from flide_sdk.models.qwen35 import (
+    FULL_ATTENTION,
+    LINEAR_ATTENTION,
+    LayerCache,
+    Qwen35Config,
+)
 
 
 @dataclass(eq=False)
@@ -213,6 +218,14 @@ class CheckpointPool:
         source, target = (torch.tensor(column, device=self.kv.device) for column in zip(*copies))
         paged = self.kv.view(*self.kv.shape[:2], self.num_pages + 1, PAGE, *self.kv.shape[3:])
         paged[:, :, target] = paged[:, :, source]
+
+    def release(self) -> None:
+        """Drop every checkpoint and free the device arenas (the engine is closed; nothing reads them again)."""
+        for checkpoint in list(self._lru):
+            self._evict(checkpoint)
+        self.states = self.windows = self.kv = torch.zeros(0, device=self.kv.device)
+        self.num_slots = self.num_pages = 0
+        self._free_slots, self._free_pages = [], []
 
     def clear(self) -> None:
         """Evict every checkpoint not in use by a running round."""

@@ -76,6 +76,11 @@ class RoundLoop:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def running(self) -> bool:
+        """Whether the round thread is still alive (it ends once closed and its rounds are finished)."""
+        return self._thread.is_alive()
+
     def try_submit(self, ask: PendingAsk) -> bool:
         """Queue `ask` if there is room; False when the queue is full."""
         with self._cond:

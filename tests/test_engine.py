@@ -45,8 +45,13 @@ def test_state_longer_than_maximum(tiny_path):
 @pytest.mark.asyncio
 async def test_closed_engine_refuses_asks(tiny_path):
     engine = fl.Engine.load(tiny_path, device="cpu")
+    await engine.ask("s", GOOD)
+    assert engine.stats()["checkpoints"] == 1 and engine.pool.kv.numel() > 0
     await engine.aclose()
     assert engine.closed
+    stats = engine.stats()  # the pool's device memory is released
+    assert stats["pool_bytes"] == stats["pool_capacity_bytes"] == stats["checkpoints"] == 0
+    assert engine.pool.kv.numel() == engine.pool.states.numel() == 0
     with pytest.raises(fl.EngineClosedError):
         await engine.ask("s", GOOD)
     with pytest.raises(fl.EngineClosedError):
