@@ -146,10 +146,6 @@ class GraphRunner:
                  self.ladder[0].tokens, self.ladder[-1].tokens, report.seconds, report.memory_bytes / 1e9)
         return report
 
-    @property
-    def largest(self) -> Capacity:
-        return self.ladder[-1]
-
     def launch(self, host: HostRound) -> Launch | None:
         """Stage, copy and replay `host` on the smallest graph it fits; None if it fits none (run it eagerly)."""
         capacity = choose(self.ladder, host)

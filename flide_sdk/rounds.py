@@ -116,14 +116,7 @@ class RoundLoop:
 
     def close(self, timeout: float | None = None) -> None:
         """Stop admitting, fail queued asks with EngineClosedError, and wait for a running round to end."""
-        with self._cond:
-            self._closed = True
-            dropped = list(self._pending)
-            self._pending.clear()
-            self._cond.notify_all()
-        for ask in dropped:
-            if ask.future.set_running_or_notify_cancel():
-                ask.future.set_exception(EngineClosedError("the engine was closed before this ask ran"))
+        self._close_queue("the engine was closed before this ask ran")
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
@@ -136,13 +129,13 @@ class RoundLoop:
                 pass
         except BaseException as error:  # a bug in select/launch/finish: fail everyone, never hang callers
             LOG.exception("the round loop failed; the engine is closed")
-            self._fail_all(error)
+            self._close_queue(f"the round loop failed: {error!r}")
         finally:
             while self._in_flight:
                 self._finish(self._in_flight.popleft())
 
-    def _fail_all(self, error: BaseException) -> None:
-        """Close the loop after an internal error: queued asks fail with it; new asks raise EngineClosedError."""
+    def _close_queue(self, reason: str) -> None:
+        """Stop admitting (new asks raise EngineClosedError) and fail every queued ask with `reason`."""
         with self._cond:
             self._closed = True
             dropped = list(self._pending)
@@ -150,7 +143,7 @@ class RoundLoop:
             self._cond.notify_all()
         for ask in dropped:
             if ask.future.set_running_or_notify_cancel():
-                ask.future.set_exception(EngineClosedError(f"the round loop failed: {error!r}"))
+                ask.future.set_exception(EngineClosedError(reason))
 
     def _step(self) -> bool:
         """Launch a round, or finish the oldest one in flight; False once closed."""
