@@ -38,9 +38,9 @@ class Ops:
     ]
     indexed_conv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
-    """(x [..., D], weight [D], eps) -> x / rms(x) * (1 + weight) in x's dtype."""
+    """(x [..., D], weight [D], eps) -> x / rms(x) * (1 + weight) in weight's dtype (x may be wider)."""
     add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
-    """(x, delta, weight, eps) -> (s = x + delta, rms_norm(s, weight, eps))."""
+    """(x, delta, weight, eps) -> (s = x + delta in x's dtype, rms_norm(s, weight, eps))."""
     gated_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
     """(x [..., D], gate [..., D], weight [D], eps) -> weight * rmsnorm(x) * silu(gate) in x's dtype."""
 

@@ -1,11 +1,11 @@
 """The RMS norms of Qwen3.5, row-wise over the last dimension, each fused into one pass.
 
 - `rms_norm`: zero-centred RMSNorm, x / sqrt(mean(x^2) + eps) * (1 + w), computed in float32 and cast to
-  x's dtype (the decoder layers' norms, the final norm, and attention's per-head q/k norms with the head
-  dimension as the row).
-- `add_rms_norm`: the residual add folded into the norm after it: s = x + delta in x's dtype, and
-  rms_norm(s). Returns (s, normed), so the residual stream and the next sublayer's input come out of one
-  read of x and delta.
+  w's dtype, the compute dtype (the decoder layers' norms, the final norm, and attention's per-head q/k
+  norms with the head dimension as the row). x may be wider: the decoder keeps its residual stream in float32.
+- `add_rms_norm`: the residual add folded into the norm after it: s = x + delta in x's dtype (delta may be
+  narrower), and rms_norm(s). Returns (s, normed), so the residual stream and the next sublayer's input come
+  out of one read of x and delta.
 - `gated_rms_norm`: the Gated DeltaNet output norm, w * rmsnorm(x) * silu(gate), with the casts of
   transformers' version: normalise in float32, cast to x's dtype, multiply by w (rounded to the product's
   dtype), multiply by silu(gate) in float32, cast to x's dtype.
@@ -27,17 +27,17 @@ TILE = 4096  # elements a program holds: a block of rows of the padded width (at
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Zero-centred RMSNorm of Qwen3.5: x / rms(x) * (1 + w), computed in float32."""
+    """Zero-centred RMSNorm of Qwen3.5: x / rms(x) * (1 + w), computed in float32, in w's dtype."""
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed * (1.0 + weight.float())).to(x.dtype)
+    return (normed * (1.0 + weight.float())).to(weight.dtype)
 
 
 def add_rms_norm_reference(
     x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(s, rms_norm(s)) with s = x + delta: a residual add and the norm that reads its result."""
-    total = x + delta
+    """(s, rms_norm(s)) with s = x + delta in x's dtype: a residual add and the norm that reads its result."""
+    total = (x + delta).to(x.dtype)
     return total, rms_norm_reference(total, weight, eps)
 
 
@@ -117,8 +117,8 @@ def _norm(
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     width = x.shape[-1]
     xs = _as_rows(x)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    total = torch.empty_like(out) if delta is not None else None
+    out = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
+    total = torch.empty(x.shape, dtype=x.dtype, device=x.device) if delta is not None else None
     if xs.shape[0]:
         ds = _as_rows(delta) if delta is not None else xs
         sums = total.view(-1, width) if total is not None else xs  # never written without a delta
@@ -140,8 +140,8 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
 def add_rms_norm_triton(
     x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Triton kernel behind the contract of `add_rms_norm_reference` (x and delta of one shape and dtype)."""
-    if delta.shape != x.shape or delta.dtype != x.dtype:
+    """The Triton kernel behind the contract of `add_rms_norm_reference` (x and delta of one shape)."""
+    if delta.shape != x.shape:
         raise ValueError(f"add_rms_norm: delta {tuple(delta.shape)} {delta.dtype} vs x {tuple(x.shape)} {x.dtype}")
     return _norm(x, delta, weight, eps)
 

@@ -114,3 +114,20 @@ def test_wide_rows_and_empty_inputs():
     assert rms_norm_triton(empty, weight, EPS).shape == (0, 5120)
     assert add_rms_norm_triton(empty, empty, weight, EPS)[1].shape == (0, 5120)
     assert gated_rms_norm_triton(empty, empty, weight, EPS).shape == (0, 5120)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_float32_residual_stream_with_16_bit_delta_and_weight(dtype: torch.dtype):
+    """The decoder's float32 residual stream: the sum stays float32 (no rounding to the 16-bit delta), the
+    normed output comes out in the weight's (compute) dtype."""
+    x = inputs((9, 1024), torch.float32, seed=21)
+    delta = inputs((9, 1024), dtype, seed=22)
+    weight = inputs((1024,), dtype, seed=23, scale=0.1)
+    total, normed = add_rms_norm_triton(x, delta, weight, EPS)
+    expected_total, expected = add_rms_norm_reference(x, delta, weight, EPS)
+    assert total.dtype == torch.float32 and torch.equal(total, x + delta.float())
+    assert torch.equal(expected_total, total)
+    check(normed, expected)
+    alone = rms_norm_triton(x, weight, EPS)
+    assert alone.dtype == dtype
+    check(alone, rms_norm_reference(x, weight, EPS))
