@@ -9,12 +9,16 @@ is transformers' Qwen3_5ForCausalLM in float32 on each question's standalone pro
 transformers in bf16 on the same prompts is the bar the engine must meet (DESIGN.md §8). Reported: mean
 and p99 total variation, top-answer agreement, and flips at 0.5 for yes/no. The engine in float32 on the
 GPU is also compared with the float32 reference (max |dp|: the CPU exactness contract, on CUDA).
+`variants` repeats the bf16 engine with one precision choice changed at a time (the residual stream's
+dtype, the Gated DeltaNet's storage dtype), so a choice is made on measured fidelity.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import functools
 import tempfile
 from pathlib import Path
 
@@ -47,6 +51,37 @@ def with_common_questions(questions: dict) -> dict:
         "is_story": fl.Noul("Is this text a story?"),
         "difficulty": fl.Score("How hard is this text to read?", ["easy", "average", "hard", "very hard"]),
     }
+
+
+VARIANTS = {  # name: (residual stream dtype, Gated DeltaNet storage dtype)
+    "bf16_residual": (torch.bfloat16, torch.float32),
+    "gdn_bf16_storage": (torch.float32, torch.bfloat16),
+    "bf16_residual_gdn_bf16_storage": (torch.bfloat16, torch.bfloat16),
+}
+
+
+def variant_engine(checkpoint: Path, residual: torch.dtype, gdn_store: torch.dtype) -> fl.Engine:
+    """The bf16 engine with its residual stream and GDN storage dtypes set (everything else as the default)."""
+    from flide_sdk.kernels.gated_delta import gated_delta_triton
+
+    from flide_sdk.models.checkpoint import load_model
+    from flide_sdk.ops import kernel_ops
+    from flide_sdk.render import Renderer
+
+    model = load_model(checkpoint, "cuda", torch.bfloat16)
+    model.residual_dtype = residual
+    warps = 8 if gdn_store == torch.float32 else 4
+    ops = dataclasses.replace(kernel_ops(), gated_delta=functools.partial(
+        gated_delta_triton, store_dtype=gdn_store, scan_warps=warps))
+    renderer = Renderer.from_checkpoint(checkpoint, model.config.max_position_embeddings)
+    return fl.Engine(model, renderer, torch.device("cuda"), ops=ops, max_round_tokens=16384, round_deadline_ms=20)
+
+
+def answers_of(engine: fl.Engine, requests) -> list:
+    answers = asyncio.run(ask_all(engine, requests))
+    engine.close()
+    torch.cuda.empty_cache()
+    return answers
 
 
 def hf_probabilities(model, rendered, name: str) -> np.ndarray:
@@ -83,11 +118,11 @@ def main() -> None:
     engine16.close()
     del engine16
     engine32 = fl.Engine.load(checkpoint, device="cuda", dtype="float32", round_deadline_ms=20)
-    answers32 = asyncio.run(ask_all(engine32, requests))
     renderer = engine32.renderer
-    engine32.close()
+    answers32 = answers_of(engine32, requests)
     del engine32
-    torch.cuda.empty_cache()
+    variant_answers = {name: answers_of(variant_engine(checkpoint, *dtypes), requests)
+                       for name, dtypes in VARIANTS.items()}
 
     reference, hf16, ours16, ours32, noul = [], [], [], [], []
     model32 = load_transformers(checkpoint, torch.float32, "cuda")
@@ -98,12 +133,15 @@ def main() -> None:
     del model32
     torch.cuda.empty_cache()
     model16 = load_transformers(checkpoint, torch.bfloat16, "cuda")
-    for rendered, (_, questions), a16, a32 in zip(rendered_all, requests, answers16, answers32):
+    variant_probabilities: dict[str, list[np.ndarray]] = {name: [] for name in VARIANTS}
+    for index, (rendered, (_, questions), a16, a32) in enumerate(zip(rendered_all, requests, answers16, answers32)):
         for name, question in questions.items():
             hf16.append(hf_probabilities(model16, rendered, name))
             ours16.append(answer_probabilities(a16[name]))
             ours32.append(answer_probabilities(a32[name]))
             noul.append(isinstance(question, fl.Noul))
+            for variant, answers in variant_answers.items():
+                variant_probabilities[variant].append(answer_probabilities(answers[index][name]))
     result = {
         "benchmark": "fidelity", "model_size": args.model_size,
         **run_metadata(f"python benchmarks/fidelity.py --model-size {args.model_size} --race {args.race}"),
@@ -114,6 +152,12 @@ def main() -> None:
         "transformers_bf16_vs_fp32_reference": summarize(hf16, reference, noul),
         "engine_fp32_cuda_vs_fp32_reference": summarize(ours32, reference, noul),
         "engine_bf16_rounds": stats16["rounds"],
+        "engine_default_precision": "float32 residual stream and label logits; GDN storage as kernel_ops()",
+        "variants": {
+            name: {"residual_dtype": str(VARIANTS[name][0]), "gdn_store_dtype": str(VARIANTS[name][1]),
+                   **summarize(probabilities, reference, noul)}
+            for name, probabilities in variant_probabilities.items()
+        },
     }
     result["engine_tv_no_worse_than_transformers_bf16"] = (
         result["engine_bf16_vs_fp32_reference"]["mean_tv"] <= result["transformers_bf16_vs_fp32_reference"]["mean_tv"]

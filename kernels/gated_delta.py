@@ -7,7 +7,8 @@ UT/WY form: inside a chunk, T = (I + tril(diag(beta) K K^T * Gamma, -1))^-1 turn
 into matrix products, and one scan step per chunk carries S across chunks.
 
 A level is a set of independent segments, each starting from the state-table row `init_row` and, unless
-its `final_row` is DISCARD_ROW, writing its final state there. Branches start from their trunk's final
+its `final_row` is DISCARD_ROW, writing its final state there. No final row of a level is an init row of
+the same level (the pool never saves over a checkpoint a round reads; levels read what earlier levels wrote). Branches start from their trunk's final
 state this way, which makes every branch compute exactly what it computes alone.
 `gated_delta_reference` is the definition, used on CPU; it batches all chunks of a level for the
 intra-chunk work and loops over scan steps (not tokens, not segments).
@@ -20,11 +21,12 @@ only on tensor shapes (no host synchronisation, CUDA-graph safe); only the state
   causal q-k block q K^T * Gamma and the per-row gate factors. All-padding chunks return at once.
 - `_state_scan_kernel`, one program per (segment, value head, V split): keeps a [Dk, BV] slice of S in
   registers from `init_row` through the segment's chunks (chunk j is row `step_start[j] + segment`),
-  stores per chunk the state at its start S_j and v_new = U - W S_j, updates
+  stores per chunk past the first the state at its start S_j and v_new = U - W S_j, updates
   S <- exp(g_last) S + (K exp(g_last - cum))^T v_new, and writes the final slice to `final_row`.
-  Segments with no chunks and no final row return at once.
+  Segments of at most one chunk and no final row return at once.
 - `_chunk_output_kernel`, one program per (chunk, value head, V tile), all in parallel: the chunk's
-  outputs o = (q exp(cum)) S_j + (q K^T * Gamma) v_new. All-padding chunks return at once.
+  outputs o = (q exp(cum)) S_j + (q K^T * Gamma) v_new; a segment's first chunk reads S_0 from its init
+  row and computes its own v_new, so one-chunk branches skip the scan. All-padding chunks return at once.
 Gram products of the raw inputs are taken in the inputs' dtype (exact for bf16); the state and every
 accumulation are float32. For 16-bit inputs the products of float32 quantities inside a chunk use TF32,
 and W, U, the q-k block, S_j and v_new are stored in the inputs' dtype (by default), so the products of the
@@ -237,15 +239,17 @@ def _state_scan_kernel(
     """One (segment, value head, V split): TILES V tiles of BV columns, one after the other.
 
     Per tile the [DK, BV] slice of the state lives in registers through all the segment's chunks. Each step
-    stores the state at the chunk's start (h) and v_new = U - W S, then moves S to the chunk's end: only the
-    two products the recurrence needs are sequential; the outputs come from `_chunk_output_kernel`.
+    past the first stores the state at the chunk's start (h) and v_new = U - W S, then moves S to the chunk's
+    end: only the two products the recurrence needs are sequential; the outputs come from
+    `_chunk_output_kernel`, which computes a first chunk's v_new from the init row itself. So a segment of
+    one chunk whose final state is discarded (a short branch) needs nothing from the scan and returns at once.
     Everything a step reads is contiguous per (chunk, head), zero on padding rows: no gathers, no masks.
     """
     segment = tl.program_id(0)
     head = tl.program_id(1)
     steps = tl.load(chunk_count_ptr + segment)
     final_row = tl.load(final_row_ptr + segment)
-    if (steps == 0) & (final_row < 0):
+    if (steps <= 1) & (final_row < 0):
         return
     heads = tl.num_programs(1)
     init_row = tl.load(init_row_ptr + segment)
@@ -264,10 +268,12 @@ def _state_scan_kernel(
             k_gate = tl.load(k_gate_ptr + base * L + i)
             decay = tl.load(decay_ptr + base)
 
-            tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], state.to(h_ptr.dtype.element_ty))
             # products take their operands in the storage dtype of W, U and the q-k block
             v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
-            tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :], v_new.to(v_new_ptr.dtype.element_ty))
+            if j > 0:  # the output kernel starts a segment's first chunk from its init row itself
+                tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], state.to(h_ptr.dtype.element_ty))
+                tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :],
+                         v_new.to(v_new_ptr.dtype.element_ty))
             update = (k_gate[:, None] * v_new).to(w.dtype)
             state = state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
         if final_row >= 0:
@@ -276,16 +282,20 @@ def _state_scan_kernel(
 
 @triton.jit
 def _chunk_output_kernel(
-    q_ptr, a_ptr, q_gate_ptr, v_new_ptr, h_ptr, out_ptr, chunk_tokens_ptr,
-    total,
-    stride_qt, stride_qh, stride_ot, stride_oh,
+    q_ptr, a_ptr, q_gate_ptr, w_ptr, u_ptr, v_new_ptr, h_ptr, states_ptr, out_ptr,
+    chunk_tokens_ptr, chunk_count_ptr, init_row_ptr,
+    total, segments,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_sr, stride_sh, stride_sk,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, L: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """One (chunk, value head, V tile): o = (q exp(cum)) S_j + (q K^T * Gamma) v_new for the chunk's tokens.
 
-    S_j (h) is the state at the chunk's start and v_new the chunk's corrected values, both left by the scan.
-    All-padding chunks return at once.
+    S_j is the state at the chunk's start and v_new = U - W S_j the chunk's corrected values, both left by
+    the scan for a segment's later chunks. A segment's first chunk (chunk row s < segments with
+    chunk_count[s] > 0: step 0 holds rows 0..) reads S_0 from the segment's init row of the state table,
+    which no segment of the level writes, and computes its v_new here, exactly as the scan does (the same
+    products and roundings). All-padding chunks return at once.
     """
     chunk = tl.program_id(0)
     head = tl.program_id(1)
@@ -299,11 +309,20 @@ def _chunk_output_kernel(
     ok = tok < total
     q = tl.load(q_ptr + tok[:, None] * stride_qt + (head // GROUP) * stride_qh + dk[None, :],
                 mask=ok[:, None], other=0.0)
-    h = tl.load(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :])
+    first = tl.load(chunk_count_ptr + chunk, mask=chunk < segments, other=0) > 0
+    if first:
+        init_row = tl.load(init_row_ptr + chunk)
+        h = tl.load(states_ptr + init_row * stride_sr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :])
+        h = h.to(h_ptr.dtype.element_ty)
+        w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
+        u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
+        v_new = (u.to(tl.float32) - tl.dot(w, h, input_precision=PREC)).to(v_new_ptr.dtype.element_ty)
+    else:
+        h = tl.load(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :])
+        v_new = tl.load(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
     q_gate = tl.load(q_gate_ptr + base * L + i)
     a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :], mask=ok[:, None] & (i[:, None] >= i[None, :]),
                 other=0.0)
-    v_new = tl.load(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
     out = q_gate[:, None] * tl.dot(q.to(h.dtype), h, input_precision=PREC)
     out += tl.dot(a, v_new, input_precision=PREC)
     tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
@@ -395,9 +414,9 @@ def gated_delta_triton(
             num_warps=scan_warps, num_stages=scan_stages,
         )
         _chunk_output_kernel[(chunks, v_heads, dv // obv)](
-            q, a, q_gate, v_new, h, out, level.chunk_tokens,
-            total,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+            q, a, q_gate, w, u, v_new, h, states, out, level.chunk_tokens, level.chunk_count, level.init_row,
+            total, segments,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
             GROUP=group, DK=dk, DV=dv, BV=obv, L=chunk, PREC=prec, num_warps=out_warps,
         )
     return out

@@ -14,22 +14,35 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-
 from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
-from flide_sdk.layout import DISCARD_ROW, GDN_CHUNK, DeltaLevel, DeltaPlan, RequestSpec, Resume, Save, plan_round
+
+from flide_sdk.layout import (
+    DISCARD_ROW,
+    GDN_CHUNK,
+    DeltaLevel,
+    DeltaPlan,
+    RequestSpec,
+    Resume,
+    Save,
+    plan_round,
+)
 
 TOLERANCE = 1e-5
 ALL_TRUNKS = [(1, 0, None), (63, 0, None), (64, 0, None), (65, 0, None), (130, 0, None)]
 
 
 def make_requests(seed: int, trunks: list[tuple[int, int, int | None]], max_branches: int = 16) -> list[RequestSpec]:
-    """One request per (trunk length, resume start, save point or None), with 1..max_branches branches."""
+    """One request per (trunk length, resume start, save point or None), with 1..max_branches branches.
+
+    Request i resumes from slot i and saves to slot len(trunks) + i: as in the pool, a round never saves over
+    a checkpoint it reads (a level's final rows are never its init rows).
+    """
     rng = np.random.default_rng(seed)
     requests = []
     for slot, (length, start, save_at) in enumerate(trunks):
         branches = [rng.integers(0, 100, rng.integers(1, 70)) for _ in range(rng.integers(1, max_branches + 1))]
         resume = Resume(slot, np.arange(-(-start // 64))) if start else None
-        save = Save(save_at, slot, np.arange(save_at - start)) if save_at is not None else None
+        save = Save(save_at, len(trunks) + slot, np.arange(save_at - start)) if save_at is not None else None
         requests.append(RequestSpec.of(rng.integers(0, 100, length), branches, [np.array([1, 2])] * len(branches),
                                     start=start, resume=resume, save=save))
     return requests
