@@ -10,7 +10,6 @@ signatures.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -66,12 +65,9 @@ def kernel_ops() -> Ops:
     )
     from flide_sdk.kernels.short_conv import indexed_conv_triton
 
-    # float32 W/U/q-k blocks in the Gated DeltaNet scan: with 16-bit storage the bf16 engine's answers drifted
-    # further from float32 than transformers' own bf16 (benchmarks/results, fidelity); exactness first
-    gated_delta = functools.partial(gated_delta_triton, store_dtype=torch.float32, scan_warps=8)
     return Ops(
         fork_attention=fork_attention_triton,
-        gated_delta=gated_delta,
+        gated_delta=gated_delta_triton,
         indexed_conv=indexed_conv_triton,
         rms_norm=rms_norm_triton,
         add_rms_norm=add_rms_norm_triton,
