@@ -14,7 +14,8 @@ state this way, which makes every branch compute exactly what it computes alone.
 intra-chunk work and loops over scan steps (not tokens, not segments).
 
 `gated_delta_triton` is the GPU version of the same contract: three launches per level, grids that depend
-only on tensor shapes (no host synchronisation, CUDA-graph safe); only the state recurrence is sequential:
+only on tensor shapes (no host synchronisation, CUDA-graph safe) and are capped (programs loop over the
+rows past the cap); only the state recurrence is sequential:
 - `_chunk_prep_kernel`, one program per (chunk, value head): gathers the chunk's tokens, builds Gamma,
   A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
   16-row sub-blocks (through a float32 scratch), and stores W = T (beta K exp(cum)), U = T (beta V), the
@@ -135,108 +136,109 @@ def _unit_lower_inverse(n, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, PREC: tl.c
 def _chunk_prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, chunk_tokens_ptr,
     w_ptr, u_ptr, a_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
-    total, scale, eps,
+    total, chunks, scale, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr,
 ):
-    """One (chunk, value head): everything of the chunk that does not depend on the state.
+    """Per (chunk, value head) everything of the chunk that does not depend on the state; a program takes
+    chunk rows pid, pid + P, ... of its head (P programs: the grid stays small when most rows are padding).
 
     The system A goes through this program's [L, L] float32 scratch `system_ptr`: its lower SUB x SUB
     blocks are read back (tuples indexed b * (b + 1) // 2 + c, block row b >= block column c) so that
     T = (I + A)^-1 costs only the block products it needs; T is written over A and read back whole.
     The barriers order the scratch's writes and reads between the program's threads.
     """
-    chunk = tl.program_id(0)
-    head = tl.program_id(1)
-    if tl.load(chunk_tokens_ptr + chunk * L) >= total:
-        return
     NSUB: tl.constexpr = L // SUB
+    head = tl.program_id(1)
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     row, col = i[:, None], i[None, :]
-    base = chunk * tl.num_programs(1) + head
-    scratch = system_ptr + base * L * L
-    tok = tl.load(chunk_tokens_ptr + chunk * L + i)
-    ok = tok < total
-    key_head = head // GROUP
+    for chunk in range(tl.program_id(0), chunks, tl.num_programs(0)):
+        if tl.load(chunk_tokens_ptr + chunk * L) < total:
+            base = chunk * tl.num_programs(1) + head
+            scratch = system_ptr + base * L * L
+            tok = tl.load(chunk_tokens_ptr + chunk * L + i)
+            ok = tok < total
+            key_head = head // GROUP
 
-    # gates: cumulative log decay, Gamma, and the per-row factors the scan applies
-    g = tl.load(g_ptr + tok * stride_gt + head * stride_gh, mask=ok, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + tok * stride_bt + head * stride_bh, mask=ok, other=0.0).to(tl.float32)
-    cum = tl.cumsum(g, axis=0)
-    last = tl.sum(tl.where(i == L - 1, cum, 0.0), axis=0)
-    gamma = tl.exp(tl.where(row >= col, cum[:, None] - cum[None, :], float("-inf")))
-    q = tl.load(q_ptr + tok[:, None] * stride_qt + key_head * stride_qh + dk[None, :], mask=ok[:, None], other=0.0)
-    k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :], mask=ok[:, None], other=0.0)
-    # the chunk's raw key rows, contiguous and zero on padding rows, for the scan's update products
-    tl.store(k_rows_ptr + base * L * DK + row * DK + dk[None, :], k)
-    q32 = q.to(tl.float32)
-    k32 = k.to(tl.float32)
-    q_rnorm = tl.math.rsqrt(tl.sum(q32 * q32, axis=1) + eps) * scale
-    k_rnorm = tl.math.rsqrt(tl.sum(k32 * k32, axis=1) + eps)
-    tl.store(q_gate_ptr + base * L + i, q_rnorm * tl.exp(cum))
-    tl.store(k_gate_ptr + base * L + i, k_rnorm * tl.exp(last - cum))
-    tl.store(decay_ptr + base, tl.exp(last))
+            # gates: cumulative log decay, Gamma, and the per-row factors the scan applies
+            g = tl.load(g_ptr + tok * stride_gt + head * stride_gh, mask=ok, other=0.0).to(tl.float32)
+            beta = tl.load(beta_ptr + tok * stride_bt + head * stride_bh, mask=ok, other=0.0).to(tl.float32)
+            cum = tl.cumsum(g, axis=0)
+            last = tl.sum(tl.where(i == L - 1, cum, 0.0), axis=0)
+            gamma = tl.exp(tl.where(row >= col, cum[:, None] - cum[None, :], float("-inf")))
+            q = tl.load(q_ptr + tok[:, None] * stride_qt + key_head * stride_qh + dk[None, :], mask=ok[:, None], other=0.0)
+            k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :], mask=ok[:, None], other=0.0)
+            # the chunk's raw key rows, contiguous and zero on padding rows, for the scan's update products
+            tl.store(k_rows_ptr + base * L * DK + row * DK + dk[None, :], k)
+            q32 = q.to(tl.float32)
+            k32 = k.to(tl.float32)
+            q_rnorm = tl.math.rsqrt(tl.sum(q32 * q32, axis=1) + eps) * scale
+            k_rnorm = tl.math.rsqrt(tl.sum(k32 * k32, axis=1) + eps)
+            tl.store(q_gate_ptr + base * L + i, q_rnorm * tl.exp(cum))
+            tl.store(k_gate_ptr + base * L + i, k_rnorm * tl.exp(last - cum))
+            tl.store(decay_ptr + base, tl.exp(last))
 
-    # causal q-k block (stored) and the system A = strictly-lower(diag(beta) K K^T * Gamma) (to scratch);
-    # the Gram products come from the raw rows (exact for 16-bit inputs) and are normalised afterwards
-    a = q_rnorm[:, None] * k_rnorm[None, :] * tl.dot(q, tl.trans(k), input_precision=PREC) * gamma
-    tl.store(a_ptr + base * L * L + row * L + col, a.to(a_ptr.dtype.element_ty), mask=ok[:, None])
-    system = (beta * k_rnorm)[:, None] * k_rnorm[None, :] * tl.dot(k, tl.trans(k), input_precision=PREC) * gamma
-    tl.store(scratch + row * L + col, tl.where(row > col, system, 0.0))
-    tl.debug_barrier()
+            # causal q-k block (stored) and the system A = strictly-lower(diag(beta) K K^T * Gamma) (to scratch);
+            # the Gram products come from the raw rows (exact for 16-bit inputs) and are normalised afterwards
+            a = q_rnorm[:, None] * k_rnorm[None, :] * tl.dot(q, tl.trans(k), input_precision=PREC) * gamma
+            tl.store(a_ptr + base * L * L + row * L + col, a.to(a_ptr.dtype.element_ty), mask=ok[:, None])
+            system = (beta * k_rnorm)[:, None] * k_rnorm[None, :] * tl.dot(k, tl.trans(k), input_precision=PREC) * gamma
+            tl.store(scratch + row * L + col, tl.where(row > col, system, 0.0))
+            tl.debug_barrier()
 
-    # T = (I + A)^-1 by block forward substitution: T_bb = (I + A_bb)^-1, T_bc = -T_bb sum_m A_bm T_mc
-    r = tl.arange(0, SUB)
-    blocks = ()
-    for b in tl.static_range(NSUB):
-        for c in tl.static_range(b + 1):
-            blocks += (tl.load(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :]),)
-    tl.debug_barrier()
-    inverse = ()
-    for b in tl.static_range(NSUB):
-        diagonal = _unit_lower_inverse(blocks[b * (b + 1) // 2 + b], SUB, LOG2_SUB, PREC)
-        for c in tl.static_range(b):
-            acc = tl.dot(blocks[b * (b + 1) // 2 + c], inverse[c * (c + 1) // 2 + c], input_precision=PREC)
-            for m in tl.static_range(c + 1, b):
-                acc += tl.dot(blocks[b * (b + 1) // 2 + m], inverse[m * (m + 1) // 2 + c], input_precision=PREC)
-            inverse += (-tl.dot(diagonal, acc, input_precision=PREC),)
-        inverse += (diagonal,)
-    for b in tl.static_range(NSUB):
-        for c in tl.static_range(b + 1):
-            tl.store(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :], inverse[b * (b + 1) // 2 + c])
-    tl.debug_barrier()
+            # T = (I + A)^-1 by block forward substitution: T_bb = (I + A_bb)^-1, T_bc = -T_bb sum_m A_bm T_mc
+            r = tl.arange(0, SUB)
+            blocks = ()
+            for b in tl.static_range(NSUB):
+                for c in tl.static_range(b + 1):
+                    blocks += (tl.load(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :]),)
+            tl.debug_barrier()
+            inverse = ()
+            for b in tl.static_range(NSUB):
+                diagonal = _unit_lower_inverse(blocks[b * (b + 1) // 2 + b], SUB, LOG2_SUB, PREC)
+                for c in tl.static_range(b):
+                    acc = tl.dot(blocks[b * (b + 1) // 2 + c], inverse[c * (c + 1) // 2 + c], input_precision=PREC)
+                    for m in tl.static_range(c + 1, b):
+                        acc += tl.dot(blocks[b * (b + 1) // 2 + m], inverse[m * (m + 1) // 2 + c], input_precision=PREC)
+                    inverse += (-tl.dot(diagonal, acc, input_precision=PREC),)
+                inverse += (diagonal,)
+            for b in tl.static_range(NSUB):
+                for c in tl.static_range(b + 1):
+                    tl.store(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :], inverse[b * (b + 1) // 2 + c])
+            tl.debug_barrier()
 
-    # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers);
-    # padding rows are stored as zeros, so the scan reads whole chunks without masks
-    t = tl.load(scratch + row * L + col, mask=row // SUB >= col // SUB, other=0.0)
-    for c0 in tl.static_range(0, DV, COLS):
-        cols = c0 + tl.arange(0, COLS)
-        v_cols = tl.load(v_ptr + tok[:, None] * stride_vt + head * stride_vh + cols[None, :],
-                         mask=ok[:, None], other=0.0)
-        u = tl.dot(t, beta[:, None] * v_cols.to(tl.float32), input_precision=PREC)
-        u = tl.where(ok[:, None], u, 0.0)
-        tl.store(u_ptr + base * L * DV + row * DV + cols[None, :], u.to(u_ptr.dtype.element_ty))
-    k_scale = beta * k_rnorm * tl.exp(cum)
-    for c0 in tl.static_range(0, DK, COLS):
-        cols = c0 + tl.arange(0, COLS)
-        k_cols = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + cols[None, :],
-                         mask=ok[:, None], other=0.0)
-        w = tl.dot(t, k_scale[:, None] * k_cols.to(tl.float32), input_precision=PREC)
-        w = tl.where(ok[:, None], w, 0.0)
-        tl.store(w_ptr + base * L * DK + row * DK + cols[None, :], w.to(w_ptr.dtype.element_ty))
+            # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers);
+            # padding rows are stored as zeros, so the scan reads whole chunks without masks
+            t = tl.load(scratch + row * L + col, mask=row // SUB >= col // SUB, other=0.0)
+            for c0 in tl.static_range(0, DV, COLS):
+                cols = c0 + tl.arange(0, COLS)
+                v_cols = tl.load(v_ptr + tok[:, None] * stride_vt + head * stride_vh + cols[None, :],
+                                 mask=ok[:, None], other=0.0)
+                u = tl.dot(t, beta[:, None] * v_cols.to(tl.float32), input_precision=PREC)
+                u = tl.where(ok[:, None], u, 0.0)
+                tl.store(u_ptr + base * L * DV + row * DV + cols[None, :], u.to(u_ptr.dtype.element_ty))
+            k_scale = beta * k_rnorm * tl.exp(cum)
+            for c0 in tl.static_range(0, DK, COLS):
+                cols = c0 + tl.arange(0, COLS)
+                k_cols = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + cols[None, :],
+                                 mask=ok[:, None], other=0.0)
+                w = tl.dot(t, k_scale[:, None] * k_cols.to(tl.float32), input_precision=PREC)
+                w = tl.where(ok[:, None], w, 0.0)
+                tl.store(w_ptr + base * L * DK + row * DK + cols[None, :], w.to(w_ptr.dtype.element_ty))
 
 
 @triton.jit
 def _state_scan_kernel(
     k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
-    chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr,
+    chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr, segments,
     stride_sr, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
     L: tl.constexpr, PREC: tl.constexpr,
 ):
-    """One (segment, value head, V split): TILES V tiles of BV columns, one after the other.
+    """Per (segment, value head, V split): TILES V tiles of BV columns, one after the other; a program
+    takes segments pid, pid + P, ... (segments are sorted longest first, so the first P run in parallel).
 
     Per tile the [DK, BV] slice of the state lives in registers through all the segment's chunks. Each step
     past the first stores the state at the chunk's start (h) and v_new = U - W S, then moves S to the chunk's
@@ -245,88 +247,88 @@ def _state_scan_kernel(
     one chunk whose final state is discarded (a short branch) needs nothing from the scan and returns at once.
     Everything a step reads is contiguous per (chunk, head), zero on padding rows: no gathers, no masks.
     """
-    segment = tl.program_id(0)
     head = tl.program_id(1)
-    steps = tl.load(chunk_count_ptr + segment)
-    final_row = tl.load(final_row_ptr + segment)
-    if (steps <= 1) & (final_row < 0):
-        return
     heads = tl.num_programs(1)
-    init_row = tl.load(init_row_ptr + segment)
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
-    for tile in range(TILES):
-        cols = (tl.program_id(2) * TILES + tile) * BV + tl.arange(0, BV)
-        state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
-        state = tl.load(state_ptrs + init_row * stride_sr)
-        for j in range(steps):
-            chunk = tl.load(step_start_ptr + j) + segment
-            base = chunk * heads + head
-            k = tl.load(k_rows_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
-            w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
-            u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
-            k_gate = tl.load(k_gate_ptr + base * L + i)
-            decay = tl.load(decay_ptr + base)
+    for segment in range(tl.program_id(0), segments, tl.num_programs(0)):
+        steps = tl.load(chunk_count_ptr + segment)
+        final_row = tl.load(final_row_ptr + segment)
+        if (steps > 1) | (final_row >= 0):
+            init_row = tl.load(init_row_ptr + segment)
+            for tile in range(TILES):
+                cols = (tl.program_id(2) * TILES + tile) * BV + tl.arange(0, BV)
+                state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
+                state = tl.load(state_ptrs + init_row * stride_sr)
+                for j in range(steps):
+                    chunk = tl.load(step_start_ptr + j) + segment
+                    base = chunk * heads + head
+                    k = tl.load(k_rows_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
+                    w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
+                    u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
+                    k_gate = tl.load(k_gate_ptr + base * L + i)
+                    decay = tl.load(decay_ptr + base)
 
-            # products take their operands in the storage dtype of W, U and the q-k block
-            v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
-            if j > 0:  # the output kernel starts a segment's first chunk from its init row itself
-                tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], state.to(h_ptr.dtype.element_ty))
-                tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :],
-                         v_new.to(v_new_ptr.dtype.element_ty))
-            update = (k_gate[:, None] * v_new).to(w.dtype)
-            state = state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
-        if final_row >= 0:
-            tl.store(state_ptrs + final_row * stride_sr, state)
+                    # products take their operands in the storage dtype of W, U and the q-k block
+                    v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
+                    if j > 0:  # the output kernel starts a segment's first chunk from its init row itself
+                        tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :],
+                                 state.to(h_ptr.dtype.element_ty))
+                        tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :],
+                                 v_new.to(v_new_ptr.dtype.element_ty))
+                    update = (k_gate[:, None] * v_new).to(w.dtype)
+                    state = state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
+                if final_row >= 0:
+                    tl.store(state_ptrs + final_row * stride_sr, state)
 
 
 @triton.jit
 def _chunk_output_kernel(
     q_ptr, a_ptr, q_gate_ptr, w_ptr, u_ptr, v_new_ptr, h_ptr, states_ptr, out_ptr,
     chunk_tokens_ptr, chunk_count_ptr, init_row_ptr,
-    total, segments,
+    total, chunks, segments,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_sr, stride_sh, stride_sk,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, L: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """One (chunk, value head, V tile): o = (q exp(cum)) S_j + (q K^T * Gamma) v_new for the chunk's tokens.
+    """Per (chunk, value head, V tile) o = (q exp(cum)) S_j + (q K^T * Gamma) v_new for the chunk's tokens;
+    a program takes chunk rows pid, pid + P, ... of its head and V tile.
 
     S_j is the state at the chunk's start and v_new = U - W S_j the chunk's corrected values, both left by
     the scan for a segment's later chunks. A segment's first chunk (chunk row s < segments with
     chunk_count[s] > 0: step 0 holds rows 0..) reads S_0 from the segment's init row of the state table,
     which no segment of the level writes, and computes its v_new here, exactly as the scan does (the same
-    products and roundings). All-padding chunks return at once.
+    products and roundings). All-padding chunks are skipped.
     """
-    chunk = tl.program_id(0)
     head = tl.program_id(1)
-    if tl.load(chunk_tokens_ptr + chunk * L) >= total:
-        return
-    base = chunk * tl.num_programs(1) + head
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     cols = tl.program_id(2) * BV + tl.arange(0, BV)
-    tok = tl.load(chunk_tokens_ptr + chunk * L + i)
-    ok = tok < total
-    q = tl.load(q_ptr + tok[:, None] * stride_qt + (head // GROUP) * stride_qh + dk[None, :],
-                mask=ok[:, None], other=0.0)
-    first = tl.load(chunk_count_ptr + chunk, mask=chunk < segments, other=0) > 0
-    if first:
-        init_row = tl.load(init_row_ptr + chunk)
-        h = tl.load(states_ptr + init_row * stride_sr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :])
-        h = h.to(h_ptr.dtype.element_ty)
-        w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
-        u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
-        v_new = (u.to(tl.float32) - tl.dot(w, h, input_precision=PREC)).to(v_new_ptr.dtype.element_ty)
-    else:
-        h = tl.load(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :])
-        v_new = tl.load(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
-    q_gate = tl.load(q_gate_ptr + base * L + i)
-    a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :], mask=ok[:, None] & (i[:, None] >= i[None, :]),
-                other=0.0)
-    out = q_gate[:, None] * tl.dot(q.to(h.dtype), h, input_precision=PREC)
-    out += tl.dot(a, v_new, input_precision=PREC)
-    tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+    for chunk in range(tl.program_id(0), chunks, tl.num_programs(0)):
+        if tl.load(chunk_tokens_ptr + chunk * L) < total:
+            base = chunk * tl.num_programs(1) + head
+            tok = tl.load(chunk_tokens_ptr + chunk * L + i)
+            ok = tok < total
+            q = tl.load(q_ptr + tok[:, None] * stride_qt + (head // GROUP) * stride_qh + dk[None, :],
+                        mask=ok[:, None], other=0.0)
+            first = tl.load(chunk_count_ptr + chunk, mask=chunk < segments, other=0) > 0
+            if first:
+                init_row = tl.load(init_row_ptr + chunk)
+                h = tl.load(states_ptr + init_row * stride_sr + head * stride_sh + dk[:, None] * stride_sk
+                            + cols[None, :]).to(h_ptr.dtype.element_ty)
+                w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
+                u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
+                v_new = (u.to(tl.float32) - tl.dot(w, h, input_precision=PREC)).to(v_new_ptr.dtype.element_ty)
+            else:
+                h = tl.load(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :])
+                v_new = tl.load(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
+            q_gate = tl.load(q_gate_ptr + base * L + i)
+            a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :],
+                        mask=ok[:, None] & (i[:, None] >= i[None, :]), other=0.0)
+            out = q_gate[:, None] * tl.dot(q.to(h.dtype), h, input_precision=PREC)
+            out += tl.dot(a, v_new, input_precision=PREC)
+            tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
 def gated_delta_triton(
@@ -347,6 +349,8 @@ def gated_delta_triton(
     out_block_v: int = 64,
     out_warps: int = 4,
     store_dtype: torch.dtype | None = None,
+    chunk_programs: int = 128,
+    scan_programs: int = 64,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
@@ -358,6 +362,9 @@ def gated_delta_triton(
     tile (`out_block_v`). `store_dtype` (default: the inputs' dtype) is the dtype of the stored W, U, q-k
     block, per-chunk start states and v_new, and so of the product operands of the scan and the output
     kernel: float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
+    `chunk_programs` and `scan_programs` cap the first grid dimension of the chunk kernels and the scan
+    (programs loop over the rows past it): a captured graph's tables are mostly padding, and a launch of
+    thousands of programs that only find padding costs tens of microseconds.
     On CUDA the V tiles must be at least 32 columns: compiled for the H200 with 16-column tiles, the scan
     returned non-finite values (benchmarks/results, check-gdn-bf16); the interpreter is not affected.
     """
@@ -368,6 +375,8 @@ def gated_delta_triton(
             raise ValueError(f"{name} = {dim} must be a power of two >= 16")
     if states.dtype != torch.float32 or states.stride(-1) != 1:
         raise ValueError("the state table must be float32 with a unit last stride")
+    if chunk_programs < 1 or scan_programs < 1:
+        raise ValueError("chunk_programs and scan_programs must be positive")
     if sub_block < 16 or sub_block & (sub_block - 1) or GDN_CHUNK % sub_block:
         raise ValueError(f"sub_block = {sub_block} must be a power of two in [16, {GDN_CHUNK}]")
     min_tile = 32 if q.is_cuda else 16
@@ -394,10 +403,10 @@ def gated_delta_triton(
         k_gate = torch.empty_like(q_gate)
         decay = torch.empty(chunks, v_heads, dtype=torch.float32, device=q.device)
         system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
-        _chunk_prep_kernel[(chunks, v_heads)](
+        _chunk_prep_kernel[(min(chunks, chunk_programs), v_heads)](
             q, k, v, g, beta, level.chunk_tokens,
             w, u, a, k_rows, q_gate, k_gate, decay, system,
-            total, dk**-0.5, L2_EPS,
+            total, chunks, dk**-0.5, L2_EPS,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
@@ -406,16 +415,16 @@ def gated_delta_triton(
         # written by the scan for every chunk of a segment: the state at the chunk's start, v_new = U - W S
         h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
         v_new = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
-        _state_scan_kernel[(segments, v_heads, split)](
+        _state_scan_kernel[(min(segments, scan_programs), v_heads, split)](
             k_rows, w, u, k_gate, decay, v_new, h, states,
-            level.chunk_count, level.step_start, level.init_row, level.final_row,
+            level.chunk_count, level.step_start, level.init_row, level.final_row, segments,
             states.stride(0), states.stride(1), states.stride(2),
             DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
             num_warps=scan_warps, num_stages=scan_stages,
         )
-        _chunk_output_kernel[(chunks, v_heads, dv // obv)](
+        _chunk_output_kernel[(min(chunks, chunk_programs), v_heads, dv // obv)](
             q, a, q_gate, w, u, v_new, h, states, out, level.chunk_tokens, level.chunk_count, level.init_row,
-            total, segments,
+            total, chunks, segments,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
             GROUP=group, DK=dk, DV=dv, BV=obv, L=chunk, PREC=prec, num_warps=out_warps,
         )

@@ -108,6 +108,16 @@ def test_triton_with_16_bit_storage_stays_within_its_rounding():
                             store_dtype=torch.float16)
 
 
+@pytest.mark.parametrize("programs", [{"chunk_programs": 1, "scan_programs": 1}, {"chunk_programs": 3, "scan_programs": 2}],
+                         ids=["one-program", "three-and-two"])
+def test_capped_grids_loop_over_every_row(programs):
+    """Programs that loop over several chunk rows and segments (a capped grid) compute the same round."""
+    trunks = [(64, 70, None), (130, 129, 200), (5, 1, None), (65, 0, 64), (63, 0, None)]
+    host = plan_round(make_requests(6, trunks, max_branches=4), 4)
+    assert all(len(level.init_row) > 2 for level in host.levels[::2])
+    check_against_reference(host.to("cpu").delta, host.num_tokens, 6, 1, 16, 16, **programs)
+
+
 def test_triton_matches_reference_with_resume_and_save():
     # resumed requests start from state rows 1..3; two trunks are split at their save point
     trunks = [(64, 70, None), (130, 129, 200), (5, 1, None), (65, 0, 64), (63, 0, None)]
