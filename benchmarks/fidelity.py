@@ -9,7 +9,7 @@ is transformers' Qwen3_5ForCausalLM in float32 on each question's standalone pro
 transformers in bf16 on the same prompts is the bar the engine must meet (DESIGN.md §8). Reported: mean
 and p99 total variation, top-answer agreement, and flips at 0.5 for yes/no. The engine in float32 on the
 GPU is also compared with the float32 reference (max |dp|: the CPU exactness contract, on CUDA).
-`variants` repeats the bf16 engine with one precision choice changed at a time (the residual stream's
+With --variants it repeats the bf16 engine with its precision choices changed (the residual stream's
 dtype, the Gated DeltaNet's storage dtype), so a choice is made on measured fidelity.
 """
 
@@ -108,6 +108,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-size", default="0.8B")
     parser.add_argument("--race", type=int, default=24, help="RACE passages")
+    parser.add_argument("--variants", action="store_true", help="also run the precision variants (VARIANTS)")
     args = parser.parse_args()
     checkpoint = build_random_checkpoint(args.model_size, Path(tempfile.mkdtemp(prefix="flide-fidelity-")))
     engine16 = fl.Engine.load(checkpoint, device="cuda", dtype="bfloat16", round_deadline_ms=20)
@@ -121,8 +122,9 @@ def main() -> None:
     renderer = engine32.renderer
     answers32 = answers_of(engine32, requests)
     del engine32
+    variants = VARIANTS if args.variants else {}
     variant_answers = {name: answers_of(variant_engine(checkpoint, *dtypes), requests)
-                       for name, dtypes in VARIANTS.items()}
+                       for name, dtypes in variants.items()}
 
     reference, hf16, ours16, ours32, noul = [], [], [], [], []
     model32 = load_transformers(checkpoint, torch.float32, "cuda")
@@ -133,7 +135,7 @@ def main() -> None:
     del model32
     torch.cuda.empty_cache()
     model16 = load_transformers(checkpoint, torch.bfloat16, "cuda")
-    variant_probabilities: dict[str, list[np.ndarray]] = {name: [] for name in VARIANTS}
+    variant_probabilities: dict[str, list[np.ndarray]] = {name: [] for name in variants}
     for index, (rendered, (_, questions), a16, a32) in enumerate(zip(rendered_all, requests, answers16, answers32)):
         for name, question in questions.items():
             hf16.append(hf_probabilities(model16, rendered, name))
@@ -144,7 +146,8 @@ def main() -> None:
                 variant_probabilities[variant].append(answer_probabilities(answers[index][name]))
     result = {
         "benchmark": "fidelity", "model_size": args.model_size,
-        **run_metadata(f"python benchmarks/fidelity.py --model-size {args.model_size} --race {args.race}"),
+        **run_metadata(f"python benchmarks/fidelity.py --model-size {args.model_size} --race {args.race}"
+                       + (" --variants" if args.variants else "")),
         "data": "QuALITY (CC BY 4.0) article 1 cut to 2,000 tokens + its questions; RACE dev/middle (non-commercial "
                 f"research) first {args.race} passages; plus one Noul and one Score per state",
         "requests": len(requests),
