@@ -2,9 +2,11 @@
 
     PYTHONPATH=$PWD python benchmarks/profile_round.py --model-size 0.8B
 
-Rounds: a lone ~2,000-token QuALITY state with 1 and with 64 yes/no questions, padded to the capacity its
-CUDA graph would have. The forward runs eagerly under torch.profiler (kernel times are those a graph
-replay runs; launch gaps are not counted). Also times the host side of an ask: tokenizing the state.
+Rounds: a lone ~2,000-token QuALITY state with 1 and with 64 yes/no questions, and a lone RACE passage
+with its questions (short_passages' lone request), each padded to the capacity its CUDA graph would have.
+The forward runs eagerly under torch.profiler (kernel times are those a graph replay runs; launch gaps are
+not counted: `launches` says how many kernels a replay runs). Also times the host side of an ask:
+tokenizing the state.
 """
 
 from __future__ import annotations
@@ -18,15 +20,23 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import flide_sdk as fl
-from benchmarks.common import build_random_checkpoint, run_metadata, write_result
+from benchmarks.common import (
+    build_random_checkpoint,
+    race_requests,
+    run_metadata,
+    write_result,
+)
 from benchmarks.fidelity import quality_request
 from flide_sdk.capacity import capacity_ladder, choose, pad_round
 from flide_sdk.layout import Branches, RequestSpec, plan_round
 
 
-def kernel_table(engine: fl.Engine, state: str, count: int) -> dict:
-    questions = {f"q{i}": fl.Noul(f"Does the passage mention a character named in clue number {i} of the list?")
-                 for i in range(count)}
+def yes_no_questions(count: int) -> dict:
+    return {f"q{i}": fl.Noul(f"Does the passage mention a character named in clue number {i} of the list?")
+            for i in range(count)}
+
+
+def kernel_table(engine: fl.Engine, label: str, state: str, questions: dict) -> dict:
     rendered = engine.render(state, questions)
     pool = engine.pool
     spec = RequestSpec(rendered.state_ids, Branches.of([q.ids for q in rendered.questions.values()],
@@ -48,8 +58,9 @@ def kernel_table(engine: fl.Engine, state: str, count: int) -> dict:
         if device_us > 0:
             rows.append({"kernel": event.key[:120], "calls": event.count, "ms": device_us / 1000})
     rows.sort(key=lambda row: -row["ms"])
-    return {"questions": count, "tokens": host.num_real, "capacity_tokens": capacity.tokens,
-            "device_ms_total": sum(row["ms"] for row in rows), "kernels": rows[:30]}
+    return {"round": label, "questions": len(questions), "tokens": host.num_real, "capacity_tokens": capacity.tokens,
+            "device_ms_total": sum(row["ms"] for row in rows), "launches": sum(row["calls"] for row in rows),
+            "kernels": rows[:30]}
 
 
 def main() -> None:
@@ -60,7 +71,9 @@ def main() -> None:
         path = build_random_checkpoint(args.model_size, Path(tmp) / "model")
         engine = fl.Engine.load(path, device="cuda", dtype="bfloat16", graphs=False)
         state, _ = quality_request(engine.renderer)
-        tables = [kernel_table(engine, state, count) for count in (1, 64)]
+        passage, passage_questions = race_requests(1)[0]
+        tables = [kernel_table(engine, f"quality_2000_q{count}", state, yes_no_questions(count)) for count in (1, 64)]
+        tables.append(kernel_table(engine, "race_passage", passage, passage_questions))
         tokenize = []
         for rep in range(10):
             started = time.perf_counter()
