@@ -2,10 +2,11 @@
 
 The model never touches request structure itself: attention, the gated delta rule and the short
 convolution read it from the round's metadata through the first three functions. The RMS norms (plain,
-with the residual add folded in, and the Gated DeltaNet's gated one) go through here too, so that each is
-one kernel on CUDA instead of a chain of elementwise ops. `reference_ops` binds the pure-torch definitions
-(CPU); `kernel_ops()` the Triton kernels; another kernel set drops in by providing an `Ops` with the same
-signatures.
+with the residual add folded in, the Gated DeltaNet's gated one, and attention's q/k norm with the rotary
+embedding folded in) and the small pointwise chains (the MLP's SwiGLU, the Gated DeltaNet's gates) go
+through here too, so that each is one kernel on CUDA instead of a chain of elementwise ops.
+`reference_ops` binds the pure-torch definitions (CPU); `kernel_ops()` the Triton kernels; another kernel
+set drops in by providing an `Ops` with the same signatures.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import torch
 
 from flide_sdk.kernels.fork_attention import fork_attention_reference
 from flide_sdk.kernels.gated_delta import gated_delta_reference
+from flide_sdk.kernels.gdn_gates import gdn_gates_reference
 from flide_sdk.kernels.rms_norm import (
     add_rms_norm_reference,
     gated_rms_norm_reference,
     rms_norm_reference,
 )
+from flide_sdk.kernels.rotary import rms_norm_rotary_reference
 from flide_sdk.kernels.short_conv import indexed_conv_reference
+from flide_sdk.kernels.swiglu import swiglu_reference
 from flide_sdk.layout import AttentionPlan, DeltaPlan
 
 
@@ -42,6 +46,16 @@ class Ops:
     """(x, delta, weight, eps) -> (s = x + delta in x's dtype, rms_norm(s, weight, eps))."""
     gated_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
     """(x [..., D], gate [..., D], weight [D], eps) -> weight * rmsnorm(x) * silu(gate) in x's dtype."""
+    rms_norm_rotary: Callable[[torch.Tensor, torch.Tensor, float, torch.Tensor, torch.Tensor], torch.Tensor]
+    """(x [T, H, D], weight [D], eps, cos [T, R], sin [T, R]) -> rms_norm(x) with its first R channels rotated
+    (half-split), [T, H, D] contiguous in weight's dtype; cos and sin in weight's dtype."""
+    swiglu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """(gate [T, I], up [T, I]) -> silu(gate) * up in their dtype."""
+    gdn_gates: Callable[
+        [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
+    ]
+    """(a [T, H], b [T, H], A_log [H], dt_bias [H]) -> (g = -exp(A_log) * softplus(a + dt_bias),
+    beta = sigmoid(b) rounded to b's dtype), both float32 [T, H]."""
 
 
 reference_ops = Ops(
@@ -51,6 +65,9 @@ reference_ops = Ops(
     rms_norm=rms_norm_reference,
     add_rms_norm=add_rms_norm_reference,
     gated_rms_norm=gated_rms_norm_reference,
+    rms_norm_rotary=rms_norm_rotary_reference,
+    swiglu=swiglu_reference,
+    gdn_gates=gdn_gates_reference,
 )
 
 
@@ -58,12 +75,15 @@ def kernel_ops() -> Ops:
     """The Triton kernels (used on CUDA; on CPU they run only under TRITON_INTERPRET=1, for tests)."""
     from flide_sdk.kernels.fork_attention import fork_attention_triton
     from flide_sdk.kernels.gated_delta import gated_delta_triton
+    from flide_sdk.kernels.gdn_gates import gdn_gates_triton
     from flide_sdk.kernels.rms_norm import (
         add_rms_norm_triton,
         gated_rms_norm_triton,
         rms_norm_triton,
     )
+    from flide_sdk.kernels.rotary import rms_norm_rotary_triton
     from flide_sdk.kernels.short_conv import indexed_conv_triton
+    from flide_sdk.kernels.swiglu import swiglu_triton
 
     return Ops(
         fork_attention=fork_attention_triton,
@@ -72,6 +92,9 @@ def kernel_ops() -> Ops:
         rms_norm=rms_norm_triton,
         add_rms_norm=add_rms_norm_triton,
         gated_rms_norm=gated_rms_norm_triton,
+        rms_norm_rotary=rms_norm_rotary_triton,
+        swiglu=swiglu_triton,
+        gdn_gates=gdn_gates_triton,
     )
 
 

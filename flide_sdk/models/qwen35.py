@@ -3,9 +3,10 @@
 Parameter names mirror the Hugging Face checkpoints (`layers.N.linear_attn.in_proj_qkv.weight`, ...), so a
 state dict loads by name. The forward reads request structure only through `RoundTensors` and the three
 stream ops of `flide_sdk.ops`; everything else is per-token dense math, written to match
-transformers' `Qwen3_5ForCausalLM` operation for operation. The RMS norms go through `flide_sdk.ops` too
-(fused kernels on CUDA), and each residual add is folded into the norm that reads its result: a layer returns
-its MLP output still to be added, and the next layer's input norm (or the final norm) adds it as it reads it.
+transformers' `Qwen3_5ForCausalLM` operation for operation. The RMS norms (q/k's with the rotary embedding),
+the MLP's SwiGLU and the Gated DeltaNet's gates go through `flide_sdk.ops` too (fused kernels on CUDA), and
+each residual add is folded into the norm that reads its result: a layer returns its MLP output still to be
+added, and the next layer's input norm (or the final norm) adds it as it reads it.
 RMSNorm scales by (1 + w); attention queries carry an output gate (sigmoid) and q/k are RMS-normalised per
 head before a partial rotary embedding; Gated DeltaNet runs a SiLU short convolution over q|k|v, decay
 g = -exp(A_log) * softplus(a + dt_bias), rate beta = sigmoid(b), and a gated RMSNorm (w * norm(o) * silu(z)).
@@ -121,16 +122,6 @@ def rotary_tables(positions: torch.Tensor, rotary_dim: int, theta: float, dtype:
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first rotary_dim channels of x [T, H, D] (half-split convention); the rest pass through."""
-    rot = cos.shape[-1]
-    x_rot, x_pass = x[..., :rot], x[..., rot:]
-    half = rot // 2
-    rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
-    x_rot = x_rot * cos[:, None, :] + rotated * sin[:, None, :]
-    return torch.cat([x_rot, x_pass], dim=-1)
-
-
 class Linear(nn.Module):
     """A bias-free linear layer whose weight is created uninitialised (checkpoints overwrite it)."""
 
@@ -200,9 +191,9 @@ class MLP(nn.Module):
     def fuse(self) -> None:
         self.fused = FusedProjections([self.gate_proj, self.up_proj])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         gate, up = project(self.fused, [self.gate_proj, self.up_proj], x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(ops.swiglu(gate, up))
 
 
 class GatedAttention(nn.Module):
@@ -236,8 +227,9 @@ class GatedAttention(nn.Module):
             q_gate = self.q_proj(h_q)
             k, v = self.k_proj(h), self.v_proj(h)
         q, gate = q_gate.view(h_q.shape[0], c.num_heads, 2 * c.head_dim).chunk(2, dim=-1)
-        q = apply_rotary(self.q_norm(q, ops), cos_q, sin_q)
-        k = apply_rotary(self.k_norm(k.view(h.shape[0], c.num_kv_heads, c.head_dim), ops), cos, sin)
+        q = ops.rms_norm_rotary(q, self.q_norm.weight, self.q_norm.eps, cos_q, sin_q)
+        k = k.view(h.shape[0], c.num_kv_heads, c.head_dim)
+        k = ops.rms_norm_rotary(k, self.k_norm.weight, self.k_norm.eps, cos, sin)
         v = v.reshape(h.shape[0], c.num_kv_heads, c.head_dim).contiguous()  # keys and values share a layout
         k_cache, v_cache = cache
         k_cache[rnd.checkpoint.kv_slots] = k  # tokens that are not saved go to the pool's sink slot
@@ -285,8 +277,7 @@ class GatedDeltaNet(nn.Module):
         q = q.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
         k = k.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
         v = v.view(tokens, c.gdn_value_heads, c.gdn_value_dim)
-        beta = torch.sigmoid(b).float()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        g, beta = ops.gdn_gates(a, b, self.A_log, self.dt_bias)
         core = ops.gated_delta(q, k, v, g, beta, rnd.delta, state_cache)  # states are read and saved in place
         window_cache[plan.save_slots] = conv_rows(qkv, windows, plan.save_window_src)
         if rows is not None:
@@ -326,7 +317,7 @@ class DecoderLayer(nn.Module):
         x, h = self.input_layernorm.add(x, delta, ops)
         mixed = mixer(h, rnd, ops, rope, rows, cache)
         x, h = self.post_attention_layernorm.add(x if rows is None else x[rows], mixed, ops)
-        return x, self.mlp(h)
+        return x, self.mlp(h, ops)
 
 
 class Qwen35Model(nn.Module):
