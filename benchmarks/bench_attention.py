@@ -17,12 +17,12 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from benchmarks.common import cuda_time_ms, release_config, run_metadata, write_result
 from flide_sdk.kernels.fork_attention import (
     fork_attention_reference,
     fork_attention_triton,
 )
-
-from benchmarks.common import cuda_time_ms, release_config, run_metadata, write_result
 from flide_sdk.layout import PAGE, RequestSpec, Resume, plan_round
 
 ROUNDS = {

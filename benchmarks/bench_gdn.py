@@ -26,9 +26,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
 
 from benchmarks.common import cuda_time_ms, release_config, run_metadata, write_result
+from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
 from flide_sdk.layout import RequestSpec, plan_round
 
 ROUNDS = {

@@ -14,9 +14,9 @@ import sys
 
 import numpy as np
 import torch
-from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
 
 from benchmarks.common import write_result
+from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
 from flide_sdk.layout import RequestSpec, plan_round
 
 CONFIGS = [

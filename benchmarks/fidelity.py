@@ -63,7 +63,6 @@ VARIANTS = {  # name: (residual stream dtype, Gated DeltaNet storage dtype)
 def variant_engine(checkpoint: Path, residual: torch.dtype, gdn_store: torch.dtype) -> fl.Engine:
     """The bf16 engine with its residual stream and GDN storage dtypes set (everything else as the default)."""
     from flide_sdk.kernels.gated_delta import gated_delta_triton
-
     from flide_sdk.models.checkpoint import load_model
     from flide_sdk.ops import kernel_ops
     from flide_sdk.render import Renderer

@@ -2,7 +2,7 @@
 # Every GPU check and benchmark in one device call (the lent H200 has no internet and a bare image).
 # Usage on the device, from the repository root with .whl/ and .bench-data/ carried:
 #   [SIZES="0.8B 4B"] bash benchmarks/run_gpu.sh [step ...]
-#   steps: attention gdn fidelity check graphs profile qps passages agent startup (default: the first three)
+#   steps: attention gdn conv fidelity check graphs profile qps passages agent startup (default: attention gdn fidelity)
 # JSON results land in $OUT (one file per benchmark) with a combined log. The engine benchmarks (qps passages
 # agent startup) print their JSON to $OUT only; the log gets their targets in one line each.
 set -uo pipefail
@@ -30,6 +30,7 @@ for step in $steps; do
     profile) for size in $sizes; do python3 benchmarks/profile_round.py --model-size $size | tail -c 3000; done ;;
     fidelity) python3 benchmarks/fidelity.py --model-size 0.8B ;;
     check) python3 benchmarks/check_kernels.py ;;
+    conv) for size in $sizes; do python3 benchmarks/bench_conv.py --model-size $size | tail -c 3000; done ;;
     qps) for size in $sizes; do engine_bench questions_per_state $size; done ;;
     passages) for size in $sizes; do engine_bench short_passages $size; done ;;
     agent) for size in $sizes; do engine_bench agent_replay $size; done ;;

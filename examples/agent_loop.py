@@ -15,8 +15,9 @@ import argparse
 import asyncio
 import time
 
-import flide_sdk as fl
 from example_engine import engine_from_args
+
+import flide_sdk as fl
 
 SCRIPT = [
     ("assistant", "I will look at the failing test first: run `pytest tests/test_orders.py -x`."),

@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-import flide_sdk as fl
 from example_engine import engine_from_args
+
+import flide_sdk as fl
 from flide_sdk.session import Session
 
 BLOCK_ABOVE = 0.5

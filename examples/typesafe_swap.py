@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+from example_engine import engine_from_args
 from typesafe_sdk import AsyncTypeSafeClient, Choice, Noul, Score, SystemOneResponse, TypeSafeClient
 
 import flide_sdk as fl
-from example_engine import engine_from_args
 from flide_sdk.typesafe import transport
 
 # ----------------------------------------------------------------------- unchanged TypeSafe SDK code

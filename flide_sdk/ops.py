@@ -25,7 +25,7 @@ from flide_sdk.kernels.rms_norm import (
     rms_norm_reference,
 )
 from flide_sdk.kernels.rotary import rms_norm_rotary_reference
-from flide_sdk.kernels.short_conv import indexed_conv_reference
+from flide_sdk.kernels.short_conv import indexed_conv_reference, save_windows_reference
 from flide_sdk.kernels.swiglu import swiglu_reference
 from flide_sdk.layout import AttentionPlan, DeltaPlan
 
@@ -39,7 +39,10 @@ class Ops:
     gated_delta: Callable[
         [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, DeltaPlan, torch.Tensor], torch.Tensor
     ]
-    indexed_conv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    indexed_conv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    """(x [T, C], window arena [S, K-1, C], resume_slots, weight [C, K], src [T, K]) -> silu(conv) [T, C]."""
+    save_windows: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+    """(x, window arena, resume_slots, save_slots, save_src [n, K-1]): writes the saved windows in place."""
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     """(x [..., D], weight [D], eps) -> x / rms(x) * (1 + weight) in weight's dtype (x may be wider)."""
     add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
@@ -62,6 +65,7 @@ reference_ops = Ops(
     fork_attention=fork_attention_reference,
     gated_delta=gated_delta_reference,
     indexed_conv=indexed_conv_reference,
+    save_windows=save_windows_reference,
     rms_norm=rms_norm_reference,
     add_rms_norm=add_rms_norm_reference,
     gated_rms_norm=gated_rms_norm_reference,
@@ -82,13 +86,14 @@ def kernel_ops() -> Ops:
         rms_norm_triton,
     )
     from flide_sdk.kernels.rotary import rms_norm_rotary_triton
-    from flide_sdk.kernels.short_conv import indexed_conv_triton
+    from flide_sdk.kernels.short_conv import indexed_conv_triton, save_windows_triton
     from flide_sdk.kernels.swiglu import swiglu_triton
 
     return Ops(
         fork_attention=fork_attention_triton,
         gated_delta=gated_delta_triton,
         indexed_conv=indexed_conv_triton,
+        save_windows=save_windows_triton,
         rms_norm=rms_norm_triton,
         add_rms_norm=add_rms_norm_triton,
         gated_rms_norm=gated_rms_norm_triton,

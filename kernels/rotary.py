@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from flide_sdk.kernels.rms_norm import rms_norm_reference
 
 # Elements a program holds: a block of head rows of the padded head dimension, at least one row. At 4 warps,

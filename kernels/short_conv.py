@@ -1,12 +1,17 @@
-"""Indexed short causal convolution (depthwise, kernel K) followed by SiLU, over a round's flat stream.
+"""Indexed short causal convolution (depthwise, kernel K) followed by SiLU, over a round's flat stream, and
+the conv windows a round saves for its checkpoints.
 
 Each token reads itself and its K-1 predecessors through `src` instead of through its stream neighbours.
-An index names a row of the virtual table [zero row, stream rows x, saved conv windows]: 0 is the zero
-row, 1 + t is stream token t, 1 + T + j is saved window row j. So a branch's first tokens read the last
-tokens of its trunk, a resumed trunk reads its checkpoint's window, and a position before the start of a
-prompt reads zeros. The table is never materialised: `conv_rows` resolves indices for small gathers (the
-windows a checkpoint saves) and the kernel resolves them while it loads.
-`indexed_conv_reference` is the definition; `indexed_conv_triton` the kernel (one pass, SiLU fused).
+An index names a row of the virtual table [zero row, stream rows x, resumed window rows]: 0 is the zero
+row, 1 + t is stream token t, 1 + T + j is row j % (K-1) of the saved window in pool slot
+resume_slots[j // (K-1)]. So a branch's first tokens read the last tokens of its trunk, a resumed trunk
+reads its checkpoint's window, and a position before the start of a prompt reads zeros. The table is never
+materialised: the kernels resolve indices while they load, reading the windows straight from the pool's
+window arena [slots, K-1, C] of the layer.
+A checkpoint's window is the K-1 conv inputs before its save point: `save_windows` writes, for each save
+r, the table rows save_src[r] into the arena's slot save_slots[r] (one launch on CUDA). A round never saves
+into a slot it resumes from, so the reads and writes of one launch never meet.
+`*_reference` are the definitions (torch); `*_triton` the kernels (one pass each, SiLU fused in the conv).
 """
 
 from __future__ import annotations
@@ -20,30 +25,57 @@ BLOCK_T = 32
 BLOCK_C = 128
 
 
-def conv_rows(x: torch.Tensor, windows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Rows of the virtual table [zero row, x, windows] at `index` (any shape), as [*index.shape, C]."""
+def conv_rows(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows of the virtual table [zero row, x, resumed windows] at `index` (any shape), as [*index.shape, C]."""
     total = x.shape[0]
+    windows = window_cache[resume_slots].reshape(-1, x.shape[1])
     from_stream = x[(index - 1).clamp(0, max(total - 1, 0))] if total else x.new_zeros(*index.shape, x.shape[1])
     from_window = windows[(index - 1 - total).clamp(min=0)] if windows.shape[0] else torch.zeros_like(from_stream)
     rows = torch.where((index > total)[..., None], from_window, from_stream)
     return torch.where((index == 0)[..., None], torch.zeros_like(rows), rows)
 
 
-def indexed_conv_reference(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+def indexed_conv_reference(
+    x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, weight: torch.Tensor, src: torch.Tensor
+) -> torch.Tensor:
     """silu(sum_j weight[:, j] * table[src[t, j]]) for every token t.
 
-    x: [T, C] stream rows; windows: [W, C] saved window rows; weight: [C, K] (tap K-1 is the token itself);
-    src: [T, K]. Returns [T, C] in x's dtype; the sum runs in weight's dtype.
+    x: [T, C] stream rows; window_cache: [S, K-1, C] the layer's window arena; resume_slots: [n] its slots
+    the table's window rows come from; weight: [C, K] (tap K-1 is the token itself); src: [T, K].
+    Returns [T, C] in x's dtype; the sum runs in weight's dtype.
     """
-    gathered = conv_rows(x, windows, src).to(weight.dtype)  # [T, K, C]
+    gathered = conv_rows(x, window_cache, resume_slots, src).to(weight.dtype)  # [T, K, C]
     mixed = (gathered * weight.t()[None]).sum(dim=1)
     return F.silu(mixed).to(x.dtype)
 
 
+def save_windows_reference(
+    x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, save_slots: torch.Tensor,
+    save_src: torch.Tensor,
+) -> None:
+    """window_cache[save_slots[r]] = table rows save_src[r] ([n_save, K-1]), in place."""
+    window_cache[save_slots] = conv_rows(x, window_cache, resume_slots, save_src).to(window_cache.dtype)
+
+
+@triton.jit
+def _table_rows(x_ptr, cache_ptr, resume_ptr, index, ok, chans, chan_ok, total,
+                stride_x, stride_cs, stride_ck, WINDOW: tl.constexpr):
+    """Rows `index` [B] of the virtual table at channels `chans` ([B, BC], zero where not `ok`)."""
+    in_stream = (index >= 1) & (index <= total) & ok
+    in_window = (index > total) & ok
+    j = tl.where(in_window, index - 1 - total, 0)
+    slot = tl.load(resume_ptr + j // WINDOW, mask=in_window, other=0)
+    from_stream = tl.load(x_ptr + (index - 1)[:, None] * stride_x + chans[None, :],
+                          mask=in_stream[:, None] & chan_ok[None, :], other=0.0)
+    from_window = tl.load(cache_ptr + slot[:, None] * stride_cs + (j % WINDOW)[:, None] * stride_ck + chans[None, :],
+                          mask=in_window[:, None] & chan_ok[None, :], other=0.0)
+    return tl.where(in_window[:, None], from_window, from_stream)
+
+
 @triton.jit
 def _indexed_conv_kernel(
-    x_ptr, windows_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
-    stride_x, stride_w, stride_weight, stride_src, stride_out,
+    x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
+    stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
     TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
 ):
     tokens = tl.program_id(0) * BT + tl.arange(0, BT)
@@ -53,29 +85,72 @@ def _indexed_conv_kernel(
     acc = tl.zeros((BT, BC), tl.float32)
     for tap in tl.static_range(TAPS):
         index = tl.load(src_ptr + tokens * stride_src + tap, mask=token_ok, other=0)
-        in_stream = (index >= 1) & (index <= total)
-        in_window = index > total
-        both = chan_ok[None, :]
-        from_stream = tl.load(x_ptr + (index - 1)[:, None] * stride_x + chans[None, :],
-                              mask=(in_stream & token_ok)[:, None] & both, other=0.0)
-        from_window = tl.load(windows_ptr + (index - 1 - total)[:, None] * stride_w + chans[None, :],
-                              mask=(in_window & token_ok)[:, None] & both, other=0.0)
+        rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index, token_ok, chans, chan_ok, total,
+                           stride_x, stride_cs, stride_ck, TAPS - 1)
         weight = tl.load(weight_ptr + chans * stride_weight + tap, mask=chan_ok, other=0.0).to(tl.float32)
-        acc += (from_stream.to(tl.float32) + from_window.to(tl.float32)) * weight[None, :]
+        acc += rows.to(tl.float32) * weight[None, :]
     out = acc * tl.sigmoid(acc)
     tl.store(out_ptr + tokens[:, None] * stride_out + chans[None, :], out.to(out_ptr.dtype.element_ty),
              mask=token_ok[:, None] & chan_ok[None, :])
 
 
-def indexed_conv_triton(x: torch.Tensor, windows: torch.Tensor, weight: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """The Triton kernel behind the same contract as `indexed_conv_reference` (sum in float32)."""
+@triton.jit
+def _save_windows_kernel(
+    x_ptr, cache_ptr, resume_ptr, save_slots_ptr, src_ptr, total, channels,
+    stride_x, stride_cs, stride_ck, stride_src,
+    WINDOW: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
+):
+    save = tl.program_id(0)
+    chans = tl.program_id(1) * BC + tl.arange(0, BC)
+    chan_ok = chans < channels
+    taps = tl.arange(0, BW)
+    tap_ok = taps < WINDOW
+    index = tl.load(src_ptr + save * stride_src + taps, mask=tap_ok, other=0)
+    rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index, tap_ok, chans, chan_ok, total,
+                       stride_x, stride_cs, stride_ck, WINDOW)
+    slot = tl.load(save_slots_ptr + save)
+    tl.store(cache_ptr + slot * stride_cs + taps[:, None] * stride_ck + chans[None, :],
+             rows.to(cache_ptr.dtype.element_ty), mask=tap_ok[:, None] & chan_ok[None, :])
+
+
+def _check_arena(x: torch.Tensor, window_cache: torch.Tensor) -> None:
+    if window_cache.dim() != 3 or window_cache.shape[-1] != x.shape[1] or window_cache.stride(-1) != 1:
+        raise ValueError(f"window arena {tuple(window_cache.shape)} must be [slots, K-1, {x.shape[1]}], unit last stride")
+
+
+def indexed_conv_triton(
+    x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, weight: torch.Tensor, src: torch.Tensor,
+    *, block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4,
+) -> torch.Tensor:
+    """The Triton kernel behind the same contract as `indexed_conv_reference` (sum in float32).
+
+    The keyword arguments are tuning knobs (tokens and channels per program, powers of two; warps)."""
+    _check_arena(x, window_cache)
     total, channels = x.shape
     out = torch.empty_like(x)
-    windows = windows if windows.shape[0] else x[:1]  # never read when no window rows exist
-    grid = (triton.cdiv(total, BLOCK_T), triton.cdiv(channels, BLOCK_C))
+    resume_slots = resume_slots if resume_slots.numel() else src.new_zeros(1)  # never read without resumes
+    grid = (triton.cdiv(total, block_t), triton.cdiv(channels, block_c))
     _indexed_conv_kernel[grid](
-        x, windows, weight, src, out, total, channels,
-        x.stride(0), windows.stride(0), weight.stride(0), src.stride(0), out.stride(0),
-        TAPS=src.shape[1], BT=BLOCK_T, BC=BLOCK_C,
+        x, window_cache, resume_slots, weight, src, out, total, channels,
+        x.stride(0), window_cache.stride(0), window_cache.stride(1), weight.stride(0), src.stride(0), out.stride(0),
+        TAPS=src.shape[1], BT=block_t, BC=block_c, num_warps=num_warps,
     )
     return out
+
+
+def save_windows_triton(
+    x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, save_slots: torch.Tensor,
+    save_src: torch.Tensor,
+) -> None:
+    """The Triton kernel behind the same contract as `save_windows_reference` (one launch)."""
+    _check_arena(x, window_cache)
+    saves, window = save_src.shape
+    if saves == 0:
+        return
+    total, channels = x.shape
+    resume_slots = resume_slots if resume_slots.numel() else save_src.new_zeros(1)  # never read without resumes
+    _save_windows_kernel[(saves, triton.cdiv(channels, BLOCK_C))](
+        x, window_cache, resume_slots, save_slots, save_src, total, channels,
+        x.stride(0), window_cache.stride(0), window_cache.stride(1), save_src.stride(0),
+        WINDOW=window, BW=triton.next_power_of_2(window), BC=BLOCK_C,
+    )

@@ -14,8 +14,8 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
 
+from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
 from flide_sdk.layout import (
     DISCARD_ROW,
     GDN_CHUNK,

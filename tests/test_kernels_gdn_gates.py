@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+
 from flide_sdk.kernels.gdn_gates import gdn_gates_reference, gdn_gates_triton
 
 from .test_kernels_norm import DTYPES, check, inputs

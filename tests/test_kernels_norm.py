@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from flide_sdk.kernels.rms_norm import (
     add_rms_norm_reference,
     add_rms_norm_triton,

@@ -110,7 +110,7 @@ def test_indexed_conv_reference_matches_conv1d():
     rnd = host.to("cpu")
     x = torch.randn(host.num_tokens, 12)
     weight = torch.randn(12, CONV)
-    out = indexed_conv_reference(x, x.new_zeros(0, 12), weight, rnd.conv_src)
+    out = indexed_conv_reference(x, x.new_zeros(0, CONV - 1, 12), rnd.checkpoint.resume_slots, weight, rnd.conv_src)
     for prompt in prompts(requests, host):
         seq = x[prompt].t()[None]
         expected = F.silu(F.conv1d(seq, weight[:, None, :], padding=CONV - 1, groups=12)[..., : len(prompt)])[0].t()

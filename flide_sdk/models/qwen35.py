@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flide_sdk.kernels.short_conv import conv_rows
 from flide_sdk.layout import RoundTensors
 from flide_sdk.ops import Ops
 
@@ -271,15 +270,15 @@ class GatedDeltaNet(nn.Module):
         state_cache, window_cache = cache
         plan = rnd.checkpoint
         qkv, z, b, a = project(self.fused, [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a], h)
-        windows = window_cache[plan.resume_slots].reshape(-1, c.conv_dim)  # resumed conv inputs (see layout)
-        mixed = ops.indexed_conv(qkv, windows, self.conv1d.weight[:, 0, :], rnd.conv_src)
+        # resumed trunks read their checkpoints' conv windows straight from the arena (see layout)
+        mixed = ops.indexed_conv(qkv, window_cache, plan.resume_slots, self.conv1d.weight[:, 0, :], rnd.conv_src)
         q, k, v = mixed.split([key_dim, key_dim, c.gdn_value_heads * c.gdn_value_dim], dim=-1)
         q = q.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
         k = k.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
         v = v.view(tokens, c.gdn_value_heads, c.gdn_value_dim)
         g, beta = ops.gdn_gates(a, b, self.A_log, self.dt_bias)
         core = ops.gated_delta(q, k, v, g, beta, rnd.delta, state_cache)  # states are read and saved in place
-        window_cache[plan.save_slots] = conv_rows(qkv, windows, plan.save_window_src)
+        ops.save_windows(qkv, window_cache, plan.resume_slots, plan.save_slots, plan.save_window_src)
         if rows is not None:
             core, z = core[rows], z[rows]
         out = ops.gated_rms_norm(core, z.view(-1, c.gdn_value_heads, c.gdn_value_dim), self.norm.weight, c.rms_norm_eps)

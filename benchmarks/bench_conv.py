@@ -1,0 +1,87 @@
+"""Indexed short convolution on the H200: time of each tuning against the memory-bound floor, and the
+window save, on the rounds the end-to-end benchmarks run.
+
+    PYTHONPATH=$PWD python benchmarks/bench_conv.py --model-size 0.8B
+
+Rounds: one 2,000-token trunk + 1 branch of 40 tokens (questions_per_state, Q = 1), the same trunk + 64
+branches of 40, and 64 requests of a 350-token trunk + 4 branches of 20 (short_passages at 64 clients).
+Inputs are random bf16 [T, C] with the release's conv channels (2 Hk Dk + Hv Dv). Per tuning (tokens and
+channels per program, warps): the median time of a CUDA-graph replay and the effective bandwidth of one
+read and one write of x, next to the H200's 4.8 TB/s; the output must equal the default tuning's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import numpy as np
+import torch
+
+from benchmarks.common import cuda_time_ms, release_config, run_metadata, write_result
+from flide_sdk.kernels.short_conv import indexed_conv_triton, save_windows_triton
+from flide_sdk.layout import RequestSpec, Save, plan_round
+
+ROUNDS = {
+    "q1_one_trunk_1_branch": [(2000, [40])],
+    "one_trunk_64_branches": [(2000, [40] * 64)],
+    "passages_64_requests": [(350, [20] * 4)] * 64,
+}
+TUNINGS = [(32, 128, 4), (64, 128, 4), (32, 256, 4), (64, 256, 8), (128, 128, 8), (16, 256, 4)]
+PEAK_BYTES_PER_S = 4.8e12
+DEVICE = "cuda"
+
+
+def graph_time(fn) -> dict[str, float]:
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return cuda_time_ms(graph.replay, warmup=5, repeat=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-size", default="0.8B")
+    args = parser.parse_args()
+    text = release_config(args.model_size)["text_config"]
+    channels = 2 * text["linear_num_key_heads"] * text["linear_key_head_dim"] + (
+        text["linear_num_value_heads"] * text["linear_value_head_dim"])
+    kernel = text["linear_conv_kernel_dim"]
+    rng = np.random.default_rng(0)
+    results = {}
+    for name, spec in ROUNDS.items():
+        requests = [RequestSpec.of(rng.integers(0, 100, trunk), [rng.integers(0, 100, b) for b in branches],
+                                   [np.array([1])] * len(branches), save=Save(trunk, slot, np.arange(trunk)))
+                    for slot, (trunk, branches) in enumerate(spec)]
+        rnd = plan_round(requests, kernel).to(DEVICE)
+        total = rnd.ids.shape[0]
+        x = torch.randn(total, channels, device=DEVICE, dtype=torch.bfloat16)
+        weight = torch.randn(channels, kernel, device=DEVICE, dtype=torch.bfloat16)
+        arena = torch.zeros(len(spec) + 1, kernel - 1, channels, device=DEVICE, dtype=torch.bfloat16)
+        plan = rnd.checkpoint
+        reference = indexed_conv_triton(x, arena, plan.resume_slots, weight, rnd.conv_src)
+        floor_ms = 1000 * 2 * x.numel() * x.element_size() / PEAK_BYTES_PER_S
+        tunings = {}
+        for block_t, block_c, warps in TUNINGS:
+            run = functools.partial(indexed_conv_triton, x, arena, plan.resume_slots, weight, rnd.conv_src,
+                                    block_t=block_t, block_c=block_c, num_warps=warps)
+            same = bool(torch.equal(run(), reference))
+            timing = graph_time(run)
+            tunings[f"t{block_t}_c{block_c}_w{warps}"] = {
+                **timing, "equal_to_default": same, "floor_fraction": floor_ms / timing["median_ms"]}
+        save = graph_time(functools.partial(save_windows_triton, x, arena, plan.resume_slots, plan.save_slots,
+                                            plan.save_window_src))
+        best = min(tunings, key=lambda key: tunings[key]["median_ms"])
+        results[name] = {"tokens": total, "channels": channels, "floor_ms": floor_ms, "tunings": tunings,
+                         "best": best, "save_windows": save, "saves": int(plan.save_slots.shape[0])}
+    write_result(f"conv-{args.model_size}", {
+        "benchmark": "indexed_conv", "model_size": args.model_size,
+        **run_metadata(f"python benchmarks/bench_conv.py --model-size {args.model_size}"),
+        "rounds": results,
+    })
+
+
+if __name__ == "__main__":
+    main()
