@@ -38,13 +38,13 @@ ROUNDS = {
 }
 KNOB_CHOICES = {  # first value = the kernel's default
     "sub_block": [16, 32],
-    "prep_warps": [8, 4],
+    "prep_warps": [4, 8],
     "block_v": [32, 64, 128],
     "split_v": [None, 1, 2],
     "scan_warps": [4, 8, 2],
     "scan_stages": [2, 1, 3],
     "out_block_v": [64, 32, 128],
-    "out_warps": [8, 4],
+    "out_warps": [4, 8],
 }
 PRECISE = {"store_dtype": torch.float32, "scan_warps": 8}
 REPEAT = 100
