@@ -13,9 +13,11 @@ state this way, which makes every branch compute exactly what it computes alone.
 `gated_delta_reference` is the definition, used on CPU; it batches all chunks of a level for the
 intra-chunk work and loops over scan steps (not tokens, not segments).
 
-`gated_delta_triton` is the GPU version of the same contract: three launches per level, grids that depend
-only on tensor shapes (no host synchronisation, CUDA-graph safe) and are capped (programs loop over the
-rows past the cap); only the state recurrence is sequential:
+`gated_delta_triton` is the GPU version of the same contract, with grids that depend only on tensor shapes
+(no host synchronisation, CUDA-graph safe) and are capped (programs loop over the rows past the cap). A
+round's three levels take five launches: one chunk-prep launch over the chunk rows of all levels (stacked),
+one scan per level (a level starts from states the previous ones wrote), one output launch over all chunk
+rows. Only the state recurrence is sequential:
 - `_chunk_prep_kernel`, one program per (chunk, value head): gathers the chunk's tokens, builds Gamma,
   A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
   16-row sub-blocks (through a float32 scratch), and stores W = T (beta K exp(cum)), U = T (beta V), the
@@ -41,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flide_sdk.layout import GDN_CHUNK, DeltaPlan
+from flide_sdk.layout import GDN_CHUNK, DeltaLevel, DeltaPlan
 
 L2_EPS = 1e-6
 
@@ -133,16 +135,26 @@ def _unit_lower_inverse(n, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, PREC: tl.c
 
 
 @triton.jit
+def _level_row(row, start1, start2, first_ptr, second_ptr, third_ptr):
+    """(the level's pointer, the row within its level, the level) of a row of the three levels' stacked
+    chunk rows: level 1 starts at row start1, level 2 at start2."""
+    level = (row >= start1).to(tl.int32) + (row >= start2).to(tl.int32)
+    ptr = tl.where(level == 2, third_ptr, tl.where(level == 1, second_ptr, first_ptr))
+    return ptr, row - tl.where(level == 2, start2, tl.where(level == 1, start1, 0)), level
+
+
+@triton.jit
 def _chunk_prep_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, chunk_tokens_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
     w_ptr, u_ptr, a_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
-    total, chunks, scale, eps,
+    total, start1, start2, chunks, scale, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Per (chunk, value head) everything of the chunk that does not depend on the state; a program takes
-    chunk rows pid, pid + P, ... of its head (P programs: the grid stays small when most rows are padding).
+    """Per (chunk, value head) everything of the chunk that does not depend on the state, for the chunk rows
+    of up to three levels at once (`_level_row`); a program takes rows pid, pid + P, ... of its head (P
+    programs: the grid stays small when most rows are padding).
 
     The system A goes through this program's [L, L] float32 scratch `system_ptr`: its lower SUB x SUB
     blocks are read back (tuples indexed b * (b + 1) // 2 + c, block row b >= block column c) so that
@@ -155,10 +167,11 @@ def _chunk_prep_kernel(
     dk = tl.arange(0, DK)
     row, col = i[:, None], i[None, :]
     for chunk in range(tl.program_id(0), chunks, tl.num_programs(0)):
-        if tl.load(chunk_tokens_ptr + chunk * L) < total:
+        chunk_tokens_ptr, local, _ = _level_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr)
+        if tl.load(chunk_tokens_ptr + local * L) < total:
             base = chunk * tl.num_programs(1) + head
             scratch = system_ptr + base * L * L
-            tok = tl.load(chunk_tokens_ptr + chunk * L + i)
+            tok = tl.load(chunk_tokens_ptr + local * L + i)
             ok = tok < total
             key_head = head // GROUP
 
@@ -285,18 +298,19 @@ def _state_scan_kernel(
 @triton.jit
 def _chunk_output_kernel(
     q_ptr, a_ptr, q_gate_ptr, w_ptr, u_ptr, v_new_ptr, h_ptr, states_ptr, out_ptr,
-    chunk_tokens_ptr, chunk_count_ptr, init_row_ptr,
-    total, chunks, segments,
+    tokens0_ptr, tokens1_ptr, tokens2_ptr, count0_ptr, count1_ptr, count2_ptr, init0_ptr, init1_ptr, init2_ptr,
+    total, start1, start2, chunks, segments0, segments1, segments2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_sr, stride_sh, stride_sk,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, L: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Per (chunk, value head, V tile) o = (q exp(cum)) S_j + (q K^T * Gamma) v_new for the chunk's tokens;
-    a program takes chunk rows pid, pid + P, ... of its head and V tile.
+    """Per (chunk, value head, V tile) o = (q exp(cum)) S_j + (q K^T * Gamma) v_new for the chunk's tokens,
+    for the chunk rows of up to three levels at once (`_level_row`); a program takes rows pid, pid + P, ...
+    of its head and V tile.
 
     S_j is the state at the chunk's start and v_new = U - W S_j the chunk's corrected values, both left by
-    the scan for a segment's later chunks. A segment's first chunk (chunk row s < segments with
-    chunk_count[s] > 0: step 0 holds rows 0..) reads S_0 from the segment's init row of the state table,
+    the scan for a segment's later chunks. A segment's first chunk (row s of its level with s < segments and
+    chunk_count[s] > 0: step 0 holds a level's rows 0..) reads S_0 from the segment's init row of the state table,
     which no segment of the level writes, and computes its v_new here, exactly as the scan does (the same
     products and roundings). All-padding chunks are skipped.
     """
@@ -305,15 +319,19 @@ def _chunk_output_kernel(
     dk = tl.arange(0, DK)
     cols = tl.program_id(2) * BV + tl.arange(0, BV)
     for chunk in range(tl.program_id(0), chunks, tl.num_programs(0)):
-        if tl.load(chunk_tokens_ptr + chunk * L) < total:
+        chunk_tokens_ptr, local, level = _level_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr)
+        if tl.load(chunk_tokens_ptr + local * L) < total:
             base = chunk * tl.num_programs(1) + head
-            tok = tl.load(chunk_tokens_ptr + chunk * L + i)
+            tok = tl.load(chunk_tokens_ptr + local * L + i)
             ok = tok < total
             q = tl.load(q_ptr + tok[:, None] * stride_qt + (head // GROUP) * stride_qh + dk[None, :],
                         mask=ok[:, None], other=0.0)
-            first = tl.load(chunk_count_ptr + chunk, mask=chunk < segments, other=0) > 0
+            chunk_count_ptr, _, _ = _level_row(chunk, start1, start2, count0_ptr, count1_ptr, count2_ptr)
+            init_row_ptr, _, _ = _level_row(chunk, start1, start2, init0_ptr, init1_ptr, init2_ptr)
+            segments = tl.where(level == 2, segments2, tl.where(level == 1, segments1, segments0))
+            first = tl.load(chunk_count_ptr + local, mask=local < segments, other=0) > 0
             if first:
-                init_row = tl.load(init_row_ptr + chunk)
+                init_row = tl.load(init_row_ptr + local)
                 h = tl.load(states_ptr + init_row * stride_sr + head * stride_sh + dk[:, None] * stride_sk
                             + cols[None, :]).to(h_ptr.dtype.element_ty)
                 w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
@@ -329,6 +347,21 @@ def _chunk_output_kernel(
             out += tl.dot(a, v_new, input_precision=PREC)
             tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
                      out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+
+
+LEVELS_PER_LAUNCH = 3  # a round's levels (layout.plan_round): one prep and one output launch for all of them
+
+
+def _level_groups(levels: list[DeltaLevel]) -> list[list[DeltaLevel]]:
+    """The levels in groups of LEVELS_PER_LAUNCH, the last group completed with empty levels (no chunk
+    rows, no segments)."""
+    groups = []
+    for first in range(0, len(levels), LEVELS_PER_LAUNCH):
+        group = levels[first : first + LEVELS_PER_LAUNCH]
+        empty = DeltaLevel(group[0].chunk_tokens[:0], [], group[0].init_row[:0], group[0].final_row[:0],
+                           group[0].chunk_count[:0], group[0].step_start[:0])
+        groups.append(group + [empty] * (LEVELS_PER_LAUNCH - len(group)))
+    return groups
 
 
 def gated_delta_triton(
@@ -393,8 +426,13 @@ def gated_delta_triton(
     store = store_dtype or q.dtype
     chunk = GDN_CHUNK
     group = v_heads // k_heads
-    for level in plan.levels:
-        chunks, segments = level.chunk_tokens.shape[0], level.init_row.shape[0]
+    for levels in _level_groups(plan.levels):
+        sizes = [level.chunk_tokens.shape[0] for level in levels]
+        segments = [level.init_row.shape[0] for level in levels]
+        start1, start2 = sizes[0], sizes[0] + sizes[1]
+        chunks = sum(sizes)  # the three levels' chunk rows, stacked
+        if chunks == 0:
+            continue
         w = torch.empty(chunks, v_heads, chunk, dk, dtype=store, device=q.device)
         u = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
         a = torch.empty(chunks, v_heads, chunk, chunk, dtype=store, device=q.device)
@@ -403,28 +441,33 @@ def gated_delta_triton(
         k_gate = torch.empty_like(q_gate)
         decay = torch.empty(chunks, v_heads, dtype=torch.float32, device=q.device)
         system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
+        tokens = [level.chunk_tokens for level in levels]
         _chunk_prep_kernel[(min(chunks, chunk_programs), v_heads)](
-            q, k, v, g, beta, level.chunk_tokens,
+            q, k, v, g, beta, *tokens,
             w, u, a, k_rows, q_gate, k_gate, decay, system,
-            total, chunks, dk**-0.5, L2_EPS,
+            total, start1, start2, chunks, dk**-0.5, L2_EPS,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
             COLS=min(dk, dv, 64), PREC=prec, num_warps=prep_warps,
         )
-        # written by the scan for every chunk of a segment: the state at the chunk's start, v_new = U - W S
+        # written by the scan for every chunk of a segment past its first: the state at the chunk's start and
+        # v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
         h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
         v_new = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
-        _state_scan_kernel[(min(segments, scan_programs), v_heads, split)](
-            k_rows, w, u, k_gate, decay, v_new, h, states,
-            level.chunk_count, level.step_start, level.init_row, level.final_row, segments,
-            states.stride(0), states.stride(1), states.stride(2),
-            DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
-            num_warps=scan_warps, num_stages=scan_stages,
-        )
+        for level, first, size, count in zip(levels, (0, start1, start2), sizes, segments):
+            rows = slice(first, first + size)
+            _state_scan_kernel[(min(count, scan_programs), v_heads, split)](
+                k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
+                level.chunk_count, level.step_start, level.init_row, level.final_row, count,
+                states.stride(0), states.stride(1), states.stride(2),
+                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
+                num_warps=scan_warps, num_stages=scan_stages,
+            )
         _chunk_output_kernel[(min(chunks, chunk_programs), v_heads, dv // obv)](
-            q, a, q_gate, w, u, v_new, h, states, out, level.chunk_tokens, level.chunk_count, level.init_row,
-            total, chunks, segments,
+            q, a, q_gate, w, u, v_new, h, states, out, *tokens,
+            *(level.chunk_count for level in levels), *(level.init_row for level in levels),
+            total, start1, start2, chunks, *segments,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
             GROUP=group, DK=dk, DV=dv, BV=obv, L=chunk, PREC=prec, num_warps=out_warps,
         )

@@ -118,6 +118,23 @@ def test_capped_grids_loop_over_every_row(programs):
     check_against_reference(host.to("cpu").delta, host.num_tokens, 6, 1, 16, 16, **programs)
 
 
+def test_plans_of_other_level_counts_run_in_groups_of_three():
+    """One prep and one output launch serve three levels; a plan of one level, or of four, runs the same."""
+    host = plan_round(make_requests(7, [(130, 0, 100), (65, 0, None)], max_branches=3), 4)
+    plan = host.to("cpu").delta
+    four = DeltaPlan([*plan.levels, plan.levels[1]], plan.num_rows)  # level 1 again: its segments run twice
+    check_against_reference(four, host.num_tokens, 7, 1, 16, 16)
+    q, k, v, g, beta, states = random_inputs(7, host.num_tokens, plan.num_rows, 1, 16, 16)
+    one = DeltaPlan(plan.levels[:1], plan.num_rows)
+    expected_states = states.clone()
+    expected = gated_delta_reference(q, k, v, g, beta, one, expected_states)
+    got = gated_delta_triton(q, k, v, g, beta, one, states)
+    covered = plan.levels[0].chunk_tokens.flatten()
+    covered = covered[covered < host.num_tokens]  # only a plan's segments' tokens get outputs
+    assert relative_error(got[covered], expected[covered]) <= TOLERANCE
+    assert relative_error(states, expected_states) <= TOLERANCE
+
+
 def test_triton_matches_reference_with_resume_and_save():
     # resumed requests start from state rows 1..3; two trunks are split at their save point
     trunks = [(64, 70, None), (130, 129, 200), (5, 1, None), (65, 0, 64), (63, 0, None)]
