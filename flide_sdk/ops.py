@@ -19,6 +19,7 @@ import torch
 from flide_sdk.kernels.fork_attention import fork_attention_reference
 from flide_sdk.kernels.gated_delta import gated_delta_reference
 from flide_sdk.kernels.gdn_gates import gdn_gates_reference
+from flide_sdk.kernels.kv_store import store_kv_reference
 from flide_sdk.kernels.rms_norm import (
     add_rms_norm_reference,
     gated_rms_norm_reference,
@@ -41,6 +42,8 @@ class Ops:
     ]
     indexed_conv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     """(x [T, C], window arena [S, K-1, C], resume_slots, weight [C, K], src [T, K]) -> silu(conv) [T, C]."""
+    store_kv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+    """(k, v [T, Hkv, D], k_cache, v_cache [positions, Hkv, D], slots [T]): caches[slots] = k, v in place."""
     save_windows: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
     """(x, window arena, resume_slots, save_slots, save_src [n, K-1]): writes the saved windows in place."""
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -66,6 +69,7 @@ reference_ops = Ops(
     gated_delta=gated_delta_reference,
     indexed_conv=indexed_conv_reference,
     save_windows=save_windows_reference,
+    store_kv=store_kv_reference,
     rms_norm=rms_norm_reference,
     add_rms_norm=add_rms_norm_reference,
     gated_rms_norm=gated_rms_norm_reference,
@@ -80,6 +84,7 @@ def kernel_ops() -> Ops:
     from flide_sdk.kernels.fork_attention import fork_attention_triton
     from flide_sdk.kernels.gated_delta import gated_delta_triton
     from flide_sdk.kernels.gdn_gates import gdn_gates_triton
+    from flide_sdk.kernels.kv_store import store_kv_triton
     from flide_sdk.kernels.rms_norm import (
         add_rms_norm_triton,
         gated_rms_norm_triton,
@@ -94,6 +99,7 @@ def kernel_ops() -> Ops:
         gated_delta=gated_delta_triton,
         indexed_conv=indexed_conv_triton,
         save_windows=save_windows_triton,
+        store_kv=store_kv_triton,
         rms_norm=rms_norm_triton,
         add_rms_norm=add_rms_norm_triton,
         gated_rms_norm=gated_rms_norm_triton,

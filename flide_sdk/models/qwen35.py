@@ -231,8 +231,7 @@ class GatedAttention(nn.Module):
         k = ops.rms_norm_rotary(k, self.k_norm.weight, self.k_norm.eps, cos, sin)
         v = v.reshape(h.shape[0], c.num_kv_heads, c.head_dim).contiguous()  # keys and values share a layout
         k_cache, v_cache = cache
-        k_cache[rnd.checkpoint.kv_slots] = k  # tokens that are not saved go to the pool's sink slot
-        v_cache[rnd.checkpoint.kv_slots] = v
+        ops.store_kv(k, v, k_cache, v_cache, rnd.checkpoint.kv_slots)  # tokens not saved go to the pool's sink
         out = ops.fork_attention(q, k, v, rnd.attention, rows, k_cache, v_cache)
         out = out.reshape(h_q.shape[0], -1) * torch.sigmoid(gate.reshape(h_q.shape[0], -1))
         return self.o_proj(out)
