@@ -128,10 +128,21 @@ def pad_into(host: HostRound, capacity: Capacity, out: dict[str, np.ndarray], wi
     requests, questions = len(host.request_bounds), host.num_questions
 
     def put(name: str, array: np.ndarray, fill: int) -> np.ndarray:
+        """`array` into the head of `out[name]` (rows, and columns where it is narrower), `fill` elsewhere."""
         target = out[name]
-        target.fill(fill)
-        target[tuple(slice(0, n) for n in array.shape)] = array
+        head = target[: len(array)]
+        if array.shape[1:] == target.shape[1:]:
+            head[...] = array
+        else:
+            head.fill(fill)
+            head[:, : array.shape[1]] = array
+        target[len(array) :] = fill
         return target
+
+    def shift_windows(target: np.ndarray, rows: int) -> None:
+        """Conv-table rows past the real tokens (resumed windows) move up by the padding tokens."""
+        head = target[:rows]
+        np.add(head, total - real, out=head, where=head > real)
 
     put("ids", host.ids, 0)
     put("positions", host.positions, 0)
@@ -141,11 +152,10 @@ def pad_into(host: HostRound, capacity: Capacity, out: dict[str, np.ndarray], wi
     put("history_len", host.history_len, 0)
     put("page_offset", host.page_offset, 0)
     put("pages", host.pages, 0)
-    put("conv_src", np.where(host.conv_src > real, host.conv_src + total - real, host.conv_src), 0)
+    shift_windows(put("conv_src", host.conv_src, 0), real)
     put("resume_slots", host.resume_slots, window_sink)
     put("save_slots", host.save_slots, window_sink)
-    put("save_window_src", np.where(host.save_window_src > real, host.save_window_src + total - real,
-                                    host.save_window_src), 0)
+    shift_windows(put("save_window_src", host.save_window_src, 0), len(host.save_window_src))
     put("kv_slots", host.kv_slots, kv_sink)
     put("readout_rows", host.readout_rows, real)
     labels = put("label_ids", host.label_ids, -1)
@@ -153,7 +163,8 @@ def pad_into(host: HostRound, capacity: Capacity, out: dict[str, np.ndarray], wi
     out["num_tokens"][0] = real
     for index, level in enumerate(host.levels):
         prefix = f"level{index}."
-        put(prefix + "chunk_tokens", np.where(level.chunk_tokens == real, total, level.chunk_tokens), total)
+        chunks = put(prefix + "chunk_tokens", level.chunk_tokens, total)[: len(level.chunk_tokens)]
+        chunks[chunks == real] = total  # padding positions of real chunks read the padded tail instead
         put(prefix + "step_start", level.step_start, 0)
         put(prefix + "init_row", level.init_row, zero_row)
         put(prefix + "final_row", level.final_row, DISCARD_ROW)

@@ -31,7 +31,7 @@ import torch
 from flide_sdk.capacity import capacity_ladder
 from flide_sdk.errors import EngineClosedError, QueueFullError
 from flide_sdk.graphs import GraphRunner, Launch
-from flide_sdk.history import Trunk
+from flide_sdk.history import BLOCK, Trunk
 from flide_sdk.layout import Branches, HostRound, RequestSpec, Resume, Save, plan_round
 from flide_sdk.models.checkpoint import load_model
 from flide_sdk.models.qwen35 import Qwen35Model
@@ -49,6 +49,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 CPU_POOL_BYTES = 512 << 20
 CUDA_POOL_FRACTION = 0.4  # of the free device memory after the weights are loaded
 DEFER_MIN_TOKENS = 64  # an ask waits for a checkpoint produced in the same round only if it saves this much
+# (at least BLOCK: `_traverse` finds the producers an ask may wait for by the hash of their first block)
 STAT_KEYS = (
     "rounds", "asks", "questions", "tokens_computed", "tokens_padded", "tokens_resumed", "checkpoint_hits",
     "checkpoint_misses", "graph_replays", "eager_runs", "deferred", "merged_trunks", "mutable_tail_tokens",
@@ -79,7 +80,7 @@ class AskPayload:
     """One ask on its way through the round thread: trunk, questions, their branches (laid out once, when
     the ask is prepared, so the round thread only concatenates them), the resume point."""
 
-    __slots__ = ("branch_tokens", "branches", "questions", "rendered", "resume", "trunk")
+    __slots__ = ("branch_tokens", "branches", "first_block", "questions", "rendered", "resume", "trunk", "trunk_key")
 
     def __init__(self, trunk: Trunk, questions: dict[str, Question], rendered: dict[str, RenderedQuestion]) -> None:
         self.trunk = trunk
@@ -88,6 +89,10 @@ class AskPayload:
         self.branches = Branches.of([q.ids for q in rendered.values()], [q.label_ids for q in rendered.values()])
         self.branch_tokens = int(self.branches.lengths.sum())
         self.resume: Checkpoint | None = None
+        # equal for asks with the same trunk (`same_trunk` holds only between asks with equal keys)
+        self.trunk_key = (len(trunk), trunk.boundary, trunk.block_hash(trunk.boundary // BLOCK))
+        # hash of the first BLOCK tokens (None if shorter): equal for an ask and any producer it `waits_for`
+        self.first_block = trunk.block_hash(1) if len(trunk) >= BLOCK else None
 
     @property
     def resume_length(self) -> int:
@@ -98,6 +103,7 @@ class AskPayload:
         return (
             len(a) == len(b)
             and a.boundary == b.boundary
+            and a.block_hash(a.boundary // BLOCK) == b.block_hash(b.boundary // BLOCK)  # stored hashes: a quick no
             and np.array_equal(a.tail, b.tail)
             and a.prefix_equals(b.buffer, b.boundary)
         )
@@ -107,6 +113,10 @@ class AskPayload:
         (worth a round's wait only when it saves at least DEFER_MIN_TOKENS of trunk)."""
         at = producer.trunk.boundary
         if not self.resume_length + DEFER_MIN_TOKENS <= at < len(self.trunk) or at <= producer.resume_length:
+            return False
+        blocks = at // BLOCK  # when both hashes are stored, they give a quick no before comparing tokens
+        ours = self.trunk.block_hash(blocks) if blocks <= self.trunk.boundary // BLOCK else None
+        if ours is not None and ours != producer.trunk.block_hash(blocks):
             return False
         return self.trunk.prefix_equals(producer.trunk.buffer, at) and not self.same_trunk(producer)
 
@@ -313,6 +323,8 @@ class Engine:
     def _traverse(self, pending: deque[PendingAsk]) -> list[PendingAsk]:
         capacity = self._loop.max_round_tokens
         selected: list[PendingAsk] = []
+        by_trunk: dict[tuple[int, int, int], list[AskPayload]] = {}  # selected asks, indexed for the scan
+        by_first_block: dict[int, list[AskPayload]] = {}
         kept: deque[PendingAsk] = deque()
         tokens = requests = questions = 0
         deferred = 0
@@ -323,11 +335,11 @@ class Engine:
                 continue
             resume = self.pool.lookup(payload.trunk)
             payload.resume = resume
-            if any(payload.waits_for(other.payload) for other in selected):
+            if any(payload.waits_for(other) for other in by_first_block.get(payload.first_block, ())):
                 kept.append(ask)
                 deferred += 1
                 continue
-            merged = any(payload.same_trunk(other.payload) for other in selected)
+            merged = any(payload.same_trunk(other) for other in by_trunk.get(payload.trunk_key, ()))
             cost = payload.branch_tokens + (0 if merged else len(payload.trunk) - payload.resume_length)
             full = (tokens + cost > capacity or requests + (not merged) > self.max_round_requests
                     or questions + len(payload.branches) > self.max_round_questions)
@@ -339,6 +351,9 @@ class Engine:
             if resume is not None:
                 self.pool.pin(resume)
             selected.append(ask)
+            by_trunk.setdefault(payload.trunk_key, []).append(payload)
+            if payload.first_block is not None:
+                by_first_block.setdefault(payload.first_block, []).append(payload)
             tokens += cost
             requests += not merged
             questions += len(payload.branches)
@@ -353,10 +368,13 @@ class Engine:
         so a later round reading them runs after this one wrote them). None if it failed (asks resolved)."""
         started = time.perf_counter()
         groups: list[list[PendingAsk]] = []
+        by_trunk: dict[tuple[int, int, int], list[list[PendingAsk]]] = {}
         for ask in batch:
-            group = next((g for g in groups if g[0].payload.same_trunk(ask.payload)), None)
+            candidates = by_trunk.setdefault(ask.payload.trunk_key, [])
+            group = next((g for g in candidates if g[0].payload.same_trunk(ask.payload)), None)
             if group is None:
                 groups.append([ask])
+                candidates.append(groups[-1])
             else:
                 group.append(ask)
         saves: list[PlannedSave] = []
@@ -432,12 +450,13 @@ class Engine:
     def _answers(self, groups: list[list[PendingAsk]], probabilities: np.ndarray) -> list[tuple[PendingAsk, SystemOneResponse]]:
         results = []
         row = 0
+        probabilities = probabilities.astype(np.float64)
         for group in groups:
             for ask in group:
                 answers: dict[str, Answer] = {}
                 for name, question in ask.payload.questions.items():
                     count = len(ask.payload.rendered[name].label_ids)
-                    answers[name] = question.answer(np.asarray(probabilities[row, :count], dtype=np.float64))
+                    answers[name] = question.answer(probabilities[row, :count])
                     row += 1
                 usage = Usage(input_tokens=len(ask.payload.trunk) + ask.payload.branch_tokens, output_tokens=len(answers))
                 results.append((ask, SystemOneResponse(answers, model=self.name, usage=usage)))

@@ -37,8 +37,8 @@ QWEN_PRETOKENIZER_PATTERN = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-Encoder = Callable[[str], tuple[np.ndarray, np.ndarray]]
-"""text -> (token ids, start offset of each token in characters)."""
+Encoder = Callable[[str, int], tuple[np.ndarray, int]]
+"""(text, cut) -> (token ids of text, how many of them encode text[:cut]); cut is 0 or a stable boundary."""
 
 
 class TokenBuffer:
@@ -214,19 +214,14 @@ class History:
     def snapshot(self) -> Trunk:
         """Tokenize the tail, advance the stable boundary, and return the trunk of an ask made now."""
         body = self._pending
-        ids, starts = self._encode(body + self._closer + SEPARATOR)
         text = self._lookbehind + body
         found = self._boundaries.last(text, len(self._lookbehind) + 1)
+        relative = 0 if found is None else found - len(self._lookbehind)
+        ids, stable_count = self._encode(body + self._closer + SEPARATOR, relative)
         previous = self.buffer.size
-        stable_count = 0
-        if found is not None:
-            relative = found - len(self._lookbehind)
-            index = int(np.searchsorted(starts, relative))
-            if index < len(starts) and starts[index] == relative:
-                stable_count = index
-                self._pending = body[relative:]
-                self._lookbehind = text[max(0, found - self._boundaries.longest) : found]
         if stable_count:
+            self._pending = body[relative:]
+            self._lookbehind = text[max(0, found - self._boundaries.longest) : found]
             self.buffer.extend(ids[:stable_count])
             unhashed = self.buffer.view(len(self.hashes) * BLOCK)
             self.hashes.extend(chain_hashes(unhashed, self.hashes[-1] if self.hashes else HASH_SEED))

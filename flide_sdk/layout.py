@@ -94,11 +94,15 @@ class Branches:
         lengths = np.array([len(branch) for branch in branches], dtype=np.int64)
         if (lengths == 0).any():
             raise ValueError("a branch must have at least one token")
-        width = max((len(label) for label in labels), default=1)
-        table = np.full((len(labels), width), -1, dtype=np.int64)
-        for row, label in enumerate(labels):
-            table[row, : len(label)] = label
-        ids = np.concatenate([np.asarray(b, dtype=np.int64) for b in branches]) if branches else np.zeros(0, np.int64)
+        widths = [len(label) for label in labels]
+        width = max(widths, default=1)
+        if widths and min(widths) == width:  # as many labels in every row (questions of one kind)
+            table = np.array(labels, dtype=np.int64).reshape(len(labels), width)
+        else:
+            table = np.full((len(labels), width), -1, dtype=np.int64)
+            for row, label in enumerate(labels):
+                table[row, : len(label)] = label
+        ids = np.concatenate(branches, dtype=np.int64, casting="unsafe") if branches else np.zeros(0, np.int64)
         return cls(ids, lengths, table)
 
     @classmethod
@@ -106,8 +110,11 @@ class Branches:
         if len(parts) == 1:
             return parts[0]
         width = max(part.labels.shape[1] for part in parts)
-        labels = np.concatenate([np.pad(p.labels, ((0, 0), (0, width - p.labels.shape[1])), constant_values=-1)
-                                 for p in parts])
+        labels = np.full((sum(len(part) for part in parts), width), -1, dtype=np.int64)
+        row = 0
+        for part in parts:
+            labels[row : row + len(part), : part.labels.shape[1]] = part.labels
+            row += len(part)
         return cls(np.concatenate([p.ids for p in parts]), np.concatenate([p.lengths for p in parts]), labels)
 
     def __len__(self) -> int:
@@ -292,18 +299,18 @@ def plan_round(
     if len(requests) > rows.scratch_count:
         raise ValueError(f"{len(requests)} requests but {rows.scratch_count} scratch state rows")
     count = len(requests)
-    first = np.array([r.start for r in requests], dtype=np.int64)
-    computed = np.array([len(r.trunk) for r in requests], dtype=np.int64)
+    first = np.fromiter((r.start for r in requests), dtype=np.int64, count=count)
+    computed = np.fromiter((len(r.trunk) for r in requests), dtype=np.int64, count=count)
     if (computed < 1).any():
         raise ValueError("every request computes at least one trunk token")
-    resumed = np.array([r.resume is not None for r in requests], dtype=bool)
+    resumed = np.fromiter((r.resume is not None for r in requests), dtype=bool, count=count)
     if ((first > 0) != resumed).any():
         raise ValueError("a request starts past position 0 exactly when it resumes from a checkpoint")
     branches = Branches.join([r.branches for r in requests]) if requests else Branches.of([], [])
-    per_request = np.array([len(r.branches) for r in requests], dtype=np.int64)
+    per_request = np.fromiter((len(r.branches) for r in requests), dtype=np.int64, count=count)
     branch_request = np.repeat(np.arange(count), per_request)
 
-    # pieces in stream order: each request's trunk, then its branches
+    # pieces in stream order: each request's trunk, then its branches; per-token metadata repeats per-piece values
     piece_len = np.empty(count + len(branches), dtype=np.int64)
     piece_request = np.empty_like(piece_len)
     trunk_piece = np.arange(count) + _offsets(per_request)
@@ -314,23 +321,20 @@ def plan_round(
     piece_start = _offsets(piece_len)
     total = int(piece_len.sum())
     trunk_start = piece_start[trunk_piece]
+    branch_start = piece_start[~is_trunk_piece]
     branch_tokens = np.bincount(branch_request, weights=branches.lengths, minlength=count).astype(np.int64)
     request_end = trunk_start + computed + branch_tokens
 
-    piece_of = np.repeat(np.arange(len(piece_len)), piece_len)
-    within = np.arange(total, dtype=np.int64) - piece_start[piece_of]
-    request_of = piece_request[piece_of]
-    in_branch = ~is_trunk_piece[piece_of]
-    tok_first, tok_start, tok_computed = first[request_of], trunk_start[request_of], computed[request_of]
-    trunk_end_pos = tok_first + tok_computed  # absolute position just past the trunk
-    positions = np.where(in_branch, trunk_end_pos + within, tok_first + within)
-    key_lo = tok_start
-    ctx_hi = np.where(in_branch, tok_start + tok_computed, tok_start)
-    seg_lo = np.where(in_branch, piece_start[piece_of], tok_start)
-    ids = np.empty(total, dtype=np.int64)
-    if count:
-        ids[~in_branch] = np.concatenate([r.trunk for r in requests])
-    ids[in_branch] = branches.ids
+    past_trunk = np.where(is_trunk_piece, 0, computed[piece_request])  # a branch continues after its whole trunk
+    piece_position = first[piece_request] + past_trunk  # position of each piece's first token
+    piece_key_lo = trunk_start[piece_request]
+    request_of = np.repeat(piece_request, piece_len)
+    positions = np.arange(total, dtype=np.int64) + np.repeat(piece_position - piece_start, piece_len)
+    key_lo = np.repeat(piece_key_lo, piece_len)
+    ctx_hi = np.repeat(piece_key_lo + past_trunk, piece_len)
+    seg_lo = np.repeat(piece_start, piece_len)  # a trunk piece starts at its trunk's start
+    parts = [part for r in requests for part in (r.trunk, r.branches.ids)]
+    ids = np.concatenate(parts, dtype=np.int64, casting="unsafe") if parts else np.zeros(0, dtype=np.int64)
 
     # conv sources: stream rows 1 + t, resumed windows 1 + total + resume_index * (K - 1) + j, else 0
     window_rows = conv_kernel - 1
@@ -343,43 +347,53 @@ def plan_round(
         window = 1 + total + resume_index[request] * window_rows + q - f + window_rows
         return np.where(q >= f, trunk_start[request] + q - f + 1, np.where(q >= 0, window, 0))
 
-    pred = positions[:, None] + taps[None, :]
-    own_branch = in_branch[:, None] & (pred >= trunk_end_pos[:, None])
-    conv_src = np.where(own_branch, seg_lo[:, None] + pred - trunk_end_pos[:, None] + 1,
-                        trunk_rows(request_of[:, None], pred))
+    # a tap inside its own piece reads the stream row of that token (a trunk is contiguous across its save
+    # point); only the first K - 1 tokens of a piece have taps before it: trunk rows, the resumed window or 0
+    conv_src = np.empty((total, conv_kernel), dtype=np.int64)
+    stream_rows = np.arange(2 - conv_kernel, total + 1, dtype=np.int64)
+    for tap in range(conv_kernel):  # column by column: token t's tap j reads row t + 1 + taps[j]
+        conv_src[:, tap] = stream_rows[tap : tap + total]
+    piece, lead = np.nonzero(np.arange(window_rows)[None, :] < piece_len[:, None])
+    lead_tokens = piece_start[piece] + lead
+    before = (lead[:, None] + taps[None, :]) < 0
+    conv_src[lead_tokens] = np.where(
+        before, trunk_rows(piece_request[piece, None], (piece_position[piece] + lead)[:, None] + taps[None, :]),
+        conv_src[lead_tokens])
 
     # Gated DeltaNet segments
-    save_at = np.array([r.save.at if r.save else 0 for r in requests], dtype=np.int64)
-    saves = np.array([r.save is not None for r in requests], dtype=bool)
+    save_at = np.fromiter((r.save.at if r.save else 0 for r in requests), dtype=np.int64, count=count)
+    saves = np.fromiter((r.save is not None for r in requests), dtype=bool, count=count)
     if (saves & ~((first < save_at) & (save_at <= first + computed))).any():
         raise ValueError("a save point lies outside its request's computed trunk (start, end]")
     split = np.where(saves, save_at - first, computed)
     scratch = rows.scratch + np.arange(count, dtype=np.int64)
-    save_row = np.array([rows.slot_base + r.save.slot if r.save else -1 for r in requests], dtype=np.int64)
-    init = np.array([rows.slot_base + r.resume.slot if r.resume else rows.zero for r in requests], dtype=np.int64)
+    save_row = np.fromiter((rows.slot_base + r.save.slot if r.save else -1 for r in requests), dtype=np.int64,
+                           count=count)
+    init = np.fromiter((rows.slot_base + r.resume.slot if r.resume else rows.zero for r in requests),
+                       dtype=np.int64, count=count)
     trunk_final = np.where(saves & (split == computed), save_row, scratch)
     remainder = saves & (split < computed)
     levels = [
         _plan_level(trunk_start, split, init, np.where(saves, save_row, scratch), total),
         _plan_level((trunk_start + split)[remainder], (computed - split)[remainder], save_row[remainder],
                     scratch[remainder], total),
-        _plan_level(piece_start[~is_trunk_piece], branches.lengths, trunk_final[branch_request],
+        _plan_level(branch_start, branches.lengths, trunk_final[branch_request],
                     np.full(len(branches), DISCARD_ROW, dtype=np.int64), total),
     ]
 
     # checkpoint traffic
     kv_slots = np.full(total, kv_sink, dtype=np.int64)
-    for request, start, n in zip(requests, trunk_start, split):
+    for request, start, n in zip(requests, trunk_start.tolist(), split.tolist()):
         if request.save is not None:
             kv_slots[start : start + n] = request.save.kv_slots
     saving = np.flatnonzero(saves)
     save_window_src = trunk_rows(saving[:, None], save_at[saving, None] + taps[None, :-1]).reshape(-1, window_rows)
 
     history_len = first.copy()
-    page_lists = [r.resume.pages if r.resume else np.zeros(0, np.int64) for r in requests]
-    page_count = np.array([-(-f // PAGE) for f in first], dtype=np.int64)
+    page_count = -(-first // PAGE)
     page_offset = _offsets(page_count)
-    pages = np.concatenate([np.asarray(p, dtype=np.int64)[:n] for p, n in zip(page_lists, page_count)] + [np.zeros(0, np.int64)])
+    pages = np.concatenate([np.asarray(r.resume.pages, dtype=np.int64)[:n]
+                            for r, n in zip(requests, page_count.tolist()) if r.resume] + [np.zeros(0, np.int64)])
 
     return HostRound(
         ids=ids,
@@ -393,7 +407,7 @@ def plan_round(
         pages=pages,
         num_real=total,
         request_bounds=list(zip(trunk_start.tolist(), request_end.tolist())),
-        history=[(int(f), r.resume.pages if r.resume else None) for f, r in zip(first, requests)],
+        history=[(int(r.start), r.resume.pages if r.resume else None) for r in requests],
         levels=levels,
         num_rows=rows.num_rows,
         conv_src=conv_src,
@@ -401,14 +415,14 @@ def plan_round(
         save_slots=np.array([r.save.slot for r in requests if r.save], dtype=np.int64),
         save_window_src=save_window_src,
         kv_slots=kv_slots,
-        readout_rows=piece_start[~is_trunk_piece] + branches.lengths - 1,
+        readout_rows=branch_start + branches.lengths - 1,
         label_ids=branches.labels,
     )
 
 
 def _offsets(counts: np.ndarray) -> np.ndarray:
     """Exclusive prefix sums: where each of a list of consecutive runs of `counts` starts."""
-    return (np.cumsum(counts) - counts).astype(np.int64)
+    return (np.cumsum(counts) - counts).astype(np.int64, copy=False)
 
 
 def _plan_level(start: np.ndarray, length: np.ndarray, init_row: np.ndarray, final_row: np.ndarray,
@@ -417,16 +431,20 @@ def _plan_level(start: np.ndarray, length: np.ndarray, init_row: np.ndarray, fin
     if len(length) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return HostLevel(np.zeros((0, GDN_CHUNK), dtype=np.int64), [], empty, empty, empty, empty)
+    if len(length) == 1 and length[0] > 0:  # one segment (a lone request's trunk levels): its chunks in order
+        tokens, steps = int(length[0]), -(-int(length[0]) // GDN_CHUNK)
+        chunk_tokens = np.arange(int(start[0]), int(start[0]) + steps * GDN_CHUNK, dtype=np.int64).reshape(steps, -1)
+        chunk_tokens[-1, tokens - (steps - 1) * GDN_CHUNK :] = pad_index
+        return HostLevel(chunk_tokens, [1] * steps, init_row.copy(), final_row.copy(),
+                         np.array([steps], dtype=np.int64), np.arange(steps, dtype=np.int64))
     order = np.argsort(-length, kind="stable")
     start, length, init_row, final_row = start[order], length[order], init_row[order], final_row[order]
-    counts = -(-length // GDN_CHUNK)
-    steps = int(counts.max(initial=0))
-    active = (counts[None, :] > np.arange(steps)[:, None]).sum(axis=1)
+    counts = -(-length // GDN_CHUNK)  # non-increasing
+    active = (counts[None, :] > np.arange(counts[0])[:, None]).sum(axis=1)
     step_start = _offsets(active)
-    segment = np.repeat(np.arange(len(counts)), counts)
-    step = np.arange(len(segment)) - np.repeat(_offsets(counts), counts)
-    row = step_start[step] + segment
-    offset = step[:, None] * GDN_CHUNK + np.arange(GDN_CHUNK)[None, :]
-    chunk_tokens = np.full((len(segment), GDN_CHUNK), pad_index, dtype=np.int64)
-    chunk_tokens[row] = np.where(offset < length[segment, None], start[segment, None] + offset, pad_index)
-    return HostLevel(chunk_tokens, active.tolist(), init_row, final_row, counts.astype(np.int64), step_start)
+    step = np.repeat(np.arange(len(active), dtype=np.int64), active)  # chunk rows in step-major order
+    segment = np.arange(len(step)) - step_start[step]
+    chunk_tokens = (start[segment] + step * GDN_CHUNK)[:, None] + np.arange(GDN_CHUNK)[None, :]
+    chunk_tokens = np.where(chunk_tokens < (start + length)[segment, None], chunk_tokens, pad_index)
+    counts = counts.astype(np.int64, copy=False)
+    return HostLevel(chunk_tokens, active.tolist(), init_row, final_row, counts, step_start)

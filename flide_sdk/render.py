@@ -11,12 +11,14 @@ newline, before a letter or digit, see `history`); `Renderer` refuses any other 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import string
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,7 @@ from flide_sdk.questions import Choice, Content, Noul, Question, Score
 
 LETTERS = tuple(string.ascii_uppercase)
 ENCODE_PIECE_CHARS = 512  # longer texts are encoded in pieces of about this size, in parallel
+QUESTION_CACHE = 4096  # rendered questions (and branch texts) kept, least recently used dropped first
 DIGITS = tuple(string.digits)
 REPLY_CHOICE = "Answer with the letter of one option only."
 REPLY_NOUL = "Answer with yes or no only."
@@ -151,6 +154,31 @@ def question_text(question: Question) -> str:
     return "\n".join(lines)
 
 
+def content_key(question: Question) -> tuple | None:
+    """A hashable key that determines how `question` renders (type, instructions, options in order), when
+    all its content is plain text; None when some of it is JSON data (rendered each time, never cached)."""
+    instructions, criteria = question.instructions, question.criteria
+    if instructions is not None and type(instructions) is not str:
+        return None
+    if criteria is None:
+        options = None
+    elif isinstance(question, Score):
+        options = tuple(criteria)
+        if not all(type(level) is str for level in options):
+            return None
+    else:
+        options = tuple(criteria.items())
+        if not all(type(name) is str and (value is None or type(value) is str) for name, value in options):
+            return None
+    return type(question), instructions, options
+
+
+def _trim(cache: OrderedDict) -> None:
+    """Drop the least recently used entries past QUESTION_CACHE."""
+    while len(cache) > QUESTION_CACHE:
+        cache.popitem(last=False)
+
+
 def _reply(question: Question, labels: tuple[str, ...]) -> str:
     if isinstance(question, Choice):
         return REPLY_CHOICE
@@ -185,7 +213,10 @@ class Renderer:
         self.max_prompt_tokens = max_prompt_tokens
         added = [token.content for token in tokenizer.get_added_tokens_decoder().values()]
         self.boundaries = BoundaryFinder(added)
-        self._branch_ids = lru_cache(maxsize=4096)(self._encode)
+        # least recently used first: rendered questions by `content_key`, branch ids by branch text
+        self._questions: OrderedDict[tuple, RenderedQuestion] = OrderedDict()
+        self._branches: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_lock = threading.Lock()
         self._label_ids: dict[str, int] = {}
 
     @classmethod
@@ -197,21 +228,21 @@ class Renderer:
         return cls(Tokenizer.from_file(str(tokenizer_file)), load_chat_template(path), max_prompt_tokens)
 
     def _encode(self, text: str) -> np.ndarray:
-        ids = np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
-        ids.flags.writeable = False  # shared through the branch cache
-        return ids
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
-    def encode_with_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids of `text` and each token's first character. A long text is cut at stable boundaries
-        into pieces that the tokenizer encodes in parallel (same tokens: BPE never merges across them)."""
+    def encode_cut(self, text: str, cut: int) -> tuple[np.ndarray, int]:
+        """Token ids of `text`, and how many of them encode `text[:cut]` (`cut`: 0, or a stable boundary of
+        `text`). The text is cut there and, when long, at more stable boundaries, into pieces that the tokenizer
+        encodes in parallel, without offsets (same tokens: BPE never merges across a stable boundary)."""
         cuts = self.boundaries.cuts(text, ENCODE_PIECE_CHARS) if len(text) > 2 * ENCODE_PIECE_CHARS else []
+        if cut and cut not in cuts:
+            bisect.insort(cuts, cut)
         bounds = [0, *cuts, len(text)]
         pieces = [text[a:b] for a, b in itertools.pairwise(bounds)]
-        encodings = self.tokenizer.encode_batch(pieces, add_special_tokens=False)
+        encodings = self.tokenizer.encode_batch_fast(pieces, add_special_tokens=False)
         ids = np.concatenate([np.asarray(e.ids, dtype=np.int64) for e in encodings])
-        starts = np.concatenate([np.fromiter((begin + start for start, _ in e.offsets), dtype=np.int64,
-                                             count=len(e.ids)) for begin, e in zip(bounds, encodings)])
-        return ids, starts
+        before = sum(len(e) for e, end in zip(encodings, bounds[1:]) if end <= cut)
+        return ids, before
 
     def label_id(self, label: str) -> int:
         if label not in self._label_ids:
@@ -223,11 +254,11 @@ class Renderer:
 
     def new_history(self) -> History:
         """An empty, growing history (a session's state)."""
-        return History(self.head, self.encode_with_offsets, self.boundaries)
+        return History(self.head, self.encode_cut, self.boundaries)
 
     def trunk(self, state: Any) -> Trunk:
         """The trunk of a one-off ask about `state`, with its stable boundary."""
-        return History.of_state(self.head, state_text(state), self.encode_with_offsets, self.boundaries).snapshot()
+        return History.of_state(self.head, state_text(state), self.encode_cut, self.boundaries).snapshot()
 
     def trunk_text(self, state: Any) -> str:
         return self.head + state_text(state) + SEPARATOR
@@ -237,13 +268,52 @@ class Renderer:
         return self.trunk_text(state) + question_text(question) + self.tail
 
     def render_questions(self, questions: Mapping[str, Question]) -> dict[str, RenderedQuestion]:
-        return {name: self.render_question(question) for name, question in questions.items()}
+        """Each question's branch. A question of plain-text content is rendered once, then served from a cache
+        by content (`content_key`); the branch texts of the rest are tokenized in one batch (a cache by text
+        serves repeated ones). Cached arrays are read-only."""
+        keys = {name: content_key(question) for name, question in questions.items()}
+        rendered: dict[str, RenderedQuestion] = {}
+        with self._cache_lock:
+            for name, key in keys.items():
+                hit = None if key is None else self._questions.get(key)
+                if hit is not None:
+                    self._questions.move_to_end(key)
+                    rendered[name] = hit
+        missing = [name for name in questions if name not in rendered]
+        if not missing:
+            return rendered
+        parts = {}
+        for name in missing:  # validation errors raise in question order
+            text, labels = question_text(questions[name]), question_labels(questions[name])
+            label_ids = np.array([self.label_id(label) for label in labels], dtype=np.int64)
+            label_ids.flags.writeable = False  # shared through the cache
+            parts[name] = text, labels, label_ids
+        branch_ids = self._branch_ids([parts[name][0] + self.tail for name in missing])
+        with self._cache_lock:
+            for name, ids in zip(missing, branch_ids):
+                text, labels, label_ids = parts[name]
+                rendered[name] = RenderedQuestion(ids, label_ids, labels, text)
+                if keys[name] is not None:
+                    self._questions[keys[name]] = rendered[name]
+            _trim(self._questions)
+        return {name: rendered[name] for name in questions}
 
-    def render_question(self, question: Question) -> RenderedQuestion:
-        text = question_text(question)
-        labels = question_labels(question)
-        label_ids = np.array([self.label_id(label) for label in labels], dtype=np.int64)
-        return RenderedQuestion(self._branch_ids(text + self.tail), label_ids, labels, text)
+    def _branch_ids(self, texts: list[str]) -> list[np.ndarray]:
+        """Token ids of branch texts (read-only, shared): from the cache by text, the rest in one batch."""
+        with self._cache_lock:
+            found = {text: self._branches[text] for text in texts if text in self._branches}
+            for text in found:
+                self._branches.move_to_end(text)
+        new = list(dict.fromkeys(text for text in texts if text not in found))
+        if new:
+            for text, encoding in zip(new, self.tokenizer.encode_batch_fast(new, add_special_tokens=False)):
+                ids = np.asarray(encoding.ids, dtype=np.int64)
+                ids.flags.writeable = False
+                found[text] = ids
+            with self._cache_lock:
+                self._branches.update((text, found[text]) for text in new)
+                _trim(self._branches)
+        return [found[text] for text in texts]
 
     def check_length(self, trunk_tokens: int, questions: Mapping[str, RenderedQuestion]) -> None:
         longest = trunk_tokens + max(len(q.ids) for q in questions.values())

@@ -62,7 +62,7 @@ def reference_probabilities(hf_model, rendered: Rendered, name: str) -> np.ndarr
     ids = torch.as_tensor(rendered.prompt_ids(name))[None]
     with torch.no_grad():
         logits = hf_model(ids).logits[0, -1].float()
-    labels = torch.as_tensor(rendered.questions[name].label_ids)
+    labels = torch.tensor(rendered.questions[name].label_ids)  # a copy: cached label ids are read-only
     return torch.softmax(logits[labels], dim=-1).numpy()
 
 

@@ -3,6 +3,7 @@ the mutable tail stays short, and block hashes chain."""
 
 from __future__ import annotations
 
+import bisect
 import json
 import random
 from pathlib import Path
@@ -127,8 +128,9 @@ def test_trunk_prefix_checks_and_hashes(tiny_path):
 
 
 def test_long_texts_encode_in_pieces_like_the_whole(tiny_path):
-    """encode_with_offsets cuts long texts at stable boundaries and encodes the pieces in parallel; the
-    ids and character offsets are those of encoding the whole text at once (adversarial pieces included)."""
+    """encode_cut cuts texts at stable boundaries (long ones at many) and encodes the pieces in parallel; the
+    ids are those of encoding the whole text at once, and at every stable boundary a token of the whole
+    text starts, the count encode_cut reports before it (adversarial pieces included)."""
     rng = random.Random(7)
     for renderer in renderers(tiny_path):
         for trial in range(6):
@@ -136,6 +138,8 @@ def test_long_texts_encode_in_pieces_like_the_whole(tiny_path):
             cuts = renderer.boundaries.cuts(text, 2048)
             assert len(text) < 4096 or cuts, "a long text is encoded in more than one piece"
             whole = renderer.tokenizer.encode(text, add_special_tokens=False)
-            ids, starts = renderer.encode_with_offsets(text)
-            assert ids.tolist() == whole.ids
-            assert starts.tolist() == [start for start, _ in whole.offsets]
+            starts = [start for start, _ in whole.offsets]
+            for cut in [0, *renderer.boundaries.cuts(text, 61)[trial::6]]:
+                ids, before = renderer.encode_cut(text, cut)
+                assert ids.tolist() == whole.ids
+                assert before == bisect.bisect_left(starts, cut) and (cut == 0 or starts[before] == cut)

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 import flide_sdk as fl
-from flide_sdk.render import Renderer, load_chat_template
+from flide_sdk import render
+from flide_sdk.render import (
+    Renderer,
+    content_key,
+    load_chat_template,
+    question_labels,
+    question_text,
+)
 
 HEAD = "<|im_start|>user\n"
 TAIL = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -144,3 +151,65 @@ def test_trunk_stops_before_question_text(engine):
     trunk_text = engine.renderer.tokenizer.decode(rendered.state_ids.tolist(), skip_special_tokens=False)
     assert trunk_text.endswith("state text\n\n")
     assert np.array_equal(rendered.questions["q"].ids, rendered.questions["r"].ids)
+
+
+def render_one(renderer, question):
+    return renderer.render_questions({"q": question})["q"]
+
+
+def _uncached(renderer, question) -> tuple:
+    """A question's branch ids, label ids, labels and text, computed directly from its text."""
+    text = question_text(question)
+    labels = question_labels(question)
+    ids = renderer.tokenizer.encode(text + renderer.tail, add_special_tokens=False).ids
+    return ids, [renderer.label_id(label) for label in labels], labels, text
+
+
+CACHE_QUESTIONS = [
+    fl.Noul("Is it?"), fl.Noul("Is it?", {"true": "it is"}), fl.Noul("Is it?", {"false": "it is"}),
+    fl.Noul("Is it?", {"true": None}), fl.Noul(criteria={"true": "Is it?"}), fl.Noul("Is it"),
+    fl.Choice("Which?", {"a": None, "b": None}), fl.Choice("Which?", {"b": None, "a": None}),
+    fl.Choice("Which?", {"a": "", "b": None}), fl.Choice(criteria={"a": None, "b": None}),
+    # the same prompt text with two options or one (a description holding an option line): other labels
+    fl.Choice("Which?", {"a": "x", "b": None}), fl.Choice("Which?", {"a": "x\nB: b"}),
+    fl.Choice("Which?", {"0": "a", "1": "b"}), fl.Score("Which?", ["a", "b"]), fl.Score("Which?", ["b", "a"]),
+    fl.Score("How far?", [f"l{i}" for i in range(12)]), fl.Score("How far?", [f"l{i}" for i in range(10)]),
+    # JSON content: never cached, rendered each time
+    fl.Choice({"k": 1}, {"a": None}), fl.Choice("Which?", {"a": {"k": 1}}), fl.Choice("Which?", {"a": '{"k": 1}'}),
+    fl.Score("How?", [["x"], "y"]), fl.Noul(criteria={"true": {"k": [1]}}),
+]
+
+
+def test_question_cache_serves_exactly_the_uncached_render(engine):
+    """Rendered questions are cached by content: a cached branch is the uncached one, and questions that
+    differ in any way (type, instructions, option names, order or descriptions) never share an entry."""
+    renderer = engine.renderer
+    keys = [content_key(q) for q in CACHE_QUESTIONS]
+    plain = [key for key in keys if key is not None]
+    assert len(set(plain)) == len(plain) == len(CACHE_QUESTIONS) - 4
+    named = {f"q{index}": question for index, question in enumerate(CACHE_QUESTIONS)}
+    for together in (True, False, True):  # all new, tokenized as one batch; then served from the cache
+        batch = renderer.render_questions(named) if together else {n: render_one(renderer, q) for n, q in named.items()}
+        assert list(batch) == list(named)
+        for name, rendered in batch.items():
+            assert (rendered.ids.tolist(), rendered.label_ids.tolist(), rendered.labels, rendered.text) == _uncached(
+                renderer, named[name]), named[name]
+            assert not rendered.ids.flags.writeable and not rendered.label_ids.flags.writeable
+    again = fl.Choice("Which?", {"a": None, "b": None})
+    assert render_one(renderer, again) is render_one(renderer, CACHE_QUESTIONS[6])
+
+
+def test_question_cache_follows_changed_content_and_stays_bounded(engine, monkeypatch):
+    renderer = engine.renderer
+    criteria = {"a": None, "b": None}
+    question = fl.Choice("Which one?", criteria)
+    assert render_one(renderer, question).labels == ("A", "B")
+    criteria["c"] = "a third"  # the same question object, with other content: rendered again
+    rendered = render_one(renderer, question)
+    assert (rendered.ids.tolist(), rendered.label_ids.tolist(), rendered.labels, rendered.text) == _uncached(
+        renderer, question)
+    monkeypatch.setattr(render, "QUESTION_CACHE", 3)
+    for index in range(6):
+        question = fl.Noul(f"Is it number {index}?")
+        assert render_one(renderer, question).text == question_text(question)
+        assert len(renderer._questions) <= 3 and len(renderer._branches) <= 3

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+from collections import deque
 
 import numpy as np
 import pytest
 
 import flide_sdk as fl
+from flide_sdk.engine import DEFER_MIN_TOKENS
+from flide_sdk.rounds import PendingAsk
 
 from .conftest import TOLERANCE, answer_probabilities, reference_probabilities
 
@@ -309,3 +312,86 @@ def test_a_session_holds_one_checkpoint_and_forks_keep_theirs(engine, fresh, hf_
     assert after["checkpoint_hits"] - before["checkpoint_hits"] == 1
     assert after["tokens_resumed"] - before["tokens_resumed"] >= kept.length
     check(answers, fresh, hf_tiny, state + " the child asks late")
+
+
+def _scan_traverse(engine, pending: deque) -> tuple[list, int, int]:
+    """Admission by the definitions, comparing each queued ask with every ask selected so far: the selected
+    asks, how many were deferred and how many merged with a selected trunk."""
+
+    def same(a, b) -> bool:
+        x, y = a.trunk, b.trunk
+        return (len(x) == len(y) and x.boundary == y.boundary and np.array_equal(x.tail, y.tail)
+                and x.prefix_equals(y.buffer, y.boundary))
+
+    def waits(ask, producer) -> bool:
+        at = producer.trunk.boundary
+        if not ask.resume_length + DEFER_MIN_TOKENS <= at < len(ask.trunk) or at <= producer.resume_length:
+            return False
+        return ask.trunk.prefix_equals(producer.trunk.buffer, at) and not same(ask, producer)
+
+    selected, kept = [], deque()
+    tokens = requests = questions = deferred = merges = 0
+    while pending:
+        ask = pending.popleft()
+        payload = ask.payload
+        payload.resume = resume = engine.pool.lookup(payload.trunk)
+        if any(waits(payload, other.payload) for other in selected):
+            kept.append(ask)
+            deferred += 1
+            continue
+        merged = any(same(payload, other.payload) for other in selected)
+        cost = payload.branch_tokens + (0 if merged else len(payload.trunk) - payload.resume_length)
+        full = (tokens + cost > engine._loop.max_round_tokens or requests + (not merged) > engine.max_round_requests
+                or questions + len(payload.branches) > engine.max_round_questions)
+        if selected and full:
+            kept.append(ask)
+            continue
+        ask.future.set_running_or_notify_cancel()
+        if resume is not None:
+            engine.pool.pin(resume)
+        selected.append(ask)
+        tokens, requests, questions = tokens + cost, requests + (not merged), questions + len(payload.branches)
+        merges += merged
+    pending.extend(kept)
+    return selected, deferred, merges
+
+
+def test_indexed_admission_matches_the_scan_over_every_selected_ask(engine):
+    """`_traverse` looks selected asks up by trunk key and first block instead of comparing with each: it
+    admits, defers, merges and leaves queued exactly the asks the plain scan does."""
+    rng = random.Random(3)
+    base = " ".join(WORDS * 6)
+    resumed = engine.session()
+    resumed.append(base)
+    resumed.ask_sync(QUESTIONS)  # a checkpoint in the pool
+    trunks = []
+    for step in range(4):
+        fork = resumed.fork()
+        fork.append(growth(rng))
+        trunks += [fork._history.snapshot(), fork._history.snapshot()]
+        resumed.append(growth(rng))
+        trunks.append(resumed._history.snapshot())
+    for index in range(6):
+        trunks += [engine.renderer.trunk(base), engine.renderer.trunk(base + growth(rng)),
+                   engine.renderer.trunk(f"{index}{growth(rng)}"), engine.renderer.trunk(f"short {index}")]
+    exercised = np.zeros(3, dtype=int)  # deferred, merged, left queued for room
+    for limits in ((100_000, 64), (400, 64), (100_000, 3)):
+        engine._loop.max_round_tokens, engine.max_round_requests = limits
+        for _ in range(5):
+            rng.shuffle(trunks)
+            asks = [engine.prepare(trunk, {"q": QUESTIONS["stuck"]} if i % 3 else QUESTIONS)
+                    for i, trunk in enumerate(trunks)]
+            twins = [PendingAsk(ask.payload, ask.tokens) for ask in asks]
+            before = engine.stats()["deferred"]
+            indexed = deque(asks)
+            selected = engine._traverse(indexed)
+            engine._unpin(selected)
+            deferred = engine.stats()["deferred"] - before
+            scanned = deque(twins)
+            expected, expected_deferred, merges = _scan_traverse(engine, scanned)
+            engine._unpin(expected)
+            assert [asks.index(a) for a in selected] == [twins.index(a) for a in expected]
+            assert [asks.index(a) for a in indexed] == [twins.index(a) for a in scanned]
+            assert deferred == expected_deferred
+            exercised += [deferred, merges, len(indexed) - deferred]
+    assert exercised.all()
