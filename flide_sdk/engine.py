@@ -53,7 +53,8 @@ DEFER_MIN_TOKENS = 64  # an ask waits for a checkpoint produced in the same roun
 STAT_KEYS = (
     "rounds", "asks", "questions", "tokens_computed", "tokens_padded", "tokens_resumed", "checkpoint_hits",
     "checkpoint_misses", "graph_replays", "eager_runs", "deferred", "merged_trunks", "mutable_tail_tokens",
-    "max_mutable_tail_tokens", "round_seconds", "submit_seconds", "plan_seconds", "launch_seconds",
+    "max_mutable_tail_tokens", "round_seconds", "submit_seconds", "queue_seconds", "select_seconds",
+    "plan_seconds", "launch_seconds",
     "staging_seconds", "replay_seconds", "readback_seconds", "finish_seconds", "graphs_captured",
     "capture_seconds", "graph_memory_bytes",
 )
@@ -317,8 +318,12 @@ class Engine:
     # ------------------------------------------------------------------------------------ round thread
     def _select(self, pending: deque[PendingAsk]) -> list[PendingAsk]:
         """State-ready traversal over the queue; runs on the round thread with the queue locked."""
+        started = time.perf_counter()
         with self._pool_lock:
-            return self._traverse(pending)
+            selected = self._traverse(pending)
+        with self._stats_lock:
+            self._stats["select_seconds"] += time.perf_counter() - started
+        return selected
 
     def _traverse(self, pending: deque[PendingAsk]) -> list[PendingAsk]:
         capacity = self._loop.max_round_tokens
@@ -403,6 +408,7 @@ class Engine:
                 self.pool.commit(save)
         launched = time.perf_counter()
         with self._stats_lock:
+            self._stats["queue_seconds"] += sum(started - ask.queued_at for ask in batch)
             self._stats["plan_seconds"] += planned - started
             self._stats["launch_seconds"] += launched - planned
             self._stats["graph_replays" if launch is not None else "eager_runs"] += 1

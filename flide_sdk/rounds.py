@@ -36,11 +36,13 @@ LOG = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class PendingAsk:
-    """One queued ask: its payload for the engine, an estimate of its stream tokens, and its future."""
+    """One queued ask: its payload for the engine, an estimate of its stream tokens, its future, and when it
+    was queued (time.perf_counter(), set by the loop)."""
 
     payload: Any
     tokens: int
     future: Future = field(default_factory=Future)
+    queued_at: float = 0.0
 
 
 class RoundLoop:
@@ -88,6 +90,7 @@ class RoundLoop:
                 raise EngineClosedError("the engine is closed")
             if len(self._pending) >= self.max_pending:
                 return False
+            ask.queued_at = time.perf_counter()
             self._pending.append(ask)
             self._cond.notify_all()
             return True
@@ -99,6 +102,7 @@ class RoundLoop:
                 self._cond.wait()
             if self._closed:
                 raise EngineClosedError("the engine is closed")
+            ask.queued_at = time.perf_counter()
             self._pending.append(ask)
             self._cond.notify_all()
 

@@ -140,6 +140,16 @@ def test_render_and_stats(engine):
     assert stats["tokens_computed"] == rendered.state_ids.size + sum(q.ids.size for q in rendered.questions.values())
 
 
+def test_stats_account_for_the_time_an_ask_waits_for_its_round(tiny_path):
+    """queue_seconds sums, per ask, the time from queueing to its round's start: with a round deadline, a
+    lone ask waits at least that long; admission is part of that wait."""
+    with fl.Engine.load(tiny_path, device="cpu", round_deadline_ms=200) as engine:
+        engine.ask_sync("state", GOOD)
+        stats = engine.stats()
+    assert stats["queue_seconds"] >= 0.2
+    assert 0 < stats["select_seconds"] < stats["queue_seconds"]
+
+
 @pytest.mark.asyncio
 async def test_internal_round_loop_error_fails_asks_instead_of_hanging(tiny_path):
     """A bug on the round thread (here: admission raising) closes the engine and fails queued asks."""
