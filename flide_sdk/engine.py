@@ -271,13 +271,21 @@ class Engine:
     async def ask(self, state: Any, questions: Any, *, queue_timeout: float | None = None) -> SystemOneResponse:
         """Answer `questions` (name -> Noul/Choice/Score, a TypeSafe question, or a dict) about `state`
         (a string, or JSON data). The response maps each name to its answer and carries `model` and `usage`."""
-        return await self.submit(self.prepare(self.renderer.trunk(state), questions), queue_timeout)
+        return await self.submit(self._prepare_state(state, questions), queue_timeout)
 
     def ask_sync(
         self, state: Any, questions: Any, timeout: float | None = None, *, queue_timeout: float | None = None
     ) -> SystemOneResponse:
         """Blocking `ask`, for scripts. Do not call it from the engine's own callbacks."""
-        return self.submit_sync(self.prepare(self.renderer.trunk(state), questions), timeout, queue_timeout)
+        return self.submit_sync(self._prepare_state(state, questions), timeout, queue_timeout)
+
+    def _prepare_state(self, state: Any, questions: Any) -> PendingAsk:
+        """`prepare` for a one-off state; tokenizing the state counts in submit_seconds too."""
+        started = time.perf_counter()
+        trunk = self.renderer.trunk(state)
+        with self._stats_lock:
+            self._stats["submit_seconds"] += time.perf_counter() - started
+        return self.prepare(trunk, questions)
 
     def submit_sync(
         self, ask: PendingAsk, timeout: float | None = None, queue_timeout: float | None = None
