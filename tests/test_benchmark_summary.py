@@ -1,0 +1,31 @@
+"""benchmarks/summarize.py: the one-screen summary of benchmark JSON files."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.summarize import main, summarize
+
+
+def test_summary_reports_targets_fidelity_and_profiles(tmp_path, capsys):
+    qps = {"commit": "abc1234", "targets": {"q1_median_ms": {"measured": 16.38, "target": 9.0, "met": False},
+                                            "q64_speedup": {"measured": 41.0, "target": 40.0, "met": True}}}
+    fidelity = {"benchmark": "fidelity", "commit": "abc1234",
+                "engine_bf16_vs_fp32_reference": {"mean_tv": 0.022, "max_abs_dp": 0.11},
+                "variants": {"bf16_residual": {"mean_tv": 0.0242}}}
+    profile = {"rounds": [{"round": "lone", "questions": 1, "tokens": 2043, "device_ms_total": 9.07, "launches": 611,
+                           "kernels": [{"kernel": "_state_scan_kernel", "calls": 54, "ms": 1.58}]}]}
+    for name, data in (("qps.json", qps), ("fidelity.json", fidelity), ("profile.json", profile)):
+        (tmp_path / name).write_text(json.dumps(data))
+    assert summarize(tmp_path / "qps.json") == [
+        "qps.json (commit abc1234)",
+        "  q1_median_ms: 16.38 (target 9.0, NOT met)",
+        "  q64_speedup: 41 (target 40.0, met)",
+    ]
+    lines = summarize(tmp_path / "fidelity.json")
+    assert "  engine_bf16_vs_fp32_reference: mean TV 0.0220, max |dp| 0.11" in lines
+    assert "  variant bf16_residual: mean TV 0.0242" in lines
+    main([str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "lone: 2043 tokens, 9.07 ms, 611 launches; _state_scan_kernel 1.58" in printed
+    assert printed.index("fidelity.json") < printed.index("profile.json") < printed.index("qps.json")
