@@ -1,6 +1,7 @@
 """GPU correctness sweep of the forked Gated DeltaNet kernel in bf16: error vs the float32 reference per
 tuning, and where non-finite values appear (trunk or branch rows, heads), for debugging on the H200.
-Each tuning runs in its own process, so an illegal memory access in one cannot hide the others.
+Each tuning runs in its own process, so an illegal memory access in one cannot hide the others (its stderr
+tail is reported instead).
 
     PYTHONPATH=$PWD python benchmarks/check_kernels.py
 """
@@ -19,13 +20,23 @@ from benchmarks.common import write_result
 from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
 from flide_sdk.layout import RequestSpec, plan_round
 
-CONFIGS = [
+CONFIGS = [  # the default, then every knob value of bench_gdn's sweep (one of them crashed it at 01c9a99)
     {},
-    {"scan_stages": 2},
     {"store_dtype": torch.float32},
-    {"prep_warps": 8},
-    {"block_v": 16, "split_v": 8},
     {"sub_block": 32},
+    {"prep_warps": 8},
+    {"block_v": 64},
+    {"block_v": 128},
+    {"split_v": 1},
+    {"split_v": 2},
+    {"scan_warps": 8},
+    {"scan_warps": 2},
+    {"scan_stages": 1},
+    {"scan_stages": 3},
+    {"out_block_v": 32},
+    {"out_block_v": 128},
+    {"out_warps": 8},
+    {"chunk_programs": 1, "scan_programs": 1},
 ]
 
 
