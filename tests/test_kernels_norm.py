@@ -83,6 +83,21 @@ def test_gated_rms_norm_matches_reference(width: int, dtype: torch.dtype):
     check(gated_rms_norm_triton(x, gate, weight, EPS), gated_rms_norm_reference(x, gate, weight, EPS), roundings=3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gated_rms_norm_reads_strided_heads_in_place(dtype: torch.dtype):
+    """The gate as the Gated DeltaNet passes it: a column block of the fused projection viewed as [T, H, D]
+    (token stride 3 H D, head stride D), which no [T * H, D] view can describe; x with a padded head stride."""
+    tokens, heads, width = 7, 4, 64
+    projection = inputs((tokens, 3 * heads * width), dtype, seed=31)
+    gate = projection[:, heads * width : 2 * heads * width].view(tokens, heads, width)
+    x = inputs((tokens, heads, 2 * width), dtype, seed=32)[..., :width]
+    assert gate.stride() == (3 * heads * width, width, 1) and x.stride() == (2 * heads * width, 2 * width, 1)
+    weight = inputs((width,), dtype, seed=33, scale=0.1) + 1.0
+    got = gated_rms_norm_triton(x, gate, weight, EPS)
+    assert got.is_contiguous()
+    check(got, gated_rms_norm_reference(x, gate, weight, EPS), roundings=3)
+
+
 def test_gated_rms_norm_float32_weight_on_bf16_rows():
     """A float32 weight makes torch keep w * normed in float32: one rounding fewer than with a bf16 weight."""
     x, gate = inputs((9, 128), torch.bfloat16, seed=1), inputs((9, 128), torch.bfloat16, seed=2)
