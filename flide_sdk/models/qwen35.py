@@ -233,7 +233,7 @@ class GatedAttention(nn.Module):
         k_cache, v_cache = cache
         ops.store_kv(k, v, k_cache, v_cache, rnd.checkpoint.kv_slots)  # tokens not saved go to the pool's sink
         out = ops.fork_attention(q, k, v, rnd.attention, rows, k_cache, v_cache)
-        out = out.reshape(h_q.shape[0], -1) * torch.sigmoid(gate.reshape(h_q.shape[0], -1))
+        out = (out * torch.sigmoid(gate)).reshape(h_q.shape[0], -1)  # gate stays a view: no copy of it
         return self.o_proj(out)
 
 
