@@ -26,8 +26,10 @@ from flide_sdk.layout import (
     HostRound,
 )
 
-TOKEN_LADDER = (128, 256, 384, 512, 640, 768, 1024, 1280, 1536, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168,
-                8192, 10240, 12288, 14336, 16384)  # steps of at most 1.33x above 512 tokens
+# steps of at most 1.33x above 512 tokens, and at most 1.17x from 1,536 to 6,144 tokens, where a lone ask
+# about a 2,000-token state with 1 to 64 questions lands (its padding is computed by every token-wise kernel)
+TOKEN_LADDER = (128, 256, 384, 512, 640, 768, 1024, 1280, 1536, 1792, 2048, 2304, 2560, 2816, 3072, 3584, 4096,
+                4608, 5120, 5632, 6144, 7168, 8192, 10240, 12288, 14336, 16384)
 LABELS = 32  # label columns of a graph (a question has at most 26 options: letters)
 TOKENS_PER_REQUEST = 64  # requests capacity = T / this (at least MIN_REQUESTS)
 TOKENS_PER_QUESTION = 16  # questions capacity = T / this (at least MIN_QUESTIONS)

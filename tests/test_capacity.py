@@ -172,6 +172,8 @@ def test_bucket_choice_and_padding_bound():
         smaller = [c for c in ladder if c.tokens < capacity.tokens]
         assert all(not c.fits(host) for c in smaller), "the smallest capacity that fits is chosen"
         assert capacity.tokens <= max(512, 4 / 3 * (host.num_real + 1)), "padding is bounded by the ladder step"
+        if 1536 <= host.num_real < 6144:
+            assert capacity.tokens <= 1.17 * (host.num_real + 1), "finer steps where lone asks land"
 
 
 def test_padding_only_at_the_tail_and_padded_rounds_fit():
