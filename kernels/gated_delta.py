@@ -18,18 +18,18 @@ intra-chunk work and loops over scan steps (not tokens, not segments).
 round's three levels take five launches: one chunk-prep launch over the chunk rows of all levels (stacked),
 one scan per level (a level starts from states the previous ones wrote), one output launch over all chunk
 rows. Only the state recurrence is sequential:
-- `_chunk_prep_kernel`, one program per (chunk, value head): gathers the chunk's tokens, builds Gamma,
+- `_chunk_prep_kernel`, per (chunk row of any level, value head): gathers the chunk's tokens, builds Gamma,
   A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
   16-row sub-blocks (through a float32 scratch), and stores W = T (beta K exp(cum)), U = T (beta V), the
-  causal q-k block q K^T * Gamma and the per-row gate factors. All-padding chunks return at once.
-- `_state_scan_kernel`, one program per (segment, value head, V split): keeps a [Dk, BV] slice of S in
-  registers from `init_row` through the segment's chunks (chunk j is row `step_start[j] + segment`),
+  causal q-k block q K^T * Gamma and the per-row gate factors. All-padding chunks are skipped.
+- `_state_scan_kernel`, per (segment, value head, V split), one launch per level: keeps a [Dk, BV] slice
+  of S in registers from `init_row` through the segment's chunks (chunk j is row `step_start[j] + segment`),
   stores per chunk past the first the state at its start S_j and v_new = U - W S_j, updates
   S <- exp(g_last) S + (K exp(g_last - cum))^T v_new, and writes the final slice to `final_row`.
-  Segments of at most one chunk and no final row return at once.
-- `_chunk_output_kernel`, one program per (chunk, value head, V tile), all in parallel: the chunk's
+  Segments of at most one chunk and no final row are skipped.
+- `_chunk_output_kernel`, per (chunk row of any level, value head, V tile), all in parallel: the chunk's
   outputs o = (q exp(cum)) S_j + (q K^T * Gamma) v_new; a segment's first chunk reads S_0 from its init
-  row and computes its own v_new, so one-chunk branches skip the scan. All-padding chunks return at once.
+  row and computes its own v_new, so one-chunk branches skip the scan. All-padding chunks are skipped.
 Gram products of the raw inputs are taken in the inputs' dtype (exact for bf16); the state and every
 accumulation are float32. For 16-bit inputs the products of float32 quantities inside a chunk use TF32,
 and W, U, the q-k block, S_j and v_new are stored in the inputs' dtype (by default), so the products of the
