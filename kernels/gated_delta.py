@@ -135,6 +135,20 @@ def _unit_lower_inverse(n, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, PREC: tl.c
 
 
 @triton.jit
+def _store_row_scaled_product(t, scale, rows_ptr, ok, out_ptr, WIDTH: tl.constexpr, COLS: tl.constexpr,
+                              PREC: tl.constexpr):
+    """out [L, WIDTH] (contiguous) = t @ (scale[:, None] * X), X's rows at `rows_ptr` [L] (zero where not
+    `ok`), COLS columns at a time (bounds live registers); rows not `ok` are stored as zeros."""
+    for c0 in tl.static_range(0, WIDTH, COLS):
+        cols = c0 + tl.arange(0, COLS)
+        x = tl.load(rows_ptr[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
+        product = tl.dot(t, scale[:, None] * x.to(tl.float32), input_precision=PREC)
+        product = tl.where(ok[:, None], product, 0.0)
+        rows = tl.arange(0, t.shape[0])
+        tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], product.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _level_row(row, start1, start2, first_ptr, second_ptr, third_ptr):
     """(the level's pointer, the row within its level, the level) of a row of the three levels' stacked
     chunk rows: level 1 starts at row start1, level 2 at start2."""
@@ -225,21 +239,10 @@ def _chunk_prep_kernel(
             # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers);
             # padding rows are stored as zeros, so the scan reads whole chunks without masks
             t = tl.load(scratch + row * L + col, mask=row // SUB >= col // SUB, other=0.0)
-            for c0 in tl.static_range(0, DV, COLS):
-                cols = c0 + tl.arange(0, COLS)
-                v_cols = tl.load(v_ptr + tok[:, None] * stride_vt + head * stride_vh + cols[None, :],
-                                 mask=ok[:, None], other=0.0)
-                u = tl.dot(t, beta[:, None] * v_cols.to(tl.float32), input_precision=PREC)
-                u = tl.where(ok[:, None], u, 0.0)
-                tl.store(u_ptr + base * L * DV + row * DV + cols[None, :], u.to(u_ptr.dtype.element_ty))
-            k_scale = beta * k_rnorm * tl.exp(cum)
-            for c0 in tl.static_range(0, DK, COLS):
-                cols = c0 + tl.arange(0, COLS)
-                k_cols = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + cols[None, :],
-                                 mask=ok[:, None], other=0.0)
-                w = tl.dot(t, k_scale[:, None] * k_cols.to(tl.float32), input_precision=PREC)
-                w = tl.where(ok[:, None], w, 0.0)
-                tl.store(w_ptr + base * L * DK + row * DK + cols[None, :], w.to(w_ptr.dtype.element_ty))
+            _store_row_scaled_product(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
+                                      u_ptr + base * L * DV, DV, COLS, PREC)
+            _store_row_scaled_product(t, beta * k_rnorm * tl.exp(cum), k_ptr + tok * stride_kt + key_head * stride_kh,
+                                      ok, w_ptr + base * L * DK, DK, COLS, PREC)
 
 
 @triton.jit
