@@ -114,9 +114,12 @@ def _save_windows_kernel(
              rows.to(cache_ptr.dtype.element_ty), mask=tap_ok[:, None] & chan_ok[None, :])
 
 
-def _check_arena(x: torch.Tensor, window_cache: torch.Tensor) -> None:
+def _arena_slots(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor) -> torch.Tensor:
+    """Checks the window arena's layout; the resume slots as a kernel argument (a dummy slot when there are
+    none: the kernels never read it then)."""
     if window_cache.dim() != 3 or window_cache.shape[-1] != x.shape[1] or window_cache.stride(-1) != 1:
         raise ValueError(f"window arena {tuple(window_cache.shape)} must be [slots, K-1, {x.shape[1]}], unit last stride")
+    return resume_slots if resume_slots.numel() else resume_slots.new_zeros(1)
 
 
 def indexed_conv_triton(
@@ -126,10 +129,9 @@ def indexed_conv_triton(
     """The Triton kernel behind the same contract as `indexed_conv_reference` (sum in float32).
 
     The keyword arguments are tuning knobs (tokens and channels per program, powers of two; warps)."""
-    _check_arena(x, window_cache)
+    resume_slots = _arena_slots(x, window_cache, resume_slots)
     total, channels = x.shape
     out = torch.empty_like(x)
-    resume_slots = resume_slots if resume_slots.numel() else src.new_zeros(1)  # never read without resumes
     grid = (triton.cdiv(total, block_t), triton.cdiv(channels, block_c))
     _indexed_conv_kernel[grid](
         x, window_cache, resume_slots, weight, src, out, total, channels,
@@ -144,12 +146,11 @@ def save_windows_triton(
     save_src: torch.Tensor,
 ) -> None:
     """The Triton kernel behind the same contract as `save_windows_reference` (one launch)."""
-    _check_arena(x, window_cache)
+    resume_slots = _arena_slots(x, window_cache, resume_slots)
     saves, window = save_src.shape
     if saves == 0:
         return
     total, channels = x.shape
-    resume_slots = resume_slots if resume_slots.numel() else save_src.new_zeros(1)  # never read without resumes
     _save_windows_kernel[(saves, triton.cdiv(channels, BLOCK_C))](
         x, window_cache, resume_slots, save_slots, save_src, total, channels,
         x.stride(0), window_cache.stride(0), window_cache.stride(1), save_src.stride(0),
