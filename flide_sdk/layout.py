@@ -29,7 +29,7 @@ token through `kv_slots` (a pool position, or the pool's sink slot for tokens th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -153,6 +153,9 @@ class AttentionPlan:
     num_tokens: torch.Tensor  # [1] real stream tokens (rows at or past it are padding)
     request_bounds: list[tuple[int, int]]  # host: stream [start, end) of each request (reference op)
     history: list[tuple[int, np.ndarray | None]]  # host: per request, cached length r and its pages
+    # device tile tables derived from this plan, built by the first attention layer of a round that needs
+    # one and reused by the others (kernels.fork_attention.tile_table); keyed by the kernel's tiling
+    tile_tables: dict = field(default_factory=dict, repr=False)
 
 
 @dataclass

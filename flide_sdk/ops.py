@@ -34,9 +34,11 @@ from flide_sdk.layout import AttentionPlan, DeltaPlan
 @dataclass(frozen=True)
 class Ops:
     fork_attention: Callable[
-        [torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, torch.Tensor | None, torch.Tensor, torch.Tensor],
+        [torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, torch.Tensor | None, torch.Tensor, torch.Tensor,
+         torch.Tensor | None],
         torch.Tensor,
     ]
+    """(q, k, v, plan, query_rows, k_cache, v_cache, gate) -> attention output [Tq, Hq, D] times sigmoid(gate)."""
     gated_delta: Callable[
         [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, DeltaPlan, torch.Tensor], torch.Tensor
     ]

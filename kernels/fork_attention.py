@@ -15,7 +15,9 @@ tile sees (its trunk for branch rows, the earlier trunk for trunk rows: loaded w
 keys only some rows see (the tile's own rows and, for branch rows, the start of their branches), the
 only blocks that are masked. A program takes one tile and one or more query heads sharing a key/value
 head, so every key block it loads serves tokens x heads rows. Launch shapes depend on the number of query rows and
-requests alone.
+requests alone. The tile table is built once per round and query-row set (`tile_table`, memoised on the plan)
+and shared by the round's attention layers. Qwen3.5's output gate is fused: the kernel multiplies the
+normalised output by sigmoid(gate) before storing it.
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ def fork_attention_reference(
     query_rows: torch.Tensor | None,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention output for every stream token, or only for `query_rows` (then q holds just those rows).
 
     q: [Tq, Hq, D]; k, v: [T, Hkv, D]; k_cache, v_cache: [pages * PAGE, Hkv, D] pool arenas of this layer.
+    gate: [Tq, Hq, D] or None: the output is multiplied by sigmoid(gate) (Qwen3.5's output gate).
     Returns [Tq, Hq, D] in q's dtype. Scale 1/sqrt(D).
     """
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
@@ -69,7 +73,7 @@ def fork_attention_reference(
         vh = v_req.transpose(0, 1).repeat_interleave(group, dim=0)
         attended = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible, scale=head_dim**-0.5)
         out[mine] = attended.transpose(0, 1)
-    return out
+    return out if gate is None else out * torch.sigmoid(gate)
 
 
 def plan_tiles(
@@ -94,6 +98,20 @@ def plan_tiles(
     tile_start = torch.full((max_tiles + 2,), count, dtype=torch.int64, device=rows.device)
     tile_start.scatter_(0, torch.where(is_start, tile_of, max_tiles + 1), index)
     return tile_start, (is_start & (rows < num_tokens)).sum().reshape(1), max_tiles
+
+
+def tile_table(
+    plan: AttentionPlan, query_rows: torch.Tensor | None, num_rows: int, block_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """(rows, tile_start, num_tiles, max_tiles) of `plan_tiles` for `query_rows` (None: all `num_rows` stream
+    rows), built once per plan, query-row tensor and tile size: the attention layers of a round share it."""
+    key = (None if query_rows is None else id(query_rows), num_rows, block_tokens)
+    cached = plan.tile_tables.get(key)
+    if cached is None or (query_rows is not None and cached[0] is not query_rows):
+        rows = torch.arange(num_rows, device=plan.ctx_hi.device) if query_rows is None else query_rows
+        cached = (rows, *plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], block_tokens, plan.num_tokens))
+        plan.tile_tables[key] = cached
+    return cached
 
 
 @triton.jit
@@ -123,15 +141,16 @@ def _attend_block(
 
 @triton.jit
 def _fork_attention_kernel(
-    q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, o_ptr, gate_ptr,
     rows_ptr, tile_start_ptr, num_tiles_ptr,
     key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, request_of_ptr, history_len_ptr, page_offset_ptr, pages_ptr,
-    stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om, stride_oh,
+    stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om, stride_oh, stride_gm, stride_gh,
     scale_log2,
     GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, GATED: tl.constexpr,
 ):
-    """One program: BT query tokens x HEADS query heads sharing one key/value head (BT * HEADS rows)."""
+    """One program: BT query tokens x HEADS query heads sharing one key/value head (BT * HEADS rows); with
+    GATED, the normalised output is multiplied by sigmoid(gate) before its one rounding to o's dtype."""
     tile = tl.program_id(0)
     head_block = tl.program_id(1)
     if tile >= tl.load(num_tiles_ptr):
@@ -195,6 +214,10 @@ def _fork_attention_kernel(
         acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if GATED:
+        gate = tl.load(gate_ptr + offs_i[:, None] * stride_gm + heads[:, None] * stride_gh + d[None, :],
+                       mask=row_ok[:, None], other=0.0).to(tl.float32)
+        out = out * tl.sigmoid(gate)
     o_offsets = offs_i[:, None] * stride_om + heads[:, None] * stride_oh + d[None, :]
     tl.store(o_ptr + o_offsets, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
@@ -207,6 +230,7 @@ def fork_attention_triton(
     query_rows: torch.Tensor | None,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    gate: torch.Tensor | None = None,
     *,
     block_rows: int | None = None,
     heads_per_program: int = 1,
@@ -229,18 +253,18 @@ def fork_attention_triton(
     block_rows = block_rows or (64 if wide else BLOCK_ROWS)
     num_stages = num_stages or (1 if wide else 2)
     block_tokens = max(16, block_rows // heads_per_program)
-    rows = torch.arange(k.shape[0], device=q.device) if query_rows is None else query_rows
-    tile_start, num_tiles, max_tiles = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], block_tokens,
-                                                  plan.num_tokens)
+    rows, tile_start, num_tiles, max_tiles = tile_table(plan, query_rows, k.shape[0], block_tokens)
     out = torch.empty_like(q)
+    gated = gate if gate is not None else q  # any tensor: not read unless GATED
     _fork_attention_kernel[(max_tiles, heads // heads_per_program)](
-        q, k, v, k_cache, v_cache, out,
+        q, k, v, k_cache, v_cache, out, gated,
         rows, tile_start, num_tiles,
         plan.key_lo, plan.ctx_hi, plan.seg_lo, plan.request_of, plan.history_len, plan.page_offset, plan.pages,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0), k_cache.stride(1),
-        out.stride(0), out.stride(1),
+        out.stride(0), out.stride(1), gated.stride(0), gated.stride(1),
         head_dim**-0.5 * 1.4426950408889634,
         GROUP=group, HEADS=heads_per_program, HEAD_DIM=head_dim, BT=block_tokens, BN=BLOCK_N, IEEE=wide,
+        GATED=gate is not None,
         num_warps=num_warps or (8 if head_dim >= 128 else 4), num_stages=num_stages,
     )
     return out

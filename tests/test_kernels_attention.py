@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from flide_sdk.kernels.fork_attention import fork_attention_reference, fork_attention_triton, plan_tiles
+from flide_sdk.kernels.fork_attention import (
+    fork_attention_reference,
+    fork_attention_triton,
+    plan_tiles,
+    tile_table,
+)
 from flide_sdk.layout import PAGE, RequestSpec, Resume, plan_round
 
 
@@ -65,3 +70,31 @@ def test_tile_table_partitions_rows_by_region():
         assert 0 < hi - lo <= 32
         assert bool((region[lo:hi] == region[lo]).all())
     assert (tile_start[int(num_tiles) + 1 : max_tiles + 1] == len(rows)).all()
+
+
+@pytest.mark.parametrize("readout", [False, True])
+def test_triton_applies_the_output_gate_like_the_reference(readout):
+    """The gate is a strided view (q|gate interleaved per head, as the model's projection leaves it)."""
+    rnd, q, k, v, k_cache, v_cache = round_with_history(4, 4, 2, 16)
+    q_gate = torch.randn(q.shape[0], q.shape[1], 2 * q.shape[2])
+    q, gate = q_gate.chunk(2, dim=-1)
+    rows = rnd.readout.rows if readout else None
+    if readout:
+        q, gate = q[rows], gate[rows]
+    expected = fork_attention_reference(q, k, v, rnd.attention, rows, k_cache, v_cache, gate)
+    ungated = fork_attention_reference(q, k, v, rnd.attention, rows, k_cache, v_cache)
+    assert torch.allclose(expected, ungated * torch.sigmoid(gate))
+    got = fork_attention_triton(q, k, v, rnd.attention, rows, k_cache, v_cache, gate)
+    assert relative_error(got, expected) <= 1e-5
+
+
+def test_tile_tables_are_built_once_per_plan_and_query_rows():
+    rnd, *_ = round_with_history(5, 2, 2, 16)
+    plan, total, rows = rnd.attention, rnd.ids.shape[0], rnd.readout.rows
+    every = tile_table(plan, None, total, 32)
+    assert all(a is b for a, b in zip(tile_table(plan, None, total, 32), every))
+    readout = tile_table(plan, rows, total, 32)
+    assert readout[0] is rows and readout[1] is not every[1]
+    assert len(plan.tile_tables) == 2
+    expected = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], 32, plan.num_tokens)
+    assert torch.equal(readout[1], expected[0]) and torch.equal(readout[2], expected[1]) and readout[3] == expected[2]

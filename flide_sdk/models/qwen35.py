@@ -232,8 +232,8 @@ class GatedAttention(nn.Module):
         v = v.reshape(h.shape[0], c.num_kv_heads, c.head_dim).contiguous()  # keys and values share a layout
         k_cache, v_cache = cache
         ops.store_kv(k, v, k_cache, v_cache, rnd.checkpoint.kv_slots)  # tokens not saved go to the pool's sink
-        out = ops.fork_attention(q, k, v, rnd.attention, rows, k_cache, v_cache)
-        out = (out * torch.sigmoid(gate)).reshape(h_q.shape[0], -1)  # gate stays a view: no copy of it
+        # the output gate is applied inside attention, on the view of q_gate (no copy of it)
+        out = ops.fork_attention(q, k, v, rnd.attention, rows, k_cache, v_cache, gate).reshape(h_q.shape[0], -1)
         return self.o_proj(out)
 
 
