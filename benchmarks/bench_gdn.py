@@ -21,6 +21,7 @@ fla is imported here only: it is the baseline, not a dependency of the package.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 
 import numpy as np
@@ -37,7 +38,7 @@ ROUNDS = {
     "b_32_requests": [(350, [20] * 4)] * 32,
 }
 KNOB_CHOICES = {  # first value = the kernel's default
-    "sub_block": [16, 32],
+    "sub_block": [16, 32, 64],
     "prep_warps": [4, 8],
     "block_v": [32, 64, 128],
     "split_v": [None, 1, 2],
@@ -148,6 +149,9 @@ def main() -> None:
     parser.add_argument("--no-sweep", action="store_true", help="time the default knobs only")
     parser.add_argument("--sweep-float32-storage", action="store_true",
                         help="sweep from the engine's setting (float32 W/U storage) instead of the defaults")
+    parser.add_argument("--variants", type=json.loads, default=[],
+                        help='JSON list of knob settings timed (with their errors) next to the default, e.g. '
+                             '\'[{"sub_block": 64}, {"prep_warps": 8}]\'')
     args = parser.parse_args()
     text = release_config(args.model_size)["text_config"]
     k_heads, v_heads = text["linear_num_key_heads"], text["linear_num_value_heads"]
@@ -183,6 +187,8 @@ def main() -> None:
                 **errors(**PRECISE), **timed(lambda: run_ours(**PRECISE)), "knobs": str(PRECISE),
             },
         }
+        for knobs in args.variants:
+            entry.setdefault("variants", {})[json.dumps(knobs)] = {**errors(**knobs), **timed(lambda k=knobs: run_ours(**k))}
         # ratios compare CUDA-graph replays when both capture, else eager runs
         mode = "graph" if "median_ms" in entry["ours"]["graph"] else "eager"
         run_fla, fla_missing = fla_baseline(x, v_heads // k_heads, cu_seqlens)
@@ -205,6 +211,8 @@ def main() -> None:
                 entry["ratio_best_over_fla"] = entry["sweep"]["best_ms"] / entry["fla"][mode]["median_ms"]
         results[name] = entry
     flags = " --no-sweep" * args.no_sweep + " --sweep-float32-storage" * args.sweep_float32_storage
+    if args.variants:
+        flags += f" --variants '{json.dumps(args.variants)}'"
     command = f"python benchmarks/bench_gdn.py --model-size {args.model_size}{flags}"
     write_result(f"gdn-{args.model_size}", {
         "benchmark": "gated_delta", "model_size": args.model_size, "k_heads": k_heads, "v_heads": v_heads,

@@ -212,33 +212,36 @@ def _chunk_prep_kernel(
             a = q_rnorm[:, None] * k_rnorm[None, :] * tl.dot(q, tl.trans(k), input_precision=PREC) * gamma
             tl.store(a_ptr + base * L * L + row * L + col, a.to(a_ptr.dtype.element_ty), mask=ok[:, None])
             system = (beta * k_rnorm)[:, None] * k_rnorm[None, :] * tl.dot(k, tl.trans(k), input_precision=PREC) * gamma
-            tl.store(scratch + row * L + col, tl.where(row > col, system, 0.0))
-            tl.debug_barrier()
+            if SUB == L:  # T by doubling over the whole chunk, in registers (no scratch)
+                t = _unit_lower_inverse(tl.where(row > col, system, 0.0), L, LOG2_SUB, PREC)
+            else:
+                tl.store(scratch + row * L + col, tl.where(row > col, system, 0.0))
+                tl.debug_barrier()
 
-            # T = (I + A)^-1 by block forward substitution: T_bb = (I + A_bb)^-1, T_bc = -T_bb sum_m A_bm T_mc
-            r = tl.arange(0, SUB)
-            blocks = ()
-            for b in tl.static_range(NSUB):
-                for c in tl.static_range(b + 1):
-                    blocks += (tl.load(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :]),)
-            tl.debug_barrier()
-            inverse = ()
-            for b in tl.static_range(NSUB):
-                diagonal = _unit_lower_inverse(blocks[b * (b + 1) // 2 + b], SUB, LOG2_SUB, PREC)
-                for c in tl.static_range(b):
-                    acc = tl.dot(blocks[b * (b + 1) // 2 + c], inverse[c * (c + 1) // 2 + c], input_precision=PREC)
-                    for m in tl.static_range(c + 1, b):
-                        acc += tl.dot(blocks[b * (b + 1) // 2 + m], inverse[m * (m + 1) // 2 + c], input_precision=PREC)
-                    inverse += (-tl.dot(diagonal, acc, input_precision=PREC),)
-                inverse += (diagonal,)
-            for b in tl.static_range(NSUB):
-                for c in tl.static_range(b + 1):
-                    tl.store(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :], inverse[b * (b + 1) // 2 + c])
-            tl.debug_barrier()
+                # T = (I + A)^-1 by block forward substitution: T_bb = (I + A_bb)^-1, T_bc = -T_bb sum_m A_bm T_mc
+                r = tl.arange(0, SUB)
+                blocks = ()
+                for b in tl.static_range(NSUB):
+                    for c in tl.static_range(b + 1):
+                        blocks += (tl.load(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :]),)
+                tl.debug_barrier()
+                inverse = ()
+                for b in tl.static_range(NSUB):
+                    diagonal = _unit_lower_inverse(blocks[b * (b + 1) // 2 + b], SUB, LOG2_SUB, PREC)
+                    for c in tl.static_range(b):
+                        acc = tl.dot(blocks[b * (b + 1) // 2 + c], inverse[c * (c + 1) // 2 + c], input_precision=PREC)
+                        for m in tl.static_range(c + 1, b):
+                            acc += tl.dot(blocks[b * (b + 1) // 2 + m], inverse[m * (m + 1) // 2 + c], input_precision=PREC)
+                        inverse += (-tl.dot(diagonal, acc, input_precision=PREC),)
+                    inverse += (diagonal,)
+                for b in tl.static_range(NSUB):
+                    for c in tl.static_range(b + 1):
+                        tl.store(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :], inverse[b * (b + 1) // 2 + c])
+                tl.debug_barrier()
+                t = tl.load(scratch + row * L + col, mask=row // SUB >= col // SUB, other=0.0)
 
             # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers);
             # padding rows are stored as zeros, so the scan reads whole chunks without masks
-            t = tl.load(scratch + row * L + col, mask=row // SUB >= col // SUB, other=0.0)
             _store_row_scaled_product(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
                                       u_ptr + base * L * DV, DV, COLS, PREC)
             _store_row_scaled_product(t, beta * k_rnorm * tl.exp(cum), k_ptr + tok * stride_kt + key_head * stride_kh,
@@ -394,7 +397,8 @@ def gated_delta_triton(
     Dk and Dv must be powers of two >= 16. The keyword arguments are tuning knobs for benchmarks: the
     scan's V tile (`block_v` columns) and V split (`split_v` programs per segment and head, each doing
     Dv / block_v / split_v tiles in turn; default: one tile per program), the prep kernel's sub-block rows
-    (16, 32 or 64), the warps of the three kernels, the scan's pipeline depth, and the output kernel's V
+    (16 or 32: block forward substitution through a float32 scratch; 64: exact doubling over the whole
+    chunk in registers, no scratch), the warps of the three kernels, the scan's pipeline depth, and the output kernel's V
     tile (`out_block_v`). `store_dtype` (default: the inputs' dtype) is the dtype of the stored W, U, q-k
     block, per-chunk start states and v_new, and so of the product operands of the scan and the output
     kernel: float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
