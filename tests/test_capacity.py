@@ -284,3 +284,30 @@ def test_staging_layout_packs_every_field_once():
         padded = pad_round(host, capacity, 39, SINK, ROWS.zero)
         for name, array in padded.arrays().items():
             assert np.array_equal(layout.views(flat)[name], array), name
+
+
+def test_a_pass_over_refilled_round_tensors_answers_the_new_round():
+    """As graph capture does: round tensors that are views of one flat buffer, a pass, the buffer refilled with
+    another round, a second pass on the same tensor objects. Tables derived from the metadata inside a pass
+    (the attention tile tables) must be rebuilt: the second pass answers what a pass on fresh tensors does."""
+    from flide_sdk.graphs import StagingLayout
+
+    engine = fl.Engine.tiny()
+    try:
+        model, pool, ops = engine.model, engine.pool, kernel_ops()
+        rng = np.random.default_rng(8)
+        rounds = [[RequestSpec.of(rng.integers(0, 200, n), [rng.integers(0, 200, 6)] * b, [np.array([5, 6])] * b)
+                   for n, b in requests] for requests in ([(20, 1)], [(90, 3), (40, 2)])]
+        hosts = [plan_round(requests, model.config.conv_kernel, pool.state_rows, pool.kv_sink) for requests in rounds]
+        capacity = choose(capacity_ladder(model.config.conv_kernel, 1024, 8, 4096), hosts[1])
+        layout = StagingLayout(capacity)
+        flat = torch.zeros(layout.elements, dtype=torch.int64)
+        rnd = None
+        for host in hosts:
+            pad_into(host, capacity, layout.views(flat.numpy()), pool.window_sink, pool.kv_sink, pool.state_rows.zero)
+            rnd = rnd or host.tensors(layout.views(flat))
+            reused = model(rnd, ops, engine._caches)[: host.num_questions]
+        fresh = model(hosts[1].to("cpu"), ops, engine._caches)
+        assert torch.allclose(reused[:, :2], fresh[:, :2], atol=1e-6, rtol=0)
+    finally:
+        engine.close()

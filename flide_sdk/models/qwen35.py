@@ -347,6 +347,9 @@ class Qwen35Model(nn.Module):
     @torch.inference_mode()
     def forward(self, rnd: RoundTensors, ops: Ops, caches: Sequence[LayerCache]) -> torch.Tensor:
         c = self.config
+        # tables derived from the round's metadata are built once per pass, inside it: a graph captured after a
+        # warm-up pass on the same round tensors must contain their build
+        rnd.attention.tile_tables.clear()
         embedded = F.embedding(rnd.ids, self.embed_tokens.weight)
         rope = rotary_tables(rnd.positions, c.rotary_dim, c.rope_theta, embedded.dtype)
         x = embedded.to(self.residual_dtype)
