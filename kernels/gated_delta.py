@@ -17,7 +17,8 @@ intra-chunk work and loops over scan steps (not tokens, not segments).
 (no host synchronisation, CUDA-graph safe) and are capped (programs loop over the rows past the cap). A
 round's three levels take five launches: one chunk-prep launch over the chunk rows of all levels (stacked),
 one scan per level (a level starts from states the previous ones wrote), one output launch over all chunk
-rows. Only the state recurrence is sequential:
+rows (six with the `scan_pairs` option: one more launch folds chunk pairs for the scan, `_pair_prep_kernel`).
+Only the state recurrence is sequential:
 - `_chunk_prep_kernel`, per (chunk row of any level, value head): gathers the chunk's tokens, builds Gamma,
   A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
   16-row sub-blocks (through a float32 scratch), and stores W = T (beta K exp(cum)), U = T (beta V), the
@@ -249,12 +250,114 @@ def _chunk_prep_kernel(
 
 
 @triton.jit
+def _pair_prep_kernel(
+    k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
+    count0_ptr, count1_ptr, count2_ptr, step0_ptr, step1_ptr, step2_ptr,
+    start1, start2, segments0, segments1, segments2,
+    DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr,
+):
+    """Per (segment of any level, value head, pair lane): folds each chunk pair (a, b) = (steps 2p, 2p + 1) of
+    the segment into the WY form of one 2L-token step, in place over chunk b's W and U:
+
+        v_new_b = U_b - W_b S_b and S_b = d_a S_a + Kg_a^T (U_a - W_a S_a)  give  v_new_b = U'_b - W'_b S_a
+        with M = W_b Kg_a^T,  U'_b = U_b - M U_a,  W'_b = d_a W_b - M W_a
+
+    (Kg_a: chunk a's key rows scaled by its k_gate, d_a its decay). The scan then takes a pair in one step.
+    Chunk b is never a segment's first chunk, whose W and U the output kernel reads. A program takes the pairs
+    p = lane, lane + LANES, ... of segments pid, pid + P, ... (levels stacked like the chunk rows).
+    """
+    head = tl.program_id(1)
+    heads = tl.num_programs(1)
+    lanes = tl.num_programs(2)
+    i = tl.arange(0, L)
+    dk = tl.arange(0, DK)
+    for slot in range(tl.program_id(0), segments0 + segments1 + segments2, tl.num_programs(0)):
+        count_ptr, segment, level = _level_row(slot, segments0, segments0 + segments1, count0_ptr, count1_ptr,
+                                               count2_ptr)
+        step_ptr, _, _ = _level_row(slot, segments0, segments0 + segments1, step0_ptr, step1_ptr, step2_ptr)
+        first_row = tl.where(level == 2, start2, tl.where(level == 1, start1, 0))
+        pairs = tl.load(count_ptr + segment) // 2
+        for pair in range(tl.program_id(2), pairs, lanes):
+            base_a = (first_row + tl.load(step_ptr + 2 * pair) + segment) * heads + head
+            base_b = (first_row + tl.load(step_ptr + 2 * pair + 1) + segment) * heads + head
+            k_a = tl.load(k_rows_ptr + base_a * L * DK + i[:, None] * DK + dk[None, :])
+            gate_a = tl.load(k_gate_ptr + base_a * L + i)
+            w_b = tl.load(w_ptr + base_b * L * DK + i[:, None] * DK + dk[None, :])
+            scaled_a = (gate_a[:, None] * k_a.to(tl.float32)).to(w_b.dtype)
+            m = tl.dot(w_b, tl.trans(scaled_a), input_precision=PREC)  # [L, L]
+            decay_a = tl.load(decay_ptr + base_a)
+            for c0 in tl.static_range(0, DV, COLS):
+                cols = c0 + tl.arange(0, COLS)
+                u_a = tl.load(u_ptr + base_a * L * DV + i[:, None] * DV + cols[None, :])
+                u_b = tl.load(u_ptr + base_b * L * DV + i[:, None] * DV + cols[None, :])
+                folded = u_b.to(tl.float32) - tl.dot(m, u_a.to(tl.float32), input_precision=PREC)
+                tl.store(u_ptr + base_b * L * DV + i[:, None] * DV + cols[None, :], folded.to(u_b.dtype))
+            for c0 in tl.static_range(0, DK, COLS):
+                cols = c0 + tl.arange(0, COLS)
+                w_a = tl.load(w_ptr + base_a * L * DK + i[:, None] * DK + cols[None, :])
+                w_b = tl.load(w_ptr + base_b * L * DK + i[:, None] * DK + cols[None, :])
+                folded = decay_a * w_b.to(tl.float32) - tl.dot(m, w_a.to(tl.float32), input_precision=PREC)
+                tl.store(w_ptr + base_b * L * DK + i[:, None] * DK + cols[None, :], folded.to(w_b.dtype))
+
+
+@triton.jit
+def _scan_step(state, base, store_outputs, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, cols,
+               DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr):
+    """One chunk (row `base` of the [chunk * head] tables) of the scan: stores the state at its start and
+    v_new = U - W S when `store_outputs`, returns the state at its end. Products take their operands in the
+    storage dtype of W and U."""
+    i = tl.arange(0, L)
+    dk = tl.arange(0, DK)
+    k = tl.load(k_rows_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
+    w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
+    u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
+    k_gate = tl.load(k_gate_ptr + base * L + i)
+    decay = tl.load(decay_ptr + base)
+    v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
+    if store_outputs:
+        tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], state.to(h_ptr.dtype.element_ty))
+        tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :], v_new.to(v_new_ptr.dtype.element_ty))
+    update = (k_gate[:, None] * v_new).to(w.dtype)
+    return state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
+
+
+@triton.jit
+def _scan_pair(state, base_a, base_b, store_first, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr,
+               cols, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr):
+    """Chunks a then b in one step of 2L rows, b's W and U folded by `_pair_prep_kernel`: [v_a; v_b] =
+    [U_a; U'_b] - [W_a; W'_b] S, and S moves to b's end in one product. Stores v_new and the start state of
+    b (S_b, a product off the recurrence's path), and of a when `store_first`; returns the state at b's end."""
+    r = tl.arange(0, 2 * L)
+    dk = tl.arange(0, DK)
+    in_b = r >= L
+    local = r - tl.where(in_b, L, 0)
+    base = tl.where(in_b, base_b, base_a)
+    k = tl.load(k_rows_ptr + base[:, None] * L * DK + local[:, None] * DK + dk[None, :])
+    w = tl.load(w_ptr + base[:, None] * L * DK + local[:, None] * DK + dk[None, :])
+    u = tl.load(u_ptr + base[:, None] * L * DV + local[:, None] * DV + cols[None, :])
+    k_gate = tl.load(k_gate_ptr + base * L + local)
+    decay_a = tl.load(decay_ptr + base_a)
+    decay_b = tl.load(decay_ptr + base_b)
+    v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
+    tl.store(v_new_ptr + base[:, None] * L * DV + local[:, None] * DV + cols[None, :],
+             v_new.to(v_new_ptr.dtype.element_ty), mask=(in_b | store_first)[:, None])
+    if store_first:
+        tl.store(h_ptr + base_a * DK * DV + dk[:, None] * DV + cols[None, :], state.to(h_ptr.dtype.element_ty))
+    keys = tl.trans(k.to(w.dtype))
+    update_a = tl.where(in_b[:, None], 0.0, k_gate[:, None] * v_new).to(w.dtype)
+    state_b = state * decay_a + tl.dot(keys, update_a, input_precision=PREC)
+    tl.store(h_ptr + base_b * DK * DV + dk[:, None] * DV + cols[None, :], state_b.to(h_ptr.dtype.element_ty))
+    update = (tl.where(in_b, k_gate, k_gate * decay_b)[:, None] * v_new).to(w.dtype)
+    return state * (decay_a * decay_b) + tl.dot(keys, update, input_precision=PREC)
+
+
+@triton.jit
 def _state_scan_kernel(
     k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
     chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr, segments,
     stride_sr, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
-    L: tl.constexpr, PREC: tl.constexpr,
+    L: tl.constexpr, PREC: tl.constexpr, PAIRS: tl.constexpr,
 ):
     """Per (segment, value head, V split): TILES V tiles of BV columns, one after the other; a program
     takes segments pid, pid + P, ... (segments are sorted longest first, so the first P run in parallel).
@@ -265,10 +368,11 @@ def _state_scan_kernel(
     `_chunk_output_kernel`, which computes a first chunk's v_new from the init row itself. So a segment of
     one chunk whose final state is discarded (a short branch) needs nothing from the scan and returns at once.
     Everything a step reads is contiguous per (chunk, head), zero on padding rows: no gathers, no masks.
+    With PAIRS (chunk pairs folded by `_pair_prep_kernel`), the steps take two chunks at a time
+    (`_scan_pair`), the last chunk of an odd count alone: half the sequential steps.
     """
     head = tl.program_id(1)
     heads = tl.num_programs(1)
-    i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     for segment in range(tl.program_id(0), segments, tl.num_programs(0)):
         steps = tl.load(chunk_count_ptr + segment)
@@ -279,24 +383,19 @@ def _state_scan_kernel(
                 cols = (tl.program_id(2) * TILES + tile) * BV + tl.arange(0, BV)
                 state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
                 state = tl.load(state_ptrs + init_row * stride_sr)
-                for j in range(steps):
-                    chunk = tl.load(step_start_ptr + j) + segment
-                    base = chunk * heads + head
-                    k = tl.load(k_rows_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
-                    w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
-                    u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
-                    k_gate = tl.load(k_gate_ptr + base * L + i)
-                    decay = tl.load(decay_ptr + base)
-
-                    # products take their operands in the storage dtype of W, U and the q-k block
-                    v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
-                    if j > 0:  # the output kernel starts a segment's first chunk from its init row itself
-                        tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :],
-                                 state.to(h_ptr.dtype.element_ty))
-                        tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :],
-                                 v_new.to(v_new_ptr.dtype.element_ty))
-                    update = (k_gate[:, None] * v_new).to(w.dtype)
-                    state = state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
+                single = 0  # the first step taken one chunk at a time
+                if PAIRS:
+                    single = steps - steps % 2
+                    for pair in range(steps // 2):
+                        base_a = (tl.load(step_start_ptr + 2 * pair) + segment) * heads + head
+                        base_b = (tl.load(step_start_ptr + 2 * pair + 1) + segment) * heads + head
+                        state = _scan_pair(state, base_a, base_b, pair > 0, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr,
+                                           decay_ptr, v_new_ptr, h_ptr, cols, DK, DV, L, PREC)
+                for j in range(single, steps):
+                    # the output kernel starts a segment's first chunk from its init row itself
+                    base = (tl.load(step_start_ptr + j) + segment) * heads + head
+                    state = _scan_step(state, base, j > 0, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
+                                       v_new_ptr, h_ptr, cols, DK, DV, L, PREC)
                 if final_row >= 0:
                     tl.store(state_ptrs + final_row * stride_sr, state)
 
@@ -390,6 +489,8 @@ def gated_delta_triton(
     store_dtype: torch.dtype | None = None,
     chunk_programs: int = 128,
     scan_programs: int = 64,
+    scan_pairs: bool = False,
+    pair_lanes: int = 8,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
@@ -402,6 +503,8 @@ def gated_delta_triton(
     tile (`out_block_v`). `store_dtype` (default: the inputs' dtype) is the dtype of the stored W, U, q-k
     block, per-chunk start states and v_new, and so of the product operands of the scan and the output
     kernel: float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
+    `scan_pairs` folds each chunk pair of a segment into one scan step (`_pair_prep_kernel`, `pair_lanes`
+    programs per segment and head), halving the scan's sequential steps.
     `chunk_programs` and `scan_programs` cap the first grid dimension of the chunk kernels and the scan
     (programs loop over the rows past it): a captured graph's tables are mostly padding, and a launch of
     thousands of programs that only find padding costs tens of microseconds.
@@ -458,6 +561,13 @@ def gated_delta_triton(
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
             COLS=min(dk, dv, 64), PREC=prec, num_warps=prep_warps,
         )
+        if scan_pairs:  # fold each chunk pair of every segment into one scan step (in place over W, U)
+            _pair_prep_kernel[(max(1, min(sum(segments), scan_programs)), v_heads, pair_lanes)](
+                k_rows, w, u, k_gate, decay,
+                *(level.chunk_count for level in levels), *(level.step_start for level in levels),
+                start1, start2, *segments,
+                DK=dk, DV=dv, L=chunk, COLS=min(dk, dv, 64), PREC=prec, num_warps=prep_warps,
+            )
         # written by the scan for every chunk of a segment past its first: the state at the chunk's start and
         # v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
         h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
@@ -468,7 +578,7 @@ def gated_delta_triton(
                 k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
                 level.chunk_count, level.step_start, level.init_row, level.final_row, count,
                 states.stride(0), states.stride(1), states.stride(2),
-                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
+                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, PAIRS=scan_pairs,
                 num_warps=scan_warps, num_stages=scan_stages,
             )
         _chunk_output_kernel[(min(chunks, chunk_programs), v_heads, dv // obv)](
