@@ -39,7 +39,7 @@ ROUNDS = {
 }
 KNOB_CHOICES = {  # first value = the kernel's default
     "sub_block": [16, 32, 64],
-    "scan_pairs": [True, False],
+    "scan_pairs": [False, True],
     "prep_warps": [4, 8],
     "block_v": [32, 64, 128],
     "split_v": [None, 1, 2],

@@ -25,7 +25,7 @@ CONFIGS = [  # the default, then every knob value of bench_gdn's sweep (one of t
     {"store_dtype": torch.float32},
     {"sub_block": 32},
     {"sub_block": 64},
-    {"scan_pairs": False},
+    {"scan_pairs": True},
     {"scan_pairs": True, "scan_warps": 8},
     {"prep_warps": 8},
     {"block_v": 64},

@@ -17,7 +17,7 @@ intra-chunk work and loops over scan steps (not tokens, not segments).
 (no host synchronisation, CUDA-graph safe) and are capped (programs loop over the rows past the cap). A
 round's three levels take five launches: one chunk-prep launch over the chunk rows of all levels (stacked),
 one scan per level (a level starts from states the previous ones wrote), one output launch over all chunk
-rows (and, with `scan_pairs`, the default, one more launch folds chunk pairs for the scan: `_pair_prep_kernel`).
+rows (and, with the `scan_pairs` option, one more launch folds chunk pairs for the scan: `_pair_prep_kernel`).
 Only the state recurrence is sequential:
 - `_chunk_prep_kernel`, per (chunk row of any level, value head): gathers the chunk's tokens, builds Gamma,
   A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
@@ -489,7 +489,7 @@ def gated_delta_triton(
     store_dtype: torch.dtype | None = None,
     chunk_programs: int = 128,
     scan_programs: int = 64,
-    scan_pairs: bool = True,
+    scan_pairs: bool = False,
     pair_lanes: int = 8,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
@@ -503,7 +503,7 @@ def gated_delta_triton(
     tile (`out_block_v`). `store_dtype` (default: the inputs' dtype) is the dtype of the stored W, U, q-k
     block, per-chunk start states and v_new, and so of the product operands of the scan and the output
     kernel: float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
-    `scan_pairs` (default) folds each chunk pair of a segment into one scan step (`_pair_prep_kernel`, `pair_lanes`
+    `scan_pairs` folds each chunk pair of a segment into one scan step (`_pair_prep_kernel`, `pair_lanes`
     programs per segment and head), halving the scan's sequential steps.
     `chunk_programs` and `scan_programs` cap the first grid dimension of the chunk kernels and the scan
     (programs loop over the rows past it): a captured graph's tables are mostly padding, and a launch of

@@ -95,9 +95,9 @@ def test_triton_matches_reference_on_a_random_round():
 @pytest.mark.parametrize(
     "knobs",
     [{"block_v": 16, "split_v": 1}, {"block_v": 16}, {"out_block_v": 16}, {"sub_block": 32}, {"sub_block": 64},
-     {"scan_pairs": False}, {"scan_pairs": False, "block_v": 16, "split_v": 1}],
+     {"scan_pairs": True}, {"scan_pairs": True, "block_v": 16, "split_v": 1}],
     ids=["two-tiles-per-program", "two-programs", "two-output-tiles", "sub-block-32", "sub-block-64",
-         "single-chunk-steps", "single-chunk-steps-two-tiles-per-program"],
+         "chunk-pairs", "chunk-pairs-two-tiles-per-program"],
 )
 def test_triton_matches_reference_with_gqa_and_tiling(knobs):
     host = plan_round(make_requests(2, [(64, 0, None), (130, 0, None)], max_branches=2), 4)
@@ -116,13 +116,14 @@ def test_scan_in_chunk_pairs_and_single_chunks_matches_reference(storage):
     pair lanes fewer than a segment's pairs; and the same round with one chunk per scan step."""
     trunks = [(300, 0, None), (257, 0, 200), (129, 70, None), (448, 0, 384), (65, 0, None)]
     host = plan_round(make_requests(8, trunks, max_branches=3), 4)
-    check_against_reference(host.to("cpu").delta, host.num_tokens, 8, 1, 32, 16, pair_lanes=2, **storage)
-    check_against_reference(host.to("cpu").delta, host.num_tokens, 8, 1, 32, 16, scan_pairs=False, **storage)
+    check_against_reference(host.to("cpu").delta, host.num_tokens, 8, 1, 32, 16, scan_pairs=True, pair_lanes=2,
+                            **storage)
+    check_against_reference(host.to("cpu").delta, host.num_tokens, 8, 1, 32, 16, **storage)
 
 
 @pytest.mark.parametrize("programs", [{"chunk_programs": 1, "scan_programs": 1}, {"chunk_programs": 3, "scan_programs": 2},
-                                      {"chunk_programs": 3, "scan_programs": 2, "scan_pairs": False}],
-                         ids=["one-program", "three-and-two", "three-and-two-single-chunk-steps"])
+                                      {"chunk_programs": 3, "scan_programs": 2, "scan_pairs": True}],
+                         ids=["one-program", "three-and-two", "three-and-two-chunk-pairs"])
 def test_capped_grids_loop_over_every_row(programs):
     """Programs that loop over several chunk rows and segments (a capped grid) compute the same round."""
     trunks = [(64, 70, None), (130, 129, 200), (5, 1, None), (65, 0, 64), (63, 0, None)]
