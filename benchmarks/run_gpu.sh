@@ -4,7 +4,8 @@
 #   [SIZES="0.8B 4B"] bash benchmarks/run_gpu.sh [step ...]
 #   steps: attention gdn conv fidelity check graphs profile qps passages agent startup (default: attention gdn fidelity)
 # JSON results land in $OUT (one file per benchmark) with a combined log. The engine benchmarks (qps passages
-# agent startup) print their JSON to $OUT only; the log gets their targets in one line each.
+# agent startup) print their JSON to $OUT only; the log gets their stderr tail and targets. Nothing else goes
+# to $OUT: the device tool brings back at most 8 files (a run of qps passages agent once lost a JSON that way).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/msgspec*.whl .whl/pytest_asyncio*.whl || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla .whl/fla_core*.whl .whl/flash_linear*.whl || true
@@ -16,11 +17,11 @@ sizes=${SIZES:-0.8B 4B}  # model sizes of the per-size steps
 # in $OUT, the log gets the stderr tail and the targets line.
 engine_bench() {
   local script=$1 size=$2
-  PYTHONPATH=/tmp/fla:$PYTHONPATH python3 "benchmarks/$script.py" --model-size "$size" > /dev/null 2> "$OUT/$script-$size.err"
-  tail -c 1500 "$OUT/$script-$size.err"
+  PYTHONPATH=/tmp/fla:$PYTHONPATH python3 "benchmarks/$script.py" --model-size "$size" > /dev/null 2> "/tmp/$script-$size.err"
+  tail -c 1500 "/tmp/$script-$size.err"
   python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[1], "targets:", json.dumps(d.get("targets", d.get("summary"))))' "$OUT/$script-$size.json"
 }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/log.txt"
 for step in $steps; do
   echo "=== $step" | tee -a "$OUT/log.txt"
   case $step in
