@@ -567,6 +567,7 @@ def gated_delta_triton(
                 *(level.chunk_count for level in levels), *(level.step_start for level in levels),
                 start1, start2, *segments,
                 DK=dk, DV=dv, L=chunk, COLS=min(dk, dv, 64), PREC=prec, num_warps=prep_warps,
+                num_stages=1,  # pairs are independent: pipelining them only multiplies shared memory (3 stages: 246 KB)
             )
         # written by the scan for every chunk of a segment past its first: the state at the chunk's start and
         # v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -66,7 +68,7 @@ def test_tile_table_partitions_rows_by_region():
     starts = tile_start[: int(num_tiles) + 1].tolist()
     assert starts[0] == 0 and starts[-1] == len(rows) and int(num_tiles) <= max_tiles
     region = rnd.attention.ctx_hi
-    for lo, hi in zip(starts, starts[1:]):
+    for lo, hi in itertools.pairwise(starts):
         assert 0 < hi - lo <= 32
         assert bool((region[lo:hi] == region[lo]).all())
     assert (tile_start[int(num_tiles) + 1 : max_tiles + 1] == len(rows)).all()

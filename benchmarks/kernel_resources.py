@@ -1,0 +1,199 @@
+"""Registers, spills and shared memory of every Triton kernel a round launches, compiled for the H200 on CPU.
+
+    PYTHONPATH=$PWD python benchmarks/kernel_resources.py [--model-size 0.8B] [--tokens 700]
+
+No GPU needed: one real-shape round (a trunk and its branches, padded to its capacity as graph rounds are)
+goes through the model with every Triton launch recorded instead of run; each distinct launch (kernel,
+argument types, constexprs, warps, stages) is then compiled for sm_90 (`triton.compile`) with the
+specialisation a CUDA launch would give it (16-divisible pointers and integers), and `ptxas -v` reports its
+registers and spills. A launch needing more shared memory than the H200 gives one block (227 KB) is
+flagged: the run that would have found it on the device costs minutes of device time.
+
+Variants: the bf16 engine (the default kernels), the GDN's options (`scan_pairs`, float32 storage), and the
+float32 engine (the exactness runs). The numbers are those of the installed Triton: the GPU image runs
+Triton 3.6, whose code differs from later versions; for its numbers, install it aside
+(`pip install --target /tmp/t36 triton==3.6.0`) and put it first on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+from benchmarks.common import release_config, run_metadata, write_result
+from flide_sdk.capacity import capacity_ladder, choose, pad_round
+from flide_sdk.kernels import fork_attention, gated_delta, gdn_gates, kv_store, rms_norm, rotary, short_conv, swiglu
+from flide_sdk.layout import RequestSpec, plan_round
+from flide_sdk.models.qwen35 import Qwen35Config, Qwen35Model
+from flide_sdk.ops import kernel_ops
+from flide_sdk.pool import CheckpointPool
+
+H200_SHARED_BYTES = 232_448  # per block, sm_90 (227 KB)
+TARGET = GPUTarget("cuda", 90, 32)
+MODULES = (fork_attention, gated_delta, gdn_gates, kv_store, rms_norm, rotary, short_conv, swiglu)
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
+         torch.int32: "i32", torch.bool: "i1", torch.uint8: "u8"}
+
+
+class Recorder:
+    """Stands in for a launched kernel: `kernel[grid](*args, **meta)` records the launch and runs nothing."""
+
+    def __init__(self, kernel: JITFunction) -> None:
+        self.kernel = kernel
+        self.launches: list[tuple[tuple, dict]] = []
+
+    def __getitem__(self, grid) -> Callable[..., None]:
+        def launch(*args, **meta) -> None:
+            self.launches.append((args, meta))
+
+        return launch
+
+
+def recorded_round(model_size: str, tokens: int, ops_variant: Callable, dtype: torch.dtype) -> list[tuple]:
+    """(kernel, args, meta) of every Triton launch of one forward of a padded real-shape round."""
+    text = release_config(model_size)["text_config"]
+    config = Qwen35Config.from_text_config({**text, "model_type": "qwen3_5_text"})
+    with torch.device("cpu"):
+        model = Qwen35Model(config).to(dtype)
+    model.fuse_projections()
+    pool = CheckpointPool(config, torch.device("cpu"), dtype, 256 << 20, 8)
+    rng = np.random.default_rng(0)
+    trunk = rng.integers(0, 1000, tokens)
+    request = RequestSpec.of(trunk, [rng.integers(0, 1000, 20)] * 4, [np.array([1, 2])] * 4)
+    host = plan_round([request], config.conv_kernel, pool.state_rows, pool.kv_sink)
+    capacity = choose(capacity_ladder(config.conv_kernel, 16384, 64, 262144), host)
+    padded = pad_round(host, capacity, pool.window_sink, pool.kv_sink, pool.state_rows.zero)
+    recorders = {}
+    originals = {}
+    for module in MODULES:
+        for name, value in vars(module).items():
+            if isinstance(value, JITFunction) and name.endswith("_kernel"):
+                originals[module, name] = value
+                recorders[module, name] = Recorder(value)
+                setattr(module, name, recorders[module, name])
+    try:
+        model(padded.to("cpu"), ops_variant(), pool.layer_caches())
+    finally:
+        for (module, name), value in originals.items():
+            setattr(module, name, value)
+    return [(r.kernel, args, meta) for r in recorders.values() for args, meta in r.launches]
+
+
+def specialise(kernel: JITFunction, args: tuple, meta: dict) -> tuple[dict, dict, dict, dict]:
+    """(signature, constexprs, attrs, options) as a CUDA launch with these arguments would compile them."""
+    names = kernel.arg_names
+    constexpr_names = {p.name for p in kernel.params if p.is_constexpr}
+    values = dict(zip(names, args))
+    values.update({k: v for k, v in meta.items() if k in names})
+    signature, constexprs, attrs = {}, {}, {}
+    for index, name in enumerate(names):
+        value = values[name]
+        if name in constexpr_names:
+            signature[name] = "constexpr"
+            constexprs[(index,)] = value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + TYPES[value.dtype]
+            if value.data_ptr() % 16 == 0:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if value % 16 == 0:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"{kernel.fn.__name__}: argument {name} of type {type(value).__name__}")
+    options = {"num_warps": meta.get("num_warps", 4), "num_stages": meta.get("num_stages", 3)}
+    return signature, constexprs, attrs, options
+
+
+def resources(kernel: JITFunction, signature: dict, constexprs: dict, attrs: dict, options: dict) -> dict:
+    """Registers, spill bytes and shared memory of one specialisation on sm_90."""
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+    compiled = triton.compile(source, target=TARGET, options=options)
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp, "kernel.ptx")
+        ptx.write_text(compiled.asm["ptx"])
+        report = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", str(ptx), "-o", str(Path(tmp, "k.o"))],
+                                capture_output=True, text=True, check=True).stderr
+    lines = report.splitlines()
+    start = next(i for i, line in enumerate(lines) if f"entry function '{compiled.metadata.name}'" in line)
+    own = "\n".join(lines[start:start + 4])  # the entry's properties, spills and register lines
+    return {
+        "registers": _number(own, r"Used (\d+) registers"),
+        "spill_store_bytes": _number(own, r"(\d+) bytes spill stores"),
+        "spill_load_bytes": _number(own, r"(\d+) bytes spill loads"),
+        "shared_bytes": compiled.metadata.shared,
+        "fits_h200_shared": compiled.metadata.shared <= H200_SHARED_BYTES,
+    }
+
+
+def _number(text: str, pattern: str) -> int | None:
+    found = re.search(pattern, text)
+    return int(found.group(1)) if found else None
+
+
+VARIANTS = {
+    "bf16 engine": (torch.bfloat16, kernel_ops),
+    "bf16, GDN scan_pairs": (torch.bfloat16, lambda: _with_gdn(scan_pairs=True)),
+    "bf16, GDN float32 storage": (torch.bfloat16, lambda: _with_gdn(store_dtype=torch.float32)),
+    "bf16, GDN float32 storage + scan_pairs": (torch.bfloat16, lambda: _with_gdn(store_dtype=torch.float32, scan_pairs=True)),
+    "float32 engine": (torch.float32, kernel_ops),
+    "float32 engine, GDN scan_pairs": (torch.float32, lambda: _with_gdn(scan_pairs=True)),
+}
+
+
+def _with_gdn(**knobs):
+    import dataclasses
+
+    ops = kernel_ops()
+    return dataclasses.replace(ops, gated_delta=functools.partial(ops.gated_delta, **knobs))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-size", default="0.8B")
+    parser.add_argument("--tokens", type=int, default=300, help="trunk tokens of the recorded round")
+    args = parser.parse_args()
+    seen: dict[tuple, dict] = {}
+    rows = []
+    for variant, (dtype, ops_variant) in VARIANTS.items():
+        for kernel, launch_args, meta in recorded_round(args.model_size, args.tokens, ops_variant, dtype):
+            signature, constexprs, attrs, options = specialise(kernel, launch_args, meta)
+            key = (kernel.fn.__name__, tuple(signature.items()), tuple(sorted(constexprs.items())),
+                   tuple(sorted(attrs)), tuple(options.items()))
+            if key not in seen:
+                seen[key] = resources(kernel, signature, constexprs, attrs, options)
+                rows.append({"variant": variant, "kernel": kernel.fn.__name__,
+                             "constexprs": {signature_name: value for (index,), value in constexprs.items()
+                                            for signature_name in [kernel.arg_names[index]]},
+                             **options, **seen[key]})
+                flag = "" if seen[key]["fits_h200_shared"] else "  <-- exceeds the H200's shared memory"
+                print(f"{variant:40s} {kernel.fn.__name__:26s} warps {options['num_warps']} stages "
+                      f"{options['num_stages']}: {seen[key]['registers']} regs, spills "
+                      f"{seen[key]['spill_store_bytes']} B, shared {seen[key]['shared_bytes']} B{flag}", flush=True)
+    command = f"python benchmarks/kernel_resources.py --model-size {args.model_size} --tokens {args.tokens}"
+    write_result(f"kernel_resources-{args.model_size}", {
+        "benchmark": "kernel_resources", "model_size": args.model_size, "target": "sm_90 (H200)",
+        "compiled_with_triton": triton.__version__, **run_metadata(command),
+        "over_shared_memory": [row for row in rows if not row["fits_h200_shared"]], "launches": rows,
+    })
+
+
+if __name__ == "__main__":
+    main()
