@@ -151,6 +151,7 @@ def _number(text: str, pattern: str) -> int | None:
 VARIANTS = {
     "bf16 engine": (torch.bfloat16, kernel_ops),
     "bf16, GDN scan_pairs": (torch.bfloat16, lambda: _with_gdn(scan_pairs=True)),
+    "bf16, GDN wy_low_precision": (torch.bfloat16, lambda: _with_gdn(wy_low_precision=True)),
     "bf16, GDN float32 storage": (torch.bfloat16, lambda: _with_gdn(store_dtype=torch.float32)),
     "bf16, GDN float32 storage + scan_pairs": (torch.bfloat16, lambda: _with_gdn(store_dtype=torch.float32, scan_pairs=True)),
     "float32 engine": (torch.float32, kernel_ops),

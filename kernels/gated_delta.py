@@ -137,13 +137,18 @@ def _unit_lower_inverse(n, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, PREC: tl.c
 
 @triton.jit
 def _store_row_scaled_product(t, scale, rows_ptr, ok, out_ptr, WIDTH: tl.constexpr, COLS: tl.constexpr,
-                              PREC: tl.constexpr):
+                              PREC: tl.constexpr, LOW: tl.constexpr):
     """out [L, WIDTH] (contiguous) = t @ (scale[:, None] * X), X's rows at `rows_ptr` [L] (zero where not
-    `ok`), COLS columns at a time (bounds live registers); rows not `ok` are stored as zeros."""
+    `ok`), COLS columns at a time (bounds live registers); rows not `ok` are stored as zeros. With LOW, t
+    comes in out's dtype and the scaled rows are rounded to it: a 16-bit product instead of TF32."""
     for c0 in tl.static_range(0, WIDTH, COLS):
         cols = c0 + tl.arange(0, COLS)
         x = tl.load(rows_ptr[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
-        product = tl.dot(t, scale[:, None] * x.to(tl.float32), input_precision=PREC)
+        operand = scale[:, None] * x.to(tl.float32)
+        if LOW:
+            product = tl.dot(t, operand.to(t.dtype))
+        else:
+            product = tl.dot(t, operand, input_precision=PREC)
         product = tl.where(ok[:, None], product, 0.0)
         rows = tl.arange(0, t.shape[0])
         tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], product.to(out_ptr.dtype.element_ty))
@@ -165,7 +170,7 @@ def _chunk_prep_kernel(
     total, start1, start2, chunks, scale, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
-    SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr,
+    SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr, WY_LOW: tl.constexpr,
 ):
     """Per (chunk, value head) everything of the chunk that does not depend on the state, for the chunk rows
     of up to three levels at once (`_level_row`); a program takes rows pid, pid + P, ... of its head (P
@@ -243,10 +248,12 @@ def _chunk_prep_kernel(
 
             # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers);
             # padding rows are stored as zeros, so the scan reads whole chunks without masks
+            if WY_LOW:  # T rounded to the storage dtype once, for 16-bit products
+                t = t.to(w_ptr.dtype.element_ty)
             _store_row_scaled_product(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
-                                      u_ptr + base * L * DV, DV, COLS, PREC)
+                                      u_ptr + base * L * DV, DV, COLS, PREC, WY_LOW)
             _store_row_scaled_product(t, beta * k_rnorm * tl.exp(cum), k_ptr + tok * stride_kt + key_head * stride_kh,
-                                      ok, w_ptr + base * L * DK, DK, COLS, PREC)
+                                      ok, w_ptr + base * L * DK, DK, COLS, PREC, WY_LOW)
 
 
 @triton.jit
@@ -491,6 +498,7 @@ def gated_delta_triton(
     scan_programs: int = 64,
     scan_pairs: bool = False,
     pair_lanes: int = 8,
+    wy_low_precision: bool = False,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
@@ -503,6 +511,8 @@ def gated_delta_triton(
     tile (`out_block_v`). `store_dtype` (default: the inputs' dtype) is the dtype of the stored W, U, q-k
     block, per-chunk start states and v_new, and so of the product operands of the scan and the output
     kernel: float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
+    `wy_low_precision` (16-bit storage only) takes the products W = T (beta K exp(cum)) and U = T (beta V) in
+    the storage dtype, T rounded to it, as flash-linear-attention does, instead of TF32.
     `scan_pairs` folds each chunk pair of a segment into one scan step (`_pair_prep_kernel`, `pair_lanes`
     programs per segment and head), halving the scan's sequential steps.
     `chunk_programs` and `scan_programs` cap the first grid dimension of the chunk kernels and the scan
@@ -559,7 +569,7 @@ def gated_delta_triton(
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
-            COLS=min(dk, dv, 64), PREC=prec, num_warps=prep_warps,
+            COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low_precision and store.itemsize == 2, num_warps=prep_warps,
         )
         if scan_pairs:  # fold each chunk pair of every segment into one scan step (in place over W, U)
             _pair_prep_kernel[(max(1, min(sum(segments), scan_programs)), v_heads, pair_lanes)](

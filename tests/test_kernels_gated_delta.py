@@ -104,10 +104,12 @@ def test_triton_matches_reference_with_gqa_and_tiling(knobs):
     check_against_reference(host.to("cpu").delta, host.num_tokens, 2, 2, 16, 32, **knobs)
 
 
-def test_triton_with_16_bit_storage_stays_within_its_rounding():
+@pytest.mark.parametrize("knobs", [{}, {"wy_low_precision": True}, {"wy_low_precision": True, "scan_pairs": True}],
+                         ids=["tf32-wy", "16-bit-wy", "16-bit-wy-pairs"])
+def test_triton_with_16_bit_storage_stays_within_its_rounding(knobs):
     host = plan_round(make_requests(5, [(130, 0, None), (65, 0, None)], max_branches=3), 4)
     check_against_reference(host.to("cpu").delta, host.num_tokens, 5, 1, 32, 32, tolerance=2e-3,
-                            store_dtype=torch.float16)
+                            store_dtype=torch.float16, **knobs)
 
 
 @pytest.mark.parametrize("storage", [{}, {"store_dtype": torch.float16, "tolerance": 2e-3}], ids=["float32", "float16"])
