@@ -215,7 +215,7 @@ def main() -> None:
     if args.variants:
         flags += f" --variants '{json.dumps(args.variants)}'"
     command = f"python benchmarks/bench_gdn.py --model-size {args.model_size}{flags}"
-    write_result(f"gdn-{args.model_size}", {
+    write_result(f"gdn{'-options' * bool(args.variants)}-{args.model_size}", {
         "benchmark": "gated_delta", "model_size": args.model_size, "k_heads": k_heads, "v_heads": v_heads,
         "dk": dk, "dv": dv, **run_metadata(command), "rounds": results,
     })

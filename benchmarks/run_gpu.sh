@@ -2,7 +2,8 @@
 # Every GPU check and benchmark in one device call (the lent H200 has no internet and a bare image).
 # Usage on the device, from the repository root with .whl/ and .bench-data/ carried:
 #   [SIZES="0.8B 4B"] bash benchmarks/run_gpu.sh [step ...]
-#   steps: attention gdn conv fidelity check graphs profile qps passages agent startup (default: attention gdn fidelity)
+#   steps: attention gdn gdn-options conv fidelity check graphs profile qps passages agent startup
+#   (default: attention gdn fidelity)
 # JSON results land in $OUT (one file per benchmark) with a combined log. The engine benchmarks (qps passages
 # agent startup) print their JSON to $OUT only; the log gets their stderr tail and targets. Nothing else goes
 # to $OUT: the device tool brings back at most 8 files (a run of qps passages agent once lost a JSON that way).
@@ -12,6 +13,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla .w
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-attention gdn fidelity}
+# the GDN options not yet on by default, timed (with their errors) next to the default by the gdn-options step
+GDN_OPTIONS=${GDN_OPTIONS:-'[{"scan_pairs": true}, {"scan_pairs": true, "scan_warps": 8}, {"wy_low_precision": true}, {"scan_pairs": true, "wy_low_precision": true}]'}
 sizes=${SIZES:-0.8B 4B}  # model sizes of the per-size steps
 # An engine benchmark against transformers (with flash-linear-attention) at one model size: JSON and stderr
 # in $OUT, the log gets the stderr tail and the targets line.
@@ -27,6 +30,8 @@ for step in $steps; do
   case $step in
     attention) for size in 0.8B 4B; do python3 benchmarks/bench_attention.py --model-size $size; done ;;
     gdn) for size in $sizes; do PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size $size --no-sweep; done ;;
+    gdn-options) for size in $sizes; do PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size $size \
+      --no-sweep --variants "$GDN_OPTIONS"; done ;;
     graphs) for size in $sizes; do python3 benchmarks/check_graphs.py --model-size $size | tail -c 3000; done ;;
     profile) for size in $sizes; do python3 benchmarks/profile_round.py --model-size $size | tail -c 3000; done ;;
     fidelity) python3 benchmarks/fidelity.py --model-size 0.8B ;;
