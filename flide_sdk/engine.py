@@ -54,8 +54,8 @@ STAT_KEYS = (
     "rounds", "asks", "questions", "tokens_computed", "tokens_padded", "tokens_resumed", "checkpoint_hits",
     "checkpoint_misses", "graph_replays", "eager_runs", "deferred", "merged_trunks", "mutable_tail_tokens",
     "max_mutable_tail_tokens", "round_seconds", "submit_seconds", "queue_seconds", "select_seconds",
-    "plan_seconds", "launch_seconds",
-    "staging_seconds", "replay_seconds", "readback_seconds", "finish_seconds", "graphs_captured",
+    "plan_seconds", "spec_seconds", "launch_seconds", "buffer_wait_seconds", "pad_seconds", "copy_issue_seconds",
+    "replay_call_seconds", "staging_seconds", "replay_seconds", "readback_seconds", "finish_seconds", "graphs_captured",
     "capture_seconds", "graph_memory_bytes",
 )
 
@@ -399,6 +399,7 @@ class Engine:
                     specs.append(spec)
                     if save is not None:
                         saves.append(save)
+                specified = time.perf_counter()
                 host = plan_round(specs, self.model.config.conv_kernel, self.pool.state_rows, self.pool.kv_sink)
                 planned = time.perf_counter()
                 self.pool.copy_pages([copy for save in saves for copy in save.page_copies])
@@ -418,7 +419,11 @@ class Engine:
         with self._stats_lock:
             self._stats["queue_seconds"] += sum(started - ask.queued_at for ask in batch)
             self._stats["plan_seconds"] += planned - started
+            self._stats["spec_seconds"] += specified - started
             self._stats["launch_seconds"] += launched - planned
+            if launch is not None:
+                for key, seconds in launch.host_seconds.items():
+                    self._stats[key] += seconds
             self._stats["graph_replays" if launch is not None else "eager_runs"] += 1
             self._stats["tokens_padded"] += host.num_real if launch is None else launch.capacity.tokens
         return InFlight(groups, host.num_real, result, started)

@@ -57,10 +57,12 @@ class _Captured:
 class Launch:
     """A round on its way through the device; `wait()` returns its probabilities [questions, labels]."""
 
-    def __init__(self, probabilities: np.ndarray, events: Sequence[torch.cuda.Event], capacity: Capacity) -> None:
+    def __init__(self, probabilities: np.ndarray, events: Sequence[torch.cuda.Event], capacity: Capacity,
+                 host_seconds: dict[str, float]) -> None:
         self._probabilities = probabilities
         self._events = events  # staged, copied in, replayed, read back
         self.capacity = capacity
+        self.host_seconds = host_seconds  # host time of the launch's parts (`GraphRunner.launch`)
 
     def wait(self) -> np.ndarray:
         self._events[-1].synchronize()
@@ -154,19 +156,26 @@ class GraphRunner:
         captured = self._captured[capacity]
         buffer = self._next
         self._next = (self._next + 1) % BUFFERS
+        started = time.perf_counter()
         if self._copied[buffer] is not None:
             self._copied[buffer].synchronize()  # the copy that last read this staging buffer is done
+        freed = time.perf_counter()
         pad_into(host, capacity, captured.host_views[buffer], self.window_sink, self.kv_sink, self.rows.zero)
+        padded = time.perf_counter()
         events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
         elements = captured.layout.elements
         events[0].record()
         self._device_buffer[:elements].copy_(self._staging[buffer][:elements], non_blocking=True)
         events[1].record()
         self._copied[buffer] = events[1]
+        issued = time.perf_counter()
         captured.graph.replay()
+        replayed = time.perf_counter()
         events[2].record()
         questions = host.num_questions
         out = self._readback[buffer][: questions * capacity.labels].view(questions, capacity.labels)
         out.copy_(captured.probabilities[:questions], non_blocking=True)
         events[3].record()
-        return Launch(out.numpy(), events, capacity)
+        host_seconds = {"buffer_wait_seconds": freed - started, "pad_seconds": padded - freed,
+                        "copy_issue_seconds": issued - padded, "replay_call_seconds": replayed - issued}
+        return Launch(out.numpy(), events, capacity, host_seconds)

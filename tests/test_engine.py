@@ -138,6 +138,8 @@ def test_render_and_stats(engine):
     stats = engine.stats()
     assert stats["rounds"] == 1 and stats["asks"] == 1 and stats["questions"] == 2
     assert stats["tokens_computed"] == rendered.state_ids.size + sum(q.ids.size for q in rendered.questions.values())
+    assert 0 < stats["spec_seconds"] <= stats["plan_seconds"]  # the checkpoint reservation is part of planning
+    assert stats["pad_seconds"] == stats["replay_call_seconds"] == 0  # no graphs on CPU: nothing staged
 
 
 def test_stats_account_for_the_time_an_ask_waits_for_its_round(tiny_path):
