@@ -104,10 +104,12 @@ def tile_table(
     plan: AttentionPlan, query_rows: torch.Tensor | None, num_rows: int, block_tokens: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """(rows, tile_start, num_tiles, max_tiles) of `plan_tiles` for `query_rows` (None: all `num_rows` stream
-    rows), built once per plan, query-row tensor and tile size: the attention layers of a round share it."""
+    rows), built once per plan, query-row tensor and tile size: the attention layers of a round share it. The
+    memo holds the query-row tensor, so its id is not reused while the entry lives; the model clears the memo at
+    the start of every forward pass."""
     key = (None if query_rows is None else id(query_rows), num_rows, block_tokens)
     cached = plan.tile_tables.get(key)
-    if cached is None or (query_rows is not None and cached[0] is not query_rows):
+    if cached is None:
         rows = torch.arange(num_rows, device=plan.ctx_hi.device) if query_rows is None else query_rows
         cached = (rows, *plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], block_tokens, plan.num_tokens))
         plan.tile_tables[key] = cached
