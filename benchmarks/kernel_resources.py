@@ -18,6 +18,7 @@ Triton 3.6, whose code differs from later versions; for its numbers, install it 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import re
 import subprocess
@@ -148,22 +149,26 @@ def _number(text: str, pattern: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def _with(op: str, **knobs) -> Callable:
+    """The kernel ops with knobs given to one of them."""
+    def ops():
+        base = kernel_ops()
+        return dataclasses.replace(base, **{op: functools.partial(getattr(base, op), **knobs)})
+
+    return ops
+
+
 VARIANTS = {
     "bf16 engine": (torch.bfloat16, kernel_ops),
-    "bf16, GDN scan_pairs": (torch.bfloat16, lambda: _with_gdn(scan_pairs=True)),
-    "bf16, GDN wy_low_precision": (torch.bfloat16, lambda: _with_gdn(wy_low_precision=True)),
-    "bf16, GDN float32 storage": (torch.bfloat16, lambda: _with_gdn(store_dtype=torch.float32)),
-    "bf16, GDN float32 storage + scan_pairs": (torch.bfloat16, lambda: _with_gdn(store_dtype=torch.float32, scan_pairs=True)),
+    "bf16, GDN scan_pairs": (torch.bfloat16, _with("gated_delta", scan_pairs=True)),
+    "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
+    "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32)),
+    "bf16, GDN float32 storage + scan_pairs": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32,
+                                                                     scan_pairs=True)),
+    "bf16, conv speculative": (torch.bfloat16, _with("indexed_conv", speculative=True)),
     "float32 engine": (torch.float32, kernel_ops),
-    "float32 engine, GDN scan_pairs": (torch.float32, lambda: _with_gdn(scan_pairs=True)),
+    "float32 engine, GDN scan_pairs": (torch.float32, _with("gated_delta", scan_pairs=True)),
 }
-
-
-def _with_gdn(**knobs):
-    import dataclasses
-
-    ops = kernel_ops()
-    return dataclasses.replace(ops, gated_delta=functools.partial(ops.gated_delta, **knobs))
 
 
 def main() -> None:

@@ -77,8 +77,12 @@ def _table_rows(x_ptr, cache_ptr, resume_ptr, index, ok, chans, chan_ok, total,
 def _indexed_conv_kernel(
     x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
     stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
-    TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, SPECULATE: tl.constexpr,
 ):
+    """silu(sum over taps of weight * table row src[t, tap]) for BT tokens x BC channels. With SPECULATE, each
+    tap first loads the stream row a token reads when its piece holds its predecessors (most tokens), without
+    waiting for the index; the index then only picks the rows that differ (piece starts, resumed windows),
+    loaded by a second, mostly masked-off load: one memory round trip instead of two for most tiles."""
     tokens = tl.program_id(0) * BT + tl.arange(0, BT)
     chans = tl.program_id(1) * BC + tl.arange(0, BC)
     token_ok = tokens < total
@@ -86,8 +90,18 @@ def _indexed_conv_kernel(
     acc = tl.zeros((BT, BC), tl.float32)
     for tap in tl.static_range(TAPS):
         index = tl.load(src_ptr + tokens * stride_src + tap, mask=token_ok, other=0)
-        rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index, token_ok, chans, chan_ok, total,
-                           stride_x, stride_cs, stride_ck, TAPS - 1)
+        if SPECULATE:
+            own = tokens + tap - (TAPS - 1)  # the stream row; its table index is own + 1
+            own_ok = token_ok & (own >= 0)
+            near = tl.load(x_ptr + tl.maximum(own, 0)[:, None] * stride_x + chans[None, :],
+                           mask=own_ok[:, None] & chan_ok[None, :], other=0.0)
+            other = index != own + 1
+            far = _table_rows(x_ptr, cache_ptr, resume_ptr, index, token_ok & other, chans, chan_ok, total,
+                              stride_x, stride_cs, stride_ck, TAPS - 1)
+            rows = tl.where(other[:, None], far, near)
+        else:
+            rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index, token_ok, chans, chan_ok, total,
+                               stride_x, stride_cs, stride_ck, TAPS - 1)
         weight = tl.load(weight_ptr + chans * stride_weight + tap, mask=chan_ok, other=0.0).to(tl.float32)
         acc += rows.to(tl.float32) * weight[None, :]
     out = acc * tl.sigmoid(acc)
@@ -124,11 +138,12 @@ def _arena_slots(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torc
 
 def indexed_conv_triton(
     x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, weight: torch.Tensor, src: torch.Tensor,
-    *, block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4,
+    *, block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4, speculative: bool = False,
 ) -> torch.Tensor:
     """The Triton kernel behind the same contract as `indexed_conv_reference` (sum in float32).
 
-    The keyword arguments are tuning knobs (tokens and channels per program, powers of two; warps)."""
+    The keyword arguments are tuning knobs (tokens and channels per program, powers of two; warps; whether
+    the stream rows are loaded before the index arrives, `_indexed_conv_kernel`)."""
     resume_slots = _arena_slots(x, window_cache, resume_slots)
     total, channels = x.shape
     out = torch.empty_like(x)
@@ -136,7 +151,7 @@ def indexed_conv_triton(
     _indexed_conv_kernel[grid](
         x, window_cache, resume_slots, weight, src, out, total, channels,
         x.stride(0), window_cache.stride(0), window_cache.stride(1), weight.stride(0), src.stride(0), out.stride(0),
-        TAPS=src.shape[1], BT=block_t, BC=block_c, num_warps=num_warps,
+        TAPS=src.shape[1], BT=block_t, BC=block_c, SPECULATE=speculative, num_warps=num_warps,
     )
     return out
 
