@@ -162,6 +162,7 @@ VARIANTS = {
     "bf16 engine": (torch.bfloat16, kernel_ops),
     "bf16, GDN scan_pairs": (torch.bfloat16, _with("gated_delta", scan_pairs=True)),
     "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
+    "bf16, GDN split_prep": (torch.bfloat16, _with("gated_delta", split_prep=True)),
     "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32)),
     "bf16, GDN float32 storage + scan_pairs": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32,
                                                                      scan_pairs=True)),

@@ -136,22 +136,28 @@ def _unit_lower_inverse(n, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, PREC: tl.c
 
 
 @triton.jit
+def _store_scaled_product_block(t, scale, rows_ptr, ok, out_ptr, cols, WIDTH: tl.constexpr, PREC: tl.constexpr,
+                                LOW: tl.constexpr):
+    """Columns `cols` of out [L, WIDTH] (contiguous) = t @ (scale[:, None] * X), X's rows at `rows_ptr` [L]
+    (zero where not `ok`); rows not `ok` are stored as zeros. With LOW, t comes in out's dtype and the
+    scaled rows are rounded to it: a 16-bit product instead of TF32."""
+    x = tl.load(rows_ptr[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
+    operand = scale[:, None] * x.to(tl.float32)
+    if LOW:
+        product = tl.dot(t, operand.to(t.dtype))
+    else:
+        product = tl.dot(t, operand, input_precision=PREC)
+    product = tl.where(ok[:, None], product, 0.0)
+    rows = tl.arange(0, t.shape[0])
+    tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], product.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _store_row_scaled_product(t, scale, rows_ptr, ok, out_ptr, WIDTH: tl.constexpr, COLS: tl.constexpr,
                               PREC: tl.constexpr, LOW: tl.constexpr):
-    """out [L, WIDTH] (contiguous) = t @ (scale[:, None] * X), X's rows at `rows_ptr` [L] (zero where not
-    `ok`), COLS columns at a time (bounds live registers); rows not `ok` are stored as zeros. With LOW, t
-    comes in out's dtype and the scaled rows are rounded to it: a 16-bit product instead of TF32."""
+    """`_store_scaled_product_block` over all WIDTH columns, COLS at a time (bounds live registers)."""
     for c0 in tl.static_range(0, WIDTH, COLS):
-        cols = c0 + tl.arange(0, COLS)
-        x = tl.load(rows_ptr[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
-        operand = scale[:, None] * x.to(tl.float32)
-        if LOW:
-            product = tl.dot(t, operand.to(t.dtype))
-        else:
-            product = tl.dot(t, operand, input_precision=PREC)
-        product = tl.where(ok[:, None], product, 0.0)
-        rows = tl.arange(0, t.shape[0])
-        tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], product.to(out_ptr.dtype.element_ty))
+        _store_scaled_product_block(t, scale, rows_ptr, ok, out_ptr, c0 + tl.arange(0, COLS), WIDTH, PREC, LOW)
 
 
 @triton.jit
@@ -166,11 +172,12 @@ def _level_row(row, start1, start2, first_ptr, second_ptr, third_ptr):
 @triton.jit
 def _chunk_prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
-    w_ptr, u_ptr, a_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
+    w_ptr, u_ptr, a_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr, w_scale_ptr,
     total, start1, start2, chunks, scale, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr, WY_LOW: tl.constexpr,
+    PRODUCTS: tl.constexpr,
 ):
     """Per (chunk, value head) everything of the chunk that does not depend on the state, for the chunk rows
     of up to three levels at once (`_level_row`); a program takes rows pid, pid + P, ... of its head (P
@@ -179,7 +186,9 @@ def _chunk_prep_kernel(
     The system A goes through this program's [L, L] float32 scratch `system_ptr`: its lower SUB x SUB
     blocks are read back (tuples indexed b * (b + 1) // 2 + c, block row b >= block column c) so that
     T = (I + A)^-1 costs only the block products it needs; T is written over A and read back whole.
-    The barriers order the scratch's writes and reads between the program's threads.
+    The barriers order the scratch's writes and reads between the program's threads. Without PRODUCTS, the
+    program stops at T (left in the scratch) and W's row scales (`w_scale_ptr`): `_wy_products_kernel` takes
+    the products W and U, a column block per program.
     """
     NSUB: tl.constexpr = L // SUB
     head = tl.program_id(1)
@@ -248,12 +257,52 @@ def _chunk_prep_kernel(
 
             # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers);
             # padding rows are stored as zeros, so the scan reads whole chunks without masks
-            if WY_LOW:  # T rounded to the storage dtype once, for 16-bit products
+            w_scale = beta * k_rnorm * tl.exp(cum)
+            if PRODUCTS:
+                if WY_LOW:  # T rounded to the storage dtype once, for 16-bit products
+                    t = t.to(w_ptr.dtype.element_ty)
+                _store_row_scaled_product(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
+                                          u_ptr + base * L * DV, DV, COLS, PREC, WY_LOW)
+                _store_row_scaled_product(t, w_scale, k_ptr + tok * stride_kt + key_head * stride_kh,
+                                          ok, w_ptr + base * L * DK, DK, COLS, PREC, WY_LOW)
+            else:
+                tl.store(w_scale_ptr + base * L + i, w_scale)
+                if SUB == L:  # the scratch path left T in the scratch already
+                    tl.store(scratch + row * L + col, t)
+
+
+@triton.jit
+def _wy_products_kernel(
+    k_ptr, v_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, w_ptr, u_ptr, w_scale_ptr, system_ptr,
+    total, start1, start2, chunks,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_bt, stride_bh,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, COLS: tl.constexpr,
+    PREC: tl.constexpr, WY_LOW: tl.constexpr,
+):
+    """Per (chunk row of any level, value head, column block): one COLS-column block of U = T (beta V)
+    (blocks 0 .. DV / COLS - 1) or of W = T (w_scale K) (the rest), from the T and row scales the prep
+    kernel left (without PRODUCTS). Four times the programs of the fused prep, each a single product."""
+    head = tl.program_id(1)
+    block = tl.program_id(2)
+    i = tl.arange(0, L)
+    for chunk in range(tl.program_id(0), chunks, tl.num_programs(0)):
+        chunk_tokens_ptr, local, _ = _level_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr)
+        if tl.load(chunk_tokens_ptr + local * L) < total:
+            base = chunk * tl.num_programs(1) + head
+            tok = tl.load(chunk_tokens_ptr + local * L + i)
+            ok = tok < total
+            t = tl.load(system_ptr + base * L * L + i[:, None] * L + i[None, :])
+            if WY_LOW:
                 t = t.to(w_ptr.dtype.element_ty)
-            _store_row_scaled_product(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
-                                      u_ptr + base * L * DV, DV, COLS, PREC, WY_LOW)
-            _store_row_scaled_product(t, beta * k_rnorm * tl.exp(cum), k_ptr + tok * stride_kt + key_head * stride_kh,
-                                      ok, w_ptr + base * L * DK, DK, COLS, PREC, WY_LOW)
+            if block < DV // COLS:
+                beta = tl.load(beta_ptr + tok * stride_bt + head * stride_bh, mask=ok, other=0.0).to(tl.float32)
+                _store_scaled_product_block(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
+                                            u_ptr + base * L * DV, block * COLS + tl.arange(0, COLS), DV, PREC, WY_LOW)
+            else:
+                w_scale = tl.load(w_scale_ptr + base * L + i)
+                _store_scaled_product_block(t, w_scale, k_ptr + tok * stride_kt + (head // GROUP) * stride_kh, ok,
+                                            w_ptr + base * L * DK, (block - DV // COLS) * COLS + tl.arange(0, COLS),
+                                            DK, PREC, WY_LOW)
 
 
 @triton.jit
@@ -499,6 +548,7 @@ def gated_delta_triton(
     scan_pairs: bool = False,
     pair_lanes: int = 8,
     wy_low_precision: bool = False,
+    split_prep: bool = False,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
@@ -513,6 +563,8 @@ def gated_delta_triton(
     kernel: float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
     `wy_low_precision` (16-bit storage only) takes the products W = T (beta K exp(cum)) and U = T (beta V) in
     the storage dtype, T rounded to it, as flash-linear-attention does, instead of TF32.
+    `split_prep` leaves the W and U products to a second launch, a column block per program
+    (`_wy_products_kernel`).
     `scan_pairs` folds each chunk pair of a segment into one scan step (`_pair_prep_kernel`, `pair_lanes`
     programs per segment and head), halving the scan's sequential steps.
     `chunk_programs` and `scan_programs` cap the first grid dimension of the chunk kernels and the scan
@@ -561,16 +613,25 @@ def gated_delta_triton(
         k_gate = torch.empty_like(q_gate)
         decay = torch.empty(chunks, v_heads, dtype=torch.float32, device=q.device)
         system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
+        w_scale = torch.empty_like(q_gate) if split_prep else q_gate  # not written unless split
         tokens = [level.chunk_tokens for level in levels]
+        wy_low = wy_low_precision and store.itemsize == 2
         _chunk_prep_kernel[(min(chunks, chunk_programs), v_heads)](
             q, k, v, g, beta, *tokens,
-            w, u, a, k_rows, q_gate, k_gate, decay, system,
+            w, u, a, k_rows, q_gate, k_gate, decay, system, w_scale,
             total, start1, start2, chunks, dk**-0.5, L2_EPS,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
-            COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low_precision and store.itemsize == 2, num_warps=prep_warps,
+            COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low, PRODUCTS=not split_prep, num_warps=prep_warps,
         )
+        if split_prep:
+            cols = min(dk, dv, 64)
+            _wy_products_kernel[(min(chunks, chunk_programs), v_heads, (dv + dk) // cols)](
+                k, v, beta, *tokens, w, u, w_scale, system, total, start1, start2, chunks,
+                k.stride(0), k.stride(1), v.stride(0), v.stride(1), beta.stride(0), beta.stride(1),
+                GROUP=group, DK=dk, DV=dv, L=chunk, COLS=cols, PREC=prec, WY_LOW=wy_low, num_warps=prep_warps,
+            )
         if scan_pairs:  # fold each chunk pair of every segment into one scan step (in place over W, U)
             _pair_prep_kernel[(max(1, min(sum(segments), scan_programs)), v_heads, pair_lanes)](
                 k_rows, w, u, k_gate, decay,

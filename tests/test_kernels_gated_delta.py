@@ -87,25 +87,29 @@ def test_level_metadata_indexes_every_chunk():
             assert np.array_equal(np.diff(firsts), np.full(count - 1, GDN_CHUNK))
 
 
-def test_triton_matches_reference_on_a_random_round():
+@pytest.mark.parametrize("knobs", [{}, {"split_prep": True}], ids=["fused-prep", "split-prep"])
+def test_triton_matches_reference_on_a_random_round(knobs):
+    """Dk = 32, Dv = 16: the products' column blocks (16 wide) split W in two."""
     host = plan_round(make_requests(1, ALL_TRUNKS), 4)
-    check_against_reference(host.to("cpu").delta, host.num_tokens, 1, 1, 32, 16)
+    check_against_reference(host.to("cpu").delta, host.num_tokens, 1, 1, 32, 16, **knobs)
 
 
 @pytest.mark.parametrize(
     "knobs",
     [{"block_v": 16, "split_v": 1}, {"block_v": 16}, {"out_block_v": 16}, {"sub_block": 32}, {"sub_block": 64},
-     {"scan_pairs": True}, {"scan_pairs": True, "block_v": 16, "split_v": 1}],
+     {"scan_pairs": True}, {"scan_pairs": True, "block_v": 16, "split_v": 1}, {"split_prep": True},
+     {"split_prep": True, "sub_block": 64}],
     ids=["two-tiles-per-program", "two-programs", "two-output-tiles", "sub-block-32", "sub-block-64",
-         "chunk-pairs", "chunk-pairs-two-tiles-per-program"],
+         "chunk-pairs", "chunk-pairs-two-tiles-per-program", "split-prep", "split-prep-sub-block-64"],
 )
 def test_triton_matches_reference_with_gqa_and_tiling(knobs):
     host = plan_round(make_requests(2, [(64, 0, None), (130, 0, None)], max_branches=2), 4)
     check_against_reference(host.to("cpu").delta, host.num_tokens, 2, 2, 16, 32, **knobs)
 
 
-@pytest.mark.parametrize("knobs", [{}, {"wy_low_precision": True}, {"wy_low_precision": True, "scan_pairs": True}],
-                         ids=["tf32-wy", "16-bit-wy", "16-bit-wy-pairs"])
+@pytest.mark.parametrize("knobs", [{}, {"wy_low_precision": True}, {"wy_low_precision": True, "scan_pairs": True},
+                                   {"wy_low_precision": True, "split_prep": True}],
+                         ids=["tf32-wy", "16-bit-wy", "16-bit-wy-pairs", "16-bit-wy-split-prep"])
 def test_triton_with_16_bit_storage_stays_within_its_rounding(knobs):
     host = plan_round(make_requests(5, [(130, 0, None), (65, 0, None)], max_branches=3), 4)
     check_against_reference(host.to("cpu").delta, host.num_tokens, 5, 1, 32, 32, tolerance=2e-3,
