@@ -120,6 +120,8 @@ def specialise(kernel: JITFunction, args: tuple, meta: dict) -> tuple[dict, dict
         else:
             raise TypeError(f"{kernel.fn.__name__}: argument {name} of type {type(value).__name__}")
     options = {"num_warps": meta.get("num_warps", 4), "num_stages": meta.get("num_stages", 3)}
+    if "maxnreg" in meta:
+        options["maxnreg"] = meta["maxnreg"]
     return signature, constexprs, attrs, options
 
 
@@ -163,6 +165,7 @@ VARIANTS = {
     "bf16, GDN scan_pairs": (torch.bfloat16, _with("gated_delta", scan_pairs=True)),
     "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
     "bf16, GDN split_prep": (torch.bfloat16, _with("gated_delta", split_prep=True)),
+    "bf16, GDN prep_max_registers=168": (torch.bfloat16, _with("gated_delta", prep_max_registers=168)),
     "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32)),
     "bf16, GDN float32 storage + scan_pairs": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32,
                                                                      scan_pairs=True)),

@@ -549,6 +549,7 @@ def gated_delta_triton(
     pair_lanes: int = 8,
     wy_low_precision: bool = False,
     split_prep: bool = False,
+    prep_max_registers: int | None = None,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
@@ -563,6 +564,8 @@ def gated_delta_triton(
     kernel: float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
     `wy_low_precision` (16-bit storage only) takes the products W = T (beta K exp(cum)) and U = T (beta V) in
     the storage dtype, T rounded to it, as flash-linear-attention does, instead of TF32.
+    `prep_max_registers` caps the prep kernel's registers per thread (ptxas's maxnreg; it takes 255 at 4
+    warps, 2 programs per SM): more programs per SM for some spills (168: 232 B, 128: 548 B, Triton 3.6).
     `split_prep` leaves the W and U products to a second launch, a column block per program
     (`_wy_products_kernel`).
     `scan_pairs` folds each chunk pair of a segment into one scan step (`_pair_prep_kernel`, `pair_lanes`
@@ -624,6 +627,7 @@ def gated_delta_triton(
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
             COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low, PRODUCTS=not split_prep, num_warps=prep_warps,
+            **({} if prep_max_registers is None else {"maxnreg": prep_max_registers}),
         )
         if split_prep:
             cols = min(dk, dv, 64)

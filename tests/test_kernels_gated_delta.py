@@ -98,9 +98,10 @@ def test_triton_matches_reference_on_a_random_round(knobs):
     "knobs",
     [{"block_v": 16, "split_v": 1}, {"block_v": 16}, {"out_block_v": 16}, {"sub_block": 32}, {"sub_block": 64},
      {"scan_pairs": True}, {"scan_pairs": True, "block_v": 16, "split_v": 1}, {"split_prep": True},
-     {"split_prep": True, "sub_block": 64}],
+     {"split_prep": True, "sub_block": 64}, {"prep_max_registers": 128}],
     ids=["two-tiles-per-program", "two-programs", "two-output-tiles", "sub-block-32", "sub-block-64",
-         "chunk-pairs", "chunk-pairs-two-tiles-per-program", "split-prep", "split-prep-sub-block-64"],
+         "chunk-pairs", "chunk-pairs-two-tiles-per-program", "split-prep", "split-prep-sub-block-64",
+         "prep-max-registers"],
 )
 def test_triton_matches_reference_with_gqa_and_tiling(knobs):
     host = plan_round(make_requests(2, [(64, 0, None), (130, 0, None)], max_branches=2), 4)
