@@ -170,6 +170,15 @@ def _level_row(row, start1, start2, first_ptr, second_ptr, third_ptr):
 
 
 @triton.jit
+def _chunk_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr, total, L: tl.constexpr):
+    """(where stacked chunk row `chunk`'s L stream indices are, whether its first (so any) token is real,
+    the row within its level, the level); padding positions hold `total` and come last."""
+    row_ptr, local, level = _level_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr)
+    row_ptr += local * L
+    return row_ptr, tl.load(row_ptr) < total, local, level
+
+
+@triton.jit
 def _chunk_prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
     w_ptr, u_ptr, a_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr, w_scale_ptr,
@@ -196,11 +205,11 @@ def _chunk_prep_kernel(
     dk = tl.arange(0, DK)
     row, col = i[:, None], i[None, :]
     for chunk in range(tl.program_id(0), chunks, tl.num_programs(0)):
-        chunk_tokens_ptr, local, _ = _level_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr)
-        if tl.load(chunk_tokens_ptr + local * L) < total:
+        row_ptr, real, _, _ = _chunk_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr, total, L)
+        if real:
             base = chunk * tl.num_programs(1) + head
             scratch = system_ptr + base * L * L
-            tok = tl.load(chunk_tokens_ptr + local * L + i)
+            tok = tl.load(row_ptr + i)
             ok = tok < total
             key_head = head // GROUP
 
@@ -286,10 +295,10 @@ def _wy_products_kernel(
     block = tl.program_id(2)
     i = tl.arange(0, L)
     for chunk in range(tl.program_id(0), chunks, tl.num_programs(0)):
-        chunk_tokens_ptr, local, _ = _level_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr)
-        if tl.load(chunk_tokens_ptr + local * L) < total:
+        row_ptr, real, _, _ = _chunk_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr, total, L)
+        if real:
             base = chunk * tl.num_programs(1) + head
-            tok = tl.load(chunk_tokens_ptr + local * L + i)
+            tok = tl.load(row_ptr + i)
             ok = tok < total
             t = tl.load(system_ptr + base * L * L + i[:, None] * L + i[None, :])
             if WY_LOW:
@@ -480,10 +489,10 @@ def _chunk_output_kernel(
     dk = tl.arange(0, DK)
     cols = tl.program_id(2) * BV + tl.arange(0, BV)
     for chunk in range(tl.program_id(0), chunks, tl.num_programs(0)):
-        chunk_tokens_ptr, local, level = _level_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr)
-        if tl.load(chunk_tokens_ptr + local * L) < total:
+        row_ptr, real, local, level = _chunk_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr, total, L)
+        if real:
             base = chunk * tl.num_programs(1) + head
-            tok = tl.load(chunk_tokens_ptr + local * L + i)
+            tok = tl.load(row_ptr + i)
             ok = tok < total
             q = tl.load(q_ptr + tok[:, None] * stride_qt + (head // GROUP) * stride_qh + dk[None, :],
                         mask=ok[:, None], other=0.0)
