@@ -39,13 +39,12 @@ ROUNDS = {
 }
 KNOB_CHOICES = {  # first value = the kernel's default
     "sub_block": [16, 32, 64],
-    "scan_pairs": [False, True],
     "prep_warps": [4, 8],
     "block_v": [32, 64, 128],
     "split_v": [None, 1, 2],
     "scan_warps": [4, 8, 2],
     "scan_stages": [2, 1, 3],
-    "out_block_v": [64, 32, 128],
+    "out_block_v": [128, 64, 32],
     "out_warps": [4, 8],
 }
 PRECISE = {"store_dtype": torch.float32, "scan_warps": 8}
@@ -183,7 +182,8 @@ def main() -> None:
             "tokens": int(x["v"].shape[0]), "sequences": int(cu_seqlens.numel() - 1),
             "levels": len(plan.levels), "chunks_per_level": [int(level.chunk_tokens.shape[0]) for level in plan.levels],
             "ours": {**errors(), **timed(lambda: run_ours())},
-            # the accuracy option: W, U and the q-k block stored in float32, TF32 products in the scan
+            # the accuracy option: W, U and the q-k block stored in float32, TF32 products in the prep's WY
+            # form and in the scan
             "ours_float32_storage": {
                 **errors(**PRECISE), **timed(lambda: run_ours(**PRECISE)), "knobs": str(PRECISE),
             },

@@ -25,8 +25,6 @@ CONFIGS = [  # the default, then every knob value of bench_gdn's sweep (one of t
     {"store_dtype": torch.float32},
     {"sub_block": 32},
     {"sub_block": 64},
-    {"scan_pairs": True},
-    {"scan_pairs": True, "scan_warps": 8},
     {"prep_warps": 8},
     {"block_v": 64},
     {"block_v": 128},
@@ -36,8 +34,8 @@ CONFIGS = [  # the default, then every knob value of bench_gdn's sweep (one of t
     {"scan_warps": 2},
     {"scan_stages": 1},
     {"scan_stages": 3},
+    {"out_block_v": 64},
     {"out_block_v": 32},
-    {"out_block_v": 128},
     {"out_warps": 8},
     {"chunk_programs": 1, "scan_programs": 1},
 ]

@@ -9,8 +9,8 @@ specialisation a CUDA launch would give it (16-divisible pointers and integers),
 registers and spills. A launch needing more shared memory than the H200 gives one block (227 KB) is
 flagged: the run that would have found it on the device costs minutes of device time.
 
-Variants: the bf16 engine (the default kernels), the GDN's options (`scan_pairs`, float32 storage), and the
-float32 engine (the exactness runs). The numbers are those of the installed Triton: the GPU image runs
+Variants: the bf16 engine (the default kernels), the GDN with float32 storage, and the float32 engine (the
+exactness runs). The numbers are those of the installed Triton: the GPU image runs
 Triton 3.6, whose code differs from later versions; for its numbers, install it aside
 (`pip install --target /tmp/t36 triton==3.6.0`) and put it first on PYTHONPATH.
 """
@@ -120,8 +120,6 @@ def specialise(kernel: JITFunction, args: tuple, meta: dict) -> tuple[dict, dict
         else:
             raise TypeError(f"{kernel.fn.__name__}: argument {name} of type {type(value).__name__}")
     options = {"num_warps": meta.get("num_warps", 4), "num_stages": meta.get("num_stages", 3)}
-    if "maxnreg" in meta:
-        options["maxnreg"] = meta["maxnreg"]
     return signature, constexprs, attrs, options
 
 
@@ -162,16 +160,8 @@ def _with(op: str, **knobs) -> Callable:
 
 VARIANTS = {
     "bf16 engine": (torch.bfloat16, kernel_ops),
-    "bf16, GDN scan_pairs": (torch.bfloat16, _with("gated_delta", scan_pairs=True)),
-    "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
-    "bf16, GDN split_prep": (torch.bfloat16, _with("gated_delta", split_prep=True)),
-    "bf16, GDN prep_max_registers=168": (torch.bfloat16, _with("gated_delta", prep_max_registers=168)),
     "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32)),
-    "bf16, GDN float32 storage + scan_pairs": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32,
-                                                                     scan_pairs=True)),
-    "bf16, conv speculative": (torch.bfloat16, _with("indexed_conv", speculative=True)),
     "float32 engine": (torch.float32, kernel_ops),
-    "float32 engine, GDN scan_pairs": (torch.float32, _with("gated_delta", scan_pairs=True)),
 }
 
 

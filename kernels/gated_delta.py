@@ -17,8 +17,7 @@ intra-chunk work and loops over scan steps (not tokens, not segments).
 (no host synchronisation, CUDA-graph safe) and are capped (programs loop over the rows past the cap). A
 round's three levels take five launches: one chunk-prep launch over the chunk rows of all levels (stacked),
 one scan per level (a level starts from states the previous ones wrote), one output launch over all chunk
-rows (and, with the `scan_pairs` option, one more launch folds chunk pairs for the scan: `_pair_prep_kernel`).
-Only the state recurrence is sequential:
+rows. Only the state recurrence is sequential:
 - `_chunk_prep_kernel`, per (chunk row of any level, value head): gathers the chunk's tokens, builds Gamma,
   A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
   16-row sub-blocks (through a float32 scratch), and stores W = T (beta K exp(cum)), U = T (beta V), the
@@ -35,7 +34,12 @@ Gram products of the raw inputs are taken in the inputs' dtype (exact for bf16);
 accumulation are float32. For 16-bit inputs the products of float32 quantities inside a chunk use TF32,
 and W, U, the q-k block, S_j and v_new are stored in the inputs' dtype (by default), so the products of the
 scan and the output kernel take S and v_new in that dtype (as flash-linear-attention does); the state carried
-by the scan and the update's v_new stay float32. Float32 inputs keep float32 with IEEE products.
+by the scan and the update's v_new stay float32. With 16-bit storage the WY products W and U also take T and
+their scaled rows in the storage dtype (as flash-linear-attention does: relative error 0.0035 against 0.0031
+with TF32 on the 0.8B bf16 rounds, and 6-10% faster); float32 storage keeps them in TF32. Float32 inputs
+keep float32 with IEEE products.
+Timed slower on the H200 on 2026-11-30 (7117ef9, benchmarks/README.md) and removed: a chunk-pair scan
+(half the sequential steps), the W and U products in a second launch, and capped prep registers.
 """
 
 from __future__ import annotations
@@ -136,28 +140,22 @@ def _unit_lower_inverse(n, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, PREC: tl.c
 
 
 @triton.jit
-def _store_scaled_product_block(t, scale, rows_ptr, ok, out_ptr, cols, WIDTH: tl.constexpr, PREC: tl.constexpr,
-                                LOW: tl.constexpr):
-    """Columns `cols` of out [L, WIDTH] (contiguous) = t @ (scale[:, None] * X), X's rows at `rows_ptr` [L]
-    (zero where not `ok`); rows not `ok` are stored as zeros. With LOW, t comes in out's dtype and the
-    scaled rows are rounded to it: a 16-bit product instead of TF32."""
-    x = tl.load(rows_ptr[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
-    operand = scale[:, None] * x.to(tl.float32)
-    if LOW:
-        product = tl.dot(t, operand.to(t.dtype))
-    else:
-        product = tl.dot(t, operand, input_precision=PREC)
-    product = tl.where(ok[:, None], product, 0.0)
-    rows = tl.arange(0, t.shape[0])
-    tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], product.to(out_ptr.dtype.element_ty))
-
-
-@triton.jit
 def _store_row_scaled_product(t, scale, rows_ptr, ok, out_ptr, WIDTH: tl.constexpr, COLS: tl.constexpr,
                               PREC: tl.constexpr, LOW: tl.constexpr):
-    """`_store_scaled_product_block` over all WIDTH columns, COLS at a time (bounds live registers)."""
+    """out [L, WIDTH] (contiguous) = t @ (scale[:, None] * X), X's rows at `rows_ptr` [L] (zero where not
+    `ok`), COLS columns at a time (bounds live registers); rows not `ok` are stored as zeros. With LOW, t
+    comes in out's dtype and the scaled rows are rounded to it: a 16-bit product instead of TF32."""
     for c0 in tl.static_range(0, WIDTH, COLS):
-        _store_scaled_product_block(t, scale, rows_ptr, ok, out_ptr, c0 + tl.arange(0, COLS), WIDTH, PREC, LOW)
+        cols = c0 + tl.arange(0, COLS)
+        x = tl.load(rows_ptr[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
+        operand = scale[:, None] * x.to(tl.float32)
+        if LOW:
+            product = tl.dot(t, operand.to(t.dtype))
+        else:
+            product = tl.dot(t, operand, input_precision=PREC)
+        product = tl.where(ok[:, None], product, 0.0)
+        rows = tl.arange(0, t.shape[0])
+        tl.store(out_ptr + rows[:, None] * WIDTH + cols[None, :], product.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -181,12 +179,11 @@ def _chunk_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr, tot
 @triton.jit
 def _chunk_prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
-    w_ptr, u_ptr, a_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr, w_scale_ptr,
+    w_ptr, u_ptr, a_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
     total, start1, start2, chunks, scale, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr, WY_LOW: tl.constexpr,
-    PRODUCTS: tl.constexpr,
 ):
     """Per (chunk, value head) everything of the chunk that does not depend on the state, for the chunk rows
     of up to three levels at once (`_level_row`); a program takes rows pid, pid + P, ... of its head (P
@@ -195,9 +192,8 @@ def _chunk_prep_kernel(
     The system A goes through this program's [L, L] float32 scratch `system_ptr`: its lower SUB x SUB
     blocks are read back (tuples indexed b * (b + 1) // 2 + c, block row b >= block column c) so that
     T = (I + A)^-1 costs only the block products it needs; T is written over A and read back whole.
-    The barriers order the scratch's writes and reads between the program's threads. Without PRODUCTS, the
-    program stops at T (left in the scratch) and W's row scales (`w_scale_ptr`): `_wy_products_kernel` takes
-    the products W and U, a column block per program.
+    The barriers order the scratch's writes and reads between the program's threads. With WY_LOW (16-bit
+    storage), T and the scaled rows of the W and U products are rounded to the storage dtype.
     """
     NSUB: tl.constexpr = L // SUB
     head = tl.program_id(1)
@@ -266,103 +262,12 @@ def _chunk_prep_kernel(
 
             # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers);
             # padding rows are stored as zeros, so the scan reads whole chunks without masks
-            w_scale = beta * k_rnorm * tl.exp(cum)
-            if PRODUCTS:
-                if WY_LOW:  # T rounded to the storage dtype once, for 16-bit products
-                    t = t.to(w_ptr.dtype.element_ty)
-                _store_row_scaled_product(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
-                                          u_ptr + base * L * DV, DV, COLS, PREC, WY_LOW)
-                _store_row_scaled_product(t, w_scale, k_ptr + tok * stride_kt + key_head * stride_kh,
-                                          ok, w_ptr + base * L * DK, DK, COLS, PREC, WY_LOW)
-            else:
-                tl.store(w_scale_ptr + base * L + i, w_scale)
-                if SUB == L:  # the scratch path left T in the scratch already
-                    tl.store(scratch + row * L + col, t)
-
-
-@triton.jit
-def _wy_products_kernel(
-    k_ptr, v_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, w_ptr, u_ptr, w_scale_ptr, system_ptr,
-    total, start1, start2, chunks,
-    stride_kt, stride_kh, stride_vt, stride_vh, stride_bt, stride_bh,
-    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, COLS: tl.constexpr,
-    PREC: tl.constexpr, WY_LOW: tl.constexpr,
-):
-    """Per (chunk row of any level, value head, column block): one COLS-column block of U = T (beta V)
-    (blocks 0 .. DV / COLS - 1) or of W = T (w_scale K) (the rest), from the T and row scales the prep
-    kernel left (without PRODUCTS). Four times the programs of the fused prep, each a single product."""
-    head = tl.program_id(1)
-    block = tl.program_id(2)
-    i = tl.arange(0, L)
-    for chunk in range(tl.program_id(0), chunks, tl.num_programs(0)):
-        row_ptr, real, _, _ = _chunk_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr, total, L)
-        if real:
-            base = chunk * tl.num_programs(1) + head
-            tok = tl.load(row_ptr + i)
-            ok = tok < total
-            t = tl.load(system_ptr + base * L * L + i[:, None] * L + i[None, :])
-            if WY_LOW:
+            if WY_LOW:  # T rounded to the storage dtype once, for 16-bit products
                 t = t.to(w_ptr.dtype.element_ty)
-            if block < DV // COLS:
-                beta = tl.load(beta_ptr + tok * stride_bt + head * stride_bh, mask=ok, other=0.0).to(tl.float32)
-                _store_scaled_product_block(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
-                                            u_ptr + base * L * DV, block * COLS + tl.arange(0, COLS), DV, PREC, WY_LOW)
-            else:
-                w_scale = tl.load(w_scale_ptr + base * L + i)
-                _store_scaled_product_block(t, w_scale, k_ptr + tok * stride_kt + (head // GROUP) * stride_kh, ok,
-                                            w_ptr + base * L * DK, (block - DV // COLS) * COLS + tl.arange(0, COLS),
-                                            DK, PREC, WY_LOW)
-
-
-@triton.jit
-def _pair_prep_kernel(
-    k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
-    count0_ptr, count1_ptr, count2_ptr, step0_ptr, step1_ptr, step2_ptr,
-    start1, start2, segments0, segments1, segments2,
-    DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr,
-):
-    """Per (segment of any level, value head, pair lane): folds each chunk pair (a, b) = (steps 2p, 2p + 1) of
-    the segment into the WY form of one 2L-token step, in place over chunk b's W and U:
-
-        v_new_b = U_b - W_b S_b and S_b = d_a S_a + Kg_a^T (U_a - W_a S_a)  give  v_new_b = U'_b - W'_b S_a
-        with M = W_b Kg_a^T,  U'_b = U_b - M U_a,  W'_b = d_a W_b - M W_a
-
-    (Kg_a: chunk a's key rows scaled by its k_gate, d_a its decay). The scan then takes a pair in one step.
-    Chunk b is never a segment's first chunk, whose W and U the output kernel reads. A program takes the pairs
-    p = lane, lane + LANES, ... of segments pid, pid + P, ... (levels stacked like the chunk rows).
-    """
-    head = tl.program_id(1)
-    heads = tl.num_programs(1)
-    lanes = tl.num_programs(2)
-    i = tl.arange(0, L)
-    dk = tl.arange(0, DK)
-    for slot in range(tl.program_id(0), segments0 + segments1 + segments2, tl.num_programs(0)):
-        count_ptr, segment, level = _level_row(slot, segments0, segments0 + segments1, count0_ptr, count1_ptr,
-                                               count2_ptr)
-        step_ptr, _, _ = _level_row(slot, segments0, segments0 + segments1, step0_ptr, step1_ptr, step2_ptr)
-        first_row = tl.where(level == 2, start2, tl.where(level == 1, start1, 0))
-        pairs = tl.load(count_ptr + segment) // 2
-        for pair in range(tl.program_id(2), pairs, lanes):
-            base_a = (first_row + tl.load(step_ptr + 2 * pair) + segment) * heads + head
-            base_b = (first_row + tl.load(step_ptr + 2 * pair + 1) + segment) * heads + head
-            k_a = tl.load(k_rows_ptr + base_a * L * DK + i[:, None] * DK + dk[None, :])
-            gate_a = tl.load(k_gate_ptr + base_a * L + i)
-            w_b = tl.load(w_ptr + base_b * L * DK + i[:, None] * DK + dk[None, :])
-            scaled_a = (gate_a[:, None] * k_a.to(tl.float32)).to(w_b.dtype)
-            m = tl.dot(w_b, tl.trans(scaled_a), input_precision=PREC)  # [L, L]
-            decay_a = tl.load(decay_ptr + base_a)
-            for c0 in tl.static_range(0, DV, COLS):
-                cols = c0 + tl.arange(0, COLS)
-                u_a = tl.load(u_ptr + base_a * L * DV + i[:, None] * DV + cols[None, :])
-                u_b = tl.load(u_ptr + base_b * L * DV + i[:, None] * DV + cols[None, :])
-                folded = u_b.to(tl.float32) - tl.dot(m, u_a.to(tl.float32), input_precision=PREC)
-                tl.store(u_ptr + base_b * L * DV + i[:, None] * DV + cols[None, :], folded.to(u_b.dtype))
-            for c0 in tl.static_range(0, DK, COLS):
-                cols = c0 + tl.arange(0, COLS)
-                w_a = tl.load(w_ptr + base_a * L * DK + i[:, None] * DK + cols[None, :])
-                w_b = tl.load(w_ptr + base_b * L * DK + i[:, None] * DK + cols[None, :])
-                folded = decay_a * w_b.to(tl.float32) - tl.dot(m, w_a.to(tl.float32), input_precision=PREC)
-                tl.store(w_ptr + base_b * L * DK + i[:, None] * DK + cols[None, :], folded.to(w_b.dtype))
+            _store_row_scaled_product(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
+                                      u_ptr + base * L * DV, DV, COLS, PREC, WY_LOW)
+            _store_row_scaled_product(t, beta * k_rnorm * tl.exp(cum), k_ptr + tok * stride_kt + key_head * stride_kh,
+                                      ok, w_ptr + base * L * DK, DK, COLS, PREC, WY_LOW)
 
 
 @triton.jit
@@ -387,42 +292,12 @@ def _scan_step(state, base, store_outputs, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr,
 
 
 @triton.jit
-def _scan_pair(state, base_a, base_b, store_first, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr,
-               cols, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr):
-    """Chunks a then b in one step of 2L rows, b's W and U folded by `_pair_prep_kernel`: [v_a; v_b] =
-    [U_a; U'_b] - [W_a; W'_b] S, and S moves to b's end in one product. Stores v_new and the start state of
-    b (S_b, a product off the recurrence's path), and of a when `store_first`; returns the state at b's end."""
-    r = tl.arange(0, 2 * L)
-    dk = tl.arange(0, DK)
-    in_b = r >= L
-    local = r - tl.where(in_b, L, 0)
-    base = tl.where(in_b, base_b, base_a)
-    k = tl.load(k_rows_ptr + base[:, None] * L * DK + local[:, None] * DK + dk[None, :])
-    w = tl.load(w_ptr + base[:, None] * L * DK + local[:, None] * DK + dk[None, :])
-    u = tl.load(u_ptr + base[:, None] * L * DV + local[:, None] * DV + cols[None, :])
-    k_gate = tl.load(k_gate_ptr + base * L + local)
-    decay_a = tl.load(decay_ptr + base_a)
-    decay_b = tl.load(decay_ptr + base_b)
-    v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
-    tl.store(v_new_ptr + base[:, None] * L * DV + local[:, None] * DV + cols[None, :],
-             v_new.to(v_new_ptr.dtype.element_ty), mask=(in_b | store_first)[:, None])
-    if store_first:
-        tl.store(h_ptr + base_a * DK * DV + dk[:, None] * DV + cols[None, :], state.to(h_ptr.dtype.element_ty))
-    keys = tl.trans(k.to(w.dtype))
-    update_a = tl.where(in_b[:, None], 0.0, k_gate[:, None] * v_new).to(w.dtype)
-    state_b = state * decay_a + tl.dot(keys, update_a, input_precision=PREC)
-    tl.store(h_ptr + base_b * DK * DV + dk[:, None] * DV + cols[None, :], state_b.to(h_ptr.dtype.element_ty))
-    update = (tl.where(in_b, k_gate, k_gate * decay_b)[:, None] * v_new).to(w.dtype)
-    return state * (decay_a * decay_b) + tl.dot(keys, update, input_precision=PREC)
-
-
-@triton.jit
 def _state_scan_kernel(
     k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
     chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr, segments,
     stride_sr, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
-    L: tl.constexpr, PREC: tl.constexpr, PAIRS: tl.constexpr,
+    L: tl.constexpr, PREC: tl.constexpr,
 ):
     """Per (segment, value head, V split): TILES V tiles of BV columns, one after the other; a program
     takes segments pid, pid + P, ... (segments are sorted longest first, so the first P run in parallel).
@@ -433,8 +308,6 @@ def _state_scan_kernel(
     `_chunk_output_kernel`, which computes a first chunk's v_new from the init row itself. So a segment of
     one chunk whose final state is discarded (a short branch) needs nothing from the scan and returns at once.
     Everything a step reads is contiguous per (chunk, head), zero on padding rows: no gathers, no masks.
-    With PAIRS (chunk pairs folded by `_pair_prep_kernel`), the steps take two chunks at a time
-    (`_scan_pair`), the last chunk of an odd count alone: half the sequential steps.
     """
     head = tl.program_id(1)
     heads = tl.num_programs(1)
@@ -448,15 +321,7 @@ def _state_scan_kernel(
                 cols = (tl.program_id(2) * TILES + tile) * BV + tl.arange(0, BV)
                 state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
                 state = tl.load(state_ptrs + init_row * stride_sr)
-                single = 0  # the first step taken one chunk at a time
-                if PAIRS:
-                    single = steps - steps % 2
-                    for pair in range(steps // 2):
-                        base_a = (tl.load(step_start_ptr + 2 * pair) + segment) * heads + head
-                        base_b = (tl.load(step_start_ptr + 2 * pair + 1) + segment) * heads + head
-                        state = _scan_pair(state, base_a, base_b, pair > 0, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr,
-                                           decay_ptr, v_new_ptr, h_ptr, cols, DK, DV, L, PREC)
-                for j in range(single, steps):
+                for j in range(steps):
                     # the output kernel starts a segment's first chunk from its init row itself
                     base = (tl.load(step_start_ptr + j) + segment) * heads + head
                     state = _scan_step(state, base, j > 0, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
@@ -549,16 +414,11 @@ def gated_delta_triton(
     prep_warps: int = 4,
     scan_warps: int = 4,
     scan_stages: int = 2,
-    out_block_v: int = 64,
+    out_block_v: int = 128,
     out_warps: int = 4,
     store_dtype: torch.dtype | None = None,
     chunk_programs: int = 128,
     scan_programs: int = 64,
-    scan_pairs: bool = False,
-    pair_lanes: int = 8,
-    wy_low_precision: bool = False,
-    split_prep: bool = False,
-    prep_max_registers: int | None = None,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
@@ -568,17 +428,11 @@ def gated_delta_triton(
     Dv / block_v / split_v tiles in turn; default: one tile per program), the prep kernel's sub-block rows
     (16 or 32: block forward substitution through a float32 scratch; 64: exact doubling over the whole
     chunk in registers, no scratch), the warps of the three kernels, the scan's pipeline depth, and the output kernel's V
-    tile (`out_block_v`). `store_dtype` (default: the inputs' dtype) is the dtype of the stored W, U, q-k
-    block, per-chunk start states and v_new, and so of the product operands of the scan and the output
-    kernel: float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit inputs.
-    `wy_low_precision` (16-bit storage only) takes the products W = T (beta K exp(cum)) and U = T (beta V) in
-    the storage dtype, T rounded to it, as flash-linear-attention does, instead of TF32.
-    `prep_max_registers` caps the prep kernel's registers per thread (ptxas's maxnreg; it takes 255 at 4
-    warps, 2 programs per SM): more programs per SM for some spills (168: 232 B, 128: 548 B, Triton 3.6).
-    `split_prep` leaves the W and U products to a second launch, a column block per program
-    (`_wy_products_kernel`).
-    `scan_pairs` folds each chunk pair of a segment into one scan step (`_pair_prep_kernel`, `pair_lanes`
-    programs per segment and head), halving the scan's sequential steps.
+    tile (`out_block_v`; default 128, the releases' whole Dv: on the H200 3-6% faster than 64 in rounds a and b,
+    equal alone). `store_dtype` (default: the inputs' dtype) is the dtype of the stored W, U, q-k block,
+    per-chunk start states and v_new, and so of the product operands of the scan, the output kernel and
+    (16-bit storage) the prep's W = T (beta K exp(cum)) and U = T (beta V): float32 trades time (TF32
+    products, twice the traffic) for accuracy with 16-bit inputs.
     `chunk_programs` and `scan_programs` cap the first grid dimension of the chunk kernels and the scan
     (programs loop over the rows past it): a captured graph's tables are mostly padding, and a launch of
     thousands of programs that only find padding costs tens of microseconds.
@@ -625,34 +479,16 @@ def gated_delta_triton(
         k_gate = torch.empty_like(q_gate)
         decay = torch.empty(chunks, v_heads, dtype=torch.float32, device=q.device)
         system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
-        w_scale = torch.empty_like(q_gate) if split_prep else q_gate  # not written unless split
         tokens = [level.chunk_tokens for level in levels]
-        wy_low = wy_low_precision and store.itemsize == 2
         _chunk_prep_kernel[(min(chunks, chunk_programs), v_heads)](
             q, k, v, g, beta, *tokens,
-            w, u, a, k_rows, q_gate, k_gate, decay, system, w_scale,
+            w, u, a, k_rows, q_gate, k_gate, decay, system,
             total, start1, start2, chunks, dk**-0.5, L2_EPS,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
-            COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low, PRODUCTS=not split_prep, num_warps=prep_warps,
-            **({} if prep_max_registers is None else {"maxnreg": prep_max_registers}),
+            COLS=min(dk, dv, 64), PREC=prec, WY_LOW=store.itemsize == 2, num_warps=prep_warps,
         )
-        if split_prep:
-            cols = min(dk, dv, 64)
-            _wy_products_kernel[(min(chunks, chunk_programs), v_heads, (dv + dk) // cols)](
-                k, v, beta, *tokens, w, u, w_scale, system, total, start1, start2, chunks,
-                k.stride(0), k.stride(1), v.stride(0), v.stride(1), beta.stride(0), beta.stride(1),
-                GROUP=group, DK=dk, DV=dv, L=chunk, COLS=cols, PREC=prec, WY_LOW=wy_low, num_warps=prep_warps,
-            )
-        if scan_pairs:  # fold each chunk pair of every segment into one scan step (in place over W, U)
-            _pair_prep_kernel[(max(1, min(sum(segments), scan_programs)), v_heads, pair_lanes)](
-                k_rows, w, u, k_gate, decay,
-                *(level.chunk_count for level in levels), *(level.step_start for level in levels),
-                start1, start2, *segments,
-                DK=dk, DV=dv, L=chunk, COLS=min(dk, dv, 64), PREC=prec, num_warps=prep_warps,
-                num_stages=1,  # pairs are independent: pipelining them only multiplies shared memory (3 stages: 246 KB)
-            )
         # written by the scan for every chunk of a segment past its first: the state at the chunk's start and
         # v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
         h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
@@ -663,7 +499,7 @@ def gated_delta_triton(
                 k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
                 level.chunk_count, level.step_start, level.init_row, level.final_row, count,
                 states.stride(0), states.stride(1), states.stride(2),
-                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, PAIRS=scan_pairs,
+                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
                 num_warps=scan_warps, num_stages=scan_stages,
             )
         _chunk_output_kernel[(min(chunks, chunk_programs), v_heads, dv // obv)](

@@ -12,6 +12,8 @@ A checkpoint's window is the K-1 conv inputs before its save point: `save_window
 r, the table rows save_src[r] into the arena's slot save_slots[r] (one launch on CUDA). A round never saves
 into a slot it resumes from, so the reads and writes of one launch never meet.
 `*_reference` are the definitions (torch); `*_triton` the kernels (one pass each, SiLU fused in the conv).
+Timed slower on the H200 on 2026-11-30 (7117ef9, 20-80% in every round) and removed: loading each tap's
+stream row before its index arrives (speculative loads).
 """
 
 from __future__ import annotations
@@ -77,12 +79,9 @@ def _table_rows(x_ptr, cache_ptr, resume_ptr, index, ok, chans, chan_ok, total,
 def _indexed_conv_kernel(
     x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
     stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
-    TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, SPECULATE: tl.constexpr,
+    TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
 ):
-    """silu(sum over taps of weight * table row src[t, tap]) for BT tokens x BC channels. With SPECULATE, each
-    tap first loads the stream row a token reads when its piece holds its predecessors (most tokens), without
-    waiting for the index; the index then only picks the rows that differ (piece starts, resumed windows),
-    loaded by a second, mostly masked-off load: one memory round trip instead of two for most tiles."""
+    """silu(sum over taps of weight * table row src[t, tap]) for BT tokens x BC channels."""
     tokens = tl.program_id(0) * BT + tl.arange(0, BT)
     chans = tl.program_id(1) * BC + tl.arange(0, BC)
     token_ok = tokens < total
@@ -90,18 +89,8 @@ def _indexed_conv_kernel(
     acc = tl.zeros((BT, BC), tl.float32)
     for tap in tl.static_range(TAPS):
         index = tl.load(src_ptr + tokens * stride_src + tap, mask=token_ok, other=0)
-        if SPECULATE:
-            own = tokens + tap - (TAPS - 1)  # the stream row; its table index is own + 1
-            own_ok = token_ok & (own >= 0)
-            near = tl.load(x_ptr + tl.maximum(own, 0)[:, None] * stride_x + chans[None, :],
-                           mask=own_ok[:, None] & chan_ok[None, :], other=0.0)
-            other = index != own + 1
-            far = _table_rows(x_ptr, cache_ptr, resume_ptr, index, token_ok & other, chans, chan_ok, total,
-                              stride_x, stride_cs, stride_ck, TAPS - 1)
-            rows = tl.where(other[:, None], far, near)
-        else:
-            rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index, token_ok, chans, chan_ok, total,
-                               stride_x, stride_cs, stride_ck, TAPS - 1)
+        rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index, token_ok, chans, chan_ok, total,
+                           stride_x, stride_cs, stride_ck, TAPS - 1)
         weight = tl.load(weight_ptr + chans * stride_weight + tap, mask=chan_ok, other=0.0).to(tl.float32)
         acc += rows.to(tl.float32) * weight[None, :]
     out = acc * tl.sigmoid(acc)
@@ -138,12 +127,11 @@ def _arena_slots(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torc
 
 def indexed_conv_triton(
     x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, weight: torch.Tensor, src: torch.Tensor,
-    *, block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4, speculative: bool = False,
+    *, block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4,
 ) -> torch.Tensor:
     """The Triton kernel behind the same contract as `indexed_conv_reference` (sum in float32).
 
-    The keyword arguments are tuning knobs (tokens and channels per program, powers of two; warps; whether
-    the stream rows are loaded before the index arrives, `_indexed_conv_kernel`)."""
+    The keyword arguments are tuning knobs (tokens and channels per program, powers of two; warps)."""
     resume_slots = _arena_slots(x, window_cache, resume_slots)
     total, channels = x.shape
     out = torch.empty_like(x)
@@ -151,7 +139,7 @@ def indexed_conv_triton(
     _indexed_conv_kernel[grid](
         x, window_cache, resume_slots, weight, src, out, total, channels,
         x.stride(0), window_cache.stride(0), window_cache.stride(1), weight.stride(0), src.stride(0), out.stride(0),
-        TAPS=src.shape[1], BT=block_t, BC=block_c, SPECULATE=speculative, num_warps=num_warps,
+        TAPS=src.shape[1], BT=block_t, BC=block_c, num_warps=num_warps,
     )
     return out
 

@@ -4,7 +4,6 @@ references."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
 from flide_sdk.kernels.short_conv import (
@@ -32,8 +31,7 @@ def resumed_round():
     return plan_round(requests, 4).to("cpu")
 
 
-@pytest.mark.parametrize("speculative", [False, True])
-def test_triton_conv_matches_reference_with_resumed_windows(speculative):
+def test_triton_conv_matches_reference_with_resumed_windows():
     rnd = resumed_round()
     assert rnd.checkpoint.resume_slots.tolist() == [3, 1]
     x = torch.randn(rnd.ids.shape[0], CHANNELS)
@@ -41,18 +39,18 @@ def test_triton_conv_matches_reference_with_resumed_windows(speculative):
     weight = torch.randn(CHANNELS, 4)
     resume = rnd.checkpoint.resume_slots
     expected = indexed_conv_reference(x, arena, resume, weight, rnd.conv_src)
-    got = indexed_conv_triton(x, arena, resume, weight, rnd.conv_src, speculative=speculative)
+    got = indexed_conv_triton(x, arena, resume, weight, rnd.conv_src)
     assert float((got - expected).norm() / expected.norm()) <= 1e-5
     # the resumed slots' windows are really read: changing them changes exactly the resumed trunks' first
     # tokens; changing any other slot changes nothing
     changed_arena = arena.clone()
     changed_arena[resume] += 1.0
-    changed = indexed_conv_triton(x, changed_arena, resume, weight, rnd.conv_src, speculative=speculative)
+    changed = indexed_conv_triton(x, changed_arena, resume, weight, rnd.conv_src)
     touched = (changed - got).abs().amax(dim=1) > 0
     assert touched.any() and bool((touched == (rnd.conv_src > x.shape[0]).any(dim=1)).all())
     other = arena.clone()
     other[[0, 2, 4]] += 1.0
-    assert torch.equal(indexed_conv_triton(x, other, resume, weight, rnd.conv_src, speculative=speculative), got)
+    assert torch.equal(indexed_conv_triton(x, other, resume, weight, rnd.conv_src), got)
 
 
 def test_triton_conv_without_resumes_reads_no_window():
