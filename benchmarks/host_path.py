@@ -8,6 +8,9 @@ engine is the tiny random one (rendering, preparing and planning never look at w
 median over `--repeat` runs, in milliseconds:
 
 - tokenize: `renderer.trunk(state)` of a unique ~2,000-token QuALITY state (a numbered first line);
+- tokenize_by_piece_chars: the same, and `renderer.trunk` of a RACE passage (~250 tokens), with the text
+  cut into pieces of a fixed 512 characters (the earlier rule) and of 128 or 64 to 512 characters, about one
+  per CPU (`render.ENCODE_PIECE_CHARS`; the default is 128 to 512): how finely to cut for this host's threads;
 - render_questions: the branches of 1 and 64 yes/no questions (`common.STORY_QUESTIONS`), asked again and
   again as in `questions_per_state.py`; `_cold`: 64 questions never seen before;
 - prepare: `engine.prepare(trunk, questions)`, the queued form of an ask (validation, rendering, branches);
@@ -45,6 +48,7 @@ from benchmarks.common import (
     run_metadata,
     write_result,
 )
+from flide_sdk import render
 from flide_sdk.capacity import capacity_ladder, choose, pad_into
 from flide_sdk.engine import AskPayload, Engine
 from flide_sdk.graphs import StagingLayout
@@ -165,6 +169,16 @@ def main() -> None:
                 lambda _: [engine.prepare(t, qs) for t, (_, qs) in zip(race_trunks, race)], repeat // 4) / len(race),
             "select_race64_ms": median_ms(admit, repeat // 4, queued),
         }
+        passages = [f"Passage {i}.\n{text}" for i in range(repeat // 8 + 1) for text, _ in race]
+        ask["tokenize_by_piece_chars"] = {}
+        default_chars = render.ENCODE_PIECE_CHARS
+        for chars in ((512, 512), (128, 512), (64, 512)):
+            render.ENCODE_PIECE_CHARS = chars
+            ask["tokenize_by_piece_chars"][f"{chars[0]}-{chars[1]}"] = {
+                "state_ms": median_ms(lambda i: renderer.trunk(states[i]), repeat),
+                "race_passage_ms": median_ms(lambda i: renderer.trunk(passages[i]), repeat)}
+        render.ENCODE_PIECE_CHARS = default_chars
+        ask["cpus"] = render.ENCODE_PIECES
         ask["ask_host_ms"] = {q: ask["tokenize_ms"] + ask["prepare_ms"][q] for q in nouls}
         stager = Stager(conv_kernel, renderer.max_prompt_tokens)
         lone = {q: [request_spec(engine.prepare(trunk, qs).payload, 0)] for q, qs in nouls.items()}

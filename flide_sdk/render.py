@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import json
+import os
 import string
 import threading
 from collections import OrderedDict
@@ -43,7 +44,11 @@ from flide_sdk.history import (
 from flide_sdk.questions import Choice, Content, Noul, Question, Score
 
 LETTERS = tuple(string.ascii_uppercase)
-ENCODE_PIECE_CHARS = 512  # longer texts are encoded in pieces of about this size, in parallel
+# a text is encoded in about one piece per CPU (the tokenizer's thread pool), in parallel, each piece 128 to 512
+# characters: a short text (a passage, a step's messages) still spreads over the threads, a long one is not
+# cut into more pieces than the threads need (each piece costs host time of its own)
+ENCODE_PIECES = os.cpu_count() or 1
+ENCODE_PIECE_CHARS = (128, 512)
 QUESTION_CACHE = 4096  # rendered questions (and branch texts) kept, least recently used dropped first
 DIGITS = tuple(string.digits)
 REPLY_CHOICE = "Answer with the letter of one option only."
@@ -234,7 +239,9 @@ class Renderer:
         """Token ids of `text`, and how many of them encode `text[:cut]` (`cut`: 0, or a stable boundary of
         `text`). The text is cut there and, when long, at more stable boundaries, into pieces that the tokenizer
         encodes in parallel, without offsets (same tokens: BPE never merges across a stable boundary)."""
-        cuts = self.boundaries.cuts(text, ENCODE_PIECE_CHARS) if len(text) > 2 * ENCODE_PIECE_CHARS else []
+        shortest, longest = ENCODE_PIECE_CHARS
+        every = min(longest, max(shortest, len(text) // ENCODE_PIECES))
+        cuts = self.boundaries.cuts(text, every) if len(text) >= 2 * every else []
         if cut and cut not in cuts:
             bisect.insort(cuts, cut)
         bounds = [0, *cuts, len(text)]

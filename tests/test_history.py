@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from flide_sdk import render
 from flide_sdk.errors import InvalidStateError
 from flide_sdk.history import BLOCK, HASH_SEED, chain_hashes
 from flide_sdk.render import Renderer, load_chat_template
@@ -127,14 +128,17 @@ def test_trunk_prefix_checks_and_hashes(tiny_path):
     assert not renderer.trunk("other " * 200).prefix_equals(a.buffer, a.boundary)
 
 
-def test_long_texts_encode_in_pieces_like_the_whole(tiny_path):
-    """encode_cut cuts texts at stable boundaries (long ones at many) and encodes the pieces in parallel; the
-    ids are those of encoding the whole text at once, and at every stable boundary a token of the whole
-    text starts, the count encode_cut reports before it (adversarial pieces included)."""
-    rng = random.Random(7)
+@pytest.mark.parametrize("cpus", [1, 2, 64])
+def test_texts_encode_in_pieces_like_the_whole(tiny_path, monkeypatch, cpus):
+    """encode_cut cuts texts at stable boundaries (about one piece per CPU, 128 to 512 characters each) and
+    encodes the pieces in parallel; the ids are those of encoding the whole text at once, and at every stable
+    boundary a token of the whole text starts, the count encode_cut reports before it (adversarial pieces
+    included), for short texts and long ones, whatever the host's CPU count."""
+    monkeypatch.setattr(render, "ENCODE_PIECES", cpus)
+    rng = random.Random(7 + cpus)
     for renderer in renderers(tiny_path):
         for trial in range(6):
-            text = "".join(rng.choice(PIECES) for _ in range(rng.randint(2000, 6000)))
+            text = "".join(rng.choice(PIECES) for _ in range(rng.choice([rng.randint(60, 400), rng.randint(2000, 6000)])))
             cuts = renderer.boundaries.cuts(text, 2048)
             assert len(text) < 4096 or cuts, "a long text is encoded in more than one piece"
             whole = renderer.tokenizer.encode(text, add_special_tokens=False)
