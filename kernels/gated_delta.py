@@ -34,10 +34,10 @@ Gram products of the raw inputs are taken in the inputs' dtype (exact for bf16);
 accumulation are float32. For 16-bit inputs the products of float32 quantities inside a chunk use TF32,
 and W, U, the q-k block, S_j and v_new are stored in the inputs' dtype (by default), so the products of the
 scan and the output kernel take S and v_new in that dtype (as flash-linear-attention does); the state carried
-by the scan and the update's v_new stay float32. With 16-bit storage the WY products W and U also take T and
-their scaled rows in the storage dtype (as flash-linear-attention does: relative error 0.0035 against 0.0031
-with TF32 on the 0.8B bf16 rounds, and 6-10% faster); float32 storage keeps them in TF32. Float32 inputs
-keep float32 with IEEE products.
+by the scan and the update's v_new stay float32. The WY products W and U take TF32; `wy_low_precision` takes
+them, with T and their scaled rows, in the 16-bit storage dtype (as flash-linear-attention does: relative
+error 0.0035 against 0.0031, 6-10% faster), off because the engine's end-to-end fidelity with it fell behind
+transformers' bf16. Float32 inputs keep float32 with IEEE products.
 Timed slower on the H200 on 2026-11-30 (7117ef9, benchmarks/README.md) and removed: a chunk-pair scan
 (half the sequential steps), the W and U products in a second launch, and capped prep registers.
 """
@@ -417,6 +417,7 @@ def gated_delta_triton(
     out_block_v: int = 128,
     out_warps: int = 4,
     store_dtype: torch.dtype | None = None,
+    wy_low_precision: bool = False,
     chunk_programs: int = 128,
     scan_programs: int = 64,
 ) -> torch.Tensor:
@@ -432,7 +433,10 @@ def gated_delta_triton(
     equal alone). `store_dtype` (default: the inputs' dtype) is the dtype of the stored W, U, q-k block,
     per-chunk start states and v_new, and so of the product operands of the scan, the output kernel and
     (16-bit storage) the prep's W = T (beta K exp(cum)) and U = T (beta V): float32 trades time (TF32
-    products, twice the traffic) for accuracy with 16-bit inputs.
+    products, twice the traffic) for accuracy with 16-bit inputs. `wy_low_precision` (16-bit storage only)
+    takes the prep's W and U products in the storage dtype (T rounded to it) instead of TF32: 6-10% faster
+    GDN on the H200 (gdn-options at 7117ef9), but with it on by default the 0.8B engine's mean total variation
+    to float32 (0.0256) was worse than transformers' bf16 (0.0245) (fidelity at 0f00d29), so it is off.
     `chunk_programs` and `scan_programs` cap the first grid dimension of the chunk kernels and the scan
     (programs loop over the rows past it): a captured graph's tables are mostly padding, and a launch of
     thousands of programs that only find padding costs tens of microseconds.
@@ -487,7 +491,7 @@ def gated_delta_triton(
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
-            COLS=min(dk, dv, 64), PREC=prec, WY_LOW=store.itemsize == 2, num_warps=prep_warps,
+            COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low_precision and store.itemsize == 2, num_warps=prep_warps,
         )
         # written by the scan for every chunk of a segment past its first: the state at the chunk's start and
         # v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)

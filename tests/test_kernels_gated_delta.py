@@ -5,8 +5,8 @@ Hv = 2 Hk, requests resuming from nonzero state rows, trunks split at a save poi
 larger capacity. Outputs and the whole state table must match in float32 (relative error <= 1e-5), and
 within 16-bit rounding when W, U, the q-k block, the chunk start states and v_new are stored in float16
 (the interpreter cannot run bfloat16 tensors through tl.dot, so the 16-bit storage path is checked in float16).
-The two paths of the prep's W and U products are both covered: in the storage dtype with 16-bit storage
-(WY_LOW), in float32 otherwise (every float32 test).
+The two paths of the prep's W and U products are both covered with 16-bit storage: TF32 (the default)
+and in the storage dtype (`wy_low_precision`, WY_LOW).
 """
 
 from __future__ import annotations
@@ -105,10 +105,12 @@ def test_triton_matches_reference_with_gqa_and_tiling(knobs):
     check_against_reference(host.to("cpu").delta, host.num_tokens, 2, 2, 16, 32, **knobs)
 
 
-@pytest.mark.parametrize("knobs", [{}, {"sub_block": 64}], ids=["sub-block-16", "sub-block-64"])
+@pytest.mark.parametrize("knobs", [{}, {"wy_low_precision": True}, {"wy_low_precision": True, "sub_block": 64}],
+                         ids=["tf32-products", "16-bit-products", "16-bit-products-sub-block-64"])
 def test_triton_with_16_bit_storage_stays_within_its_rounding(knobs):
-    """float16 W, U, q-k block, start states and v_new; the W and U products in float16 (T rounded to it),
-    from T through the scratch (16-row blocks) and from T in registers (whole-chunk doubling)."""
+    """float16 W, U, q-k block, start states and v_new; the W and U products in TF32 (default) or in float16
+    (T rounded to it), from T through the scratch (16-row blocks) and from T in registers (whole-chunk
+    doubling)."""
     host = plan_round(make_requests(5, [(130, 0, None), (65, 0, None)], max_branches=3), 4)
     check_against_reference(host.to("cpu").delta, host.num_tokens, 5, 1, 32, 32, tolerance=2e-3,
                             store_dtype=torch.float16, **knobs)
