@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 import flide_sdk as fl
-from benchmarks.baseline import label_probabilities, load_transformers, prompts_of
+from benchmarks.baseline import fla_status, label_probabilities, load_transformers, prompts_of
 from benchmarks.common import (
     answer_probabilities,
     build_random_checkpoint,
@@ -153,6 +153,7 @@ def main() -> None:
         "engine_bf16_vs_fp32_reference": summarize(ours16, reference, noul),
         "transformers_bf16_vs_fp32_reference": summarize(hf16, reference, noul),
         "engine_fp32_cuda_vs_fp32_reference": summarize(ours32, reference, noul),
+        "transformers_gdn": fla_status(),  # the bar and the reference: FLA's kernels or torch's fallback
         "engine_bf16_rounds": stats16["rounds"],
         "engine_default_precision": "float32 residual stream and label logits; GDN storage as kernel_ops()",
         "variants": {

@@ -7,6 +7,10 @@
 # JSON results land in $OUT (one file per benchmark) with a combined log. The engine benchmarks (qps passages
 # agent startup) print their JSON to $OUT only; the log gets their stderr tail and targets. Nothing else goes
 # to $OUT: the device tool brings back at most 8 files (a run of qps passages agent once lost a JSON that way).
+# Each step's output goes to the log as it is printed (a step cut by a time limit still leaves what it
+# printed), and each step ends with its wall time. Steps take, on a warm 0.8B run: fidelity 4-5 min (its
+# transformers runs use torch's Gated DeltaNet, one prompt at a time), qps 2, passages and agent 1.5 each,
+# gdn-options 3, profile and conv 1, graphs over 5 (give it a call of its own).
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/msgspec*.whl .whl/pytest_asyncio*.whl || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla .whl/fla_core*.whl .whl/flash_linear*.whl || true
@@ -15,8 +19,9 @@ export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-attention gdn fidelity}
 # GDN knob settings timed (with their errors) next to the default by the gdn-options step. The options of
 # 2026-11-30 were timed at 7117ef9 and made default or removed (benchmarks/README.md); the output tile's
-# previous default stays here for comparison. A non-empty list: with none, the step would write the gdn file.
-GDN_OPTIONS=${GDN_OPTIONS:-'[{"out_block_v": 64}]'}
+# previous default and the bf16 WY products (faster, off for fidelity) stay here for comparison. A non-empty
+# list: with none, the step would write the gdn file.
+GDN_OPTIONS=${GDN_OPTIONS:-'[{"out_block_v": 64}, {"wy_low_precision": true}]'}
 sizes=${SIZES:-0.8B 4B}  # model sizes of the per-size steps
 # An engine benchmark against transformers (with flash-linear-attention) at one model size: JSON and stderr
 # in $OUT, the log gets the stderr tail and the targets line.
@@ -29,6 +34,7 @@ engine_bench() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$OUT/log.txt"
 for step in $steps; do
   echo "=== $step" | tee -a "$OUT/log.txt"
+  started=$SECONDS
   case $step in
     attention) for size in 0.8B 4B; do python3 benchmarks/bench_attention.py --model-size $size; done ;;
     gdn) for size in $sizes; do PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size $size --no-sweep; done ;;
@@ -44,6 +50,7 @@ for step in $steps; do
     agent) for size in $sizes; do engine_bench agent_replay $size; done ;;
     startup) for size in $sizes; do engine_bench startup $size; done ;;
     *) echo "unknown step $step" ;;
-  esac 2>&1 | tail -c 20000 >> "$OUT/log.txt"
+  esac >> "$OUT/log.txt" 2>&1
+  echo "--- $step: $((SECONDS - started)) s" | tee -a "$OUT/log.txt"
 done
 tail -c 6000 "$OUT/log.txt"
