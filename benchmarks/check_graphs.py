@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 import flide_sdk as fl
-from benchmarks.common import build_random_checkpoint, run_metadata, write_result
+from benchmarks.common import Phases, build_random_checkpoint, run_metadata, write_result
 from benchmarks.fidelity import quality_request, race_requests
 
 
@@ -73,29 +73,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-size", default="0.8B")
     args = parser.parse_args()
+    phases = Phases()
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_random_checkpoint(args.model_size, Path(tmp) / "model")
+        with phases("checkpoint"):
+            path = build_random_checkpoint(args.model_size, Path(tmp) / "model")
         results = {}
         answers = {}
         for name, graphs, dtype in (("graphs", True, "bfloat16"), ("eager", False, "bfloat16"),
                                     ("float32", False, "float32")):
-            torch.cuda.reset_peak_memory_stats()
-            engine = fl.Engine.load(path, device="cuda", dtype=dtype, graphs=graphs)
-            state, questions = quality_request(engine.renderer)
-            passages = race_requests(40)
-            answers[name] = np.array(asyncio.run(workload(engine, state, questions, passages)))
-            if name == "float32":
-                engine.close()
-                continue
-            latency = [asyncio.run(lone_latency(engine, state, count)) for count in (1, 16, 64)]
-            results[name] = {
-                "lone_latency": latency,
-                "stats": engine.stats(),
-                "peak_memory_bytes": torch.cuda.max_memory_allocated(),
-            }
-            engine.close()
-            del engine
-            torch.cuda.empty_cache()
+            with phases(name):
+                run_engine(path, name, graphs, dtype, answers, results)
         diff = np.abs(answers["graphs"] - answers["eager"])
         to_float32 = {name: np.abs(answers[name] - answers["float32"]) for name in ("graphs", "eager")}
         write_result(f"check_graphs-{args.model_size}", {
@@ -107,8 +94,29 @@ def main() -> None:
             "bf16_rounding_scale": {f"{name}_vs_float32_{stat}": float(getattr(np, stat)(value))
                                     for name, value in to_float32.items() for stat in ("mean", "max")},
             "graph_engine_eager_runs": results["graphs"]["stats"]["eager_runs"],
+            "seconds": phases.seconds,
             **results,
         })
+
+
+def run_engine(path: Path, name: str, graphs: bool, dtype: str, answers: dict, results: dict) -> None:
+    """One engine's answers to the mixed workload (into `answers[name]`) and, but for the float32 reference,
+    its lone latencies, stats and peak memory (into `results[name]`)."""
+    torch.cuda.reset_peak_memory_stats()
+    engine = fl.Engine.load(path, device="cuda", dtype=dtype, graphs=graphs)
+    state, questions = quality_request(engine.renderer)
+    passages = race_requests(40)
+    answers[name] = np.array(asyncio.run(workload(engine, state, questions, passages)))
+    if name != "float32":
+        latency = [asyncio.run(lone_latency(engine, state, count)) for count in (1, 16, 64)]
+        results[name] = {
+            "lone_latency": latency,
+            "stats": engine.stats(),
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(),
+        }
+    engine.close()
+    del engine
+    torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

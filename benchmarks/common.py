@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +84,24 @@ def run_metadata(command: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "command": command,
     }
+
+
+class Phases:
+    """Wall seconds of a long benchmark's phases (`with phases("name"): ...`), each printed to stderr as it
+    ends, so a run cut by a time limit still shows how far it got and how long each part took; `seconds`
+    goes into the JSON."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._began = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self.seconds[name] = round(time.perf_counter() - started, 2)
+        print(f"[{time.perf_counter() - self._began:7.1f} s] {name}: {self.seconds[name]:.1f} s", file=sys.stderr,
+              flush=True)
 
 
 def write_result(name: str, result: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ import torch
 import flide_sdk as fl
 from benchmarks.baseline import fla_status, label_probabilities, load_transformers, prompts_of
 from benchmarks.common import (
+    Phases,
     answer_probabilities,
     build_random_checkpoint,
     cut_tokens,
@@ -109,40 +110,47 @@ def main() -> None:
     parser.add_argument("--race", type=int, default=24, help="RACE passages")
     parser.add_argument("--variants", action="store_true", help="also run the precision variants (VARIANTS)")
     args = parser.parse_args()
-    checkpoint = build_random_checkpoint(args.model_size, Path(tempfile.mkdtemp(prefix="flide-fidelity-")))
-    engine16 = fl.Engine.load(checkpoint, device="cuda", dtype="bfloat16", round_deadline_ms=20)
-    requests = [quality_request(engine16.renderer)] + race_requests(args.race)
-    requests = [(state, with_common_questions(questions)) for state, questions in requests]
-    answers16 = asyncio.run(ask_all(engine16, requests))
-    stats16 = engine16.stats()
-    engine16.close()
-    del engine16
-    engine32 = fl.Engine.load(checkpoint, device="cuda", dtype="float32", round_deadline_ms=20)
-    renderer = engine32.renderer
-    answers32 = answers_of(engine32, requests)
-    del engine32
+    phases = Phases()
+    with phases("checkpoint"):
+        checkpoint = build_random_checkpoint(args.model_size, Path(tempfile.mkdtemp(prefix="flide-fidelity-")))
+    with phases("engine_bf16 (load, capture, ask)"):
+        engine16 = fl.Engine.load(checkpoint, device="cuda", dtype="bfloat16", round_deadline_ms=20)
+        requests = [quality_request(engine16.renderer)] + race_requests(args.race)
+        requests = [(state, with_common_questions(questions)) for state, questions in requests]
+        answers16 = asyncio.run(ask_all(engine16, requests))
+        stats16 = engine16.stats()
+        engine16.close()
+        del engine16
+    with phases("engine_fp32 (eager: its exactness, not its speed)"):
+        engine32 = fl.Engine.load(checkpoint, device="cuda", dtype="float32", round_deadline_ms=20, graphs=False)
+        renderer = engine32.renderer
+        answers32 = answers_of(engine32, requests)
+        del engine32
     variants = VARIANTS if args.variants else {}
-    variant_answers = {name: answers_of(variant_engine(checkpoint, *dtypes), requests)
-                       for name, dtypes in variants.items()}
+    with phases("variants"):
+        variant_answers = {name: answers_of(variant_engine(checkpoint, *dtypes), requests)
+                           for name, dtypes in variants.items()}
 
     reference, hf16, ours16, ours32, noul = [], [], [], [], []
-    model32 = load_transformers(checkpoint, torch.float32, "cuda")
     rendered_all = [renderer.render(state, fl.questions.parse_questions(q)) for state, q in requests]
-    for rendered, (_, questions) in zip(rendered_all, requests):
-        for name in questions:
-            reference.append(hf_probabilities(model32, rendered, name))
-    del model32
-    torch.cuda.empty_cache()
-    model16 = load_transformers(checkpoint, torch.bfloat16, "cuda")
-    variant_probabilities: dict[str, list[np.ndarray]] = {name: [] for name in variants}
-    for index, (rendered, (_, questions), a16, a32) in enumerate(zip(rendered_all, requests, answers16, answers32)):
-        for name, question in questions.items():
-            hf16.append(hf_probabilities(model16, rendered, name))
-            ours16.append(answer_probabilities(a16[name]))
-            ours32.append(answer_probabilities(a32[name]))
-            noul.append(isinstance(question, fl.Noul))
-            for variant, answers in variant_answers.items():
-                variant_probabilities[variant].append(answer_probabilities(answers[index][name]))
+    with phases("transformers_fp32 (the reference, one prompt at a time)"):
+        model32 = load_transformers(checkpoint, torch.float32, "cuda")
+        for rendered, (_, questions) in zip(rendered_all, requests):
+            for name in questions:
+                reference.append(hf_probabilities(model32, rendered, name))
+        del model32
+        torch.cuda.empty_cache()
+    with phases("transformers_bf16 (the bar, one prompt at a time)"):
+        model16 = load_transformers(checkpoint, torch.bfloat16, "cuda")
+        variant_probabilities: dict[str, list[np.ndarray]] = {name: [] for name in variants}
+        for index, (rendered, (_, questions), a16, a32) in enumerate(zip(rendered_all, requests, answers16, answers32)):
+            for name, question in questions.items():
+                hf16.append(hf_probabilities(model16, rendered, name))
+                ours16.append(answer_probabilities(a16[name]))
+                ours32.append(answer_probabilities(a32[name]))
+                noul.append(isinstance(question, fl.Noul))
+                for variant, answers in variant_answers.items():
+                    variant_probabilities[variant].append(answer_probabilities(answers[index][name]))
     result = {
         "benchmark": "fidelity", "model_size": args.model_size,
         **run_metadata(f"python benchmarks/fidelity.py --model-size {args.model_size} --race {args.race}"
@@ -154,6 +162,7 @@ def main() -> None:
         "transformers_bf16_vs_fp32_reference": summarize(hf16, reference, noul),
         "engine_fp32_cuda_vs_fp32_reference": summarize(ours32, reference, noul),
         "transformers_gdn": fla_status(),  # the bar and the reference: FLA's kernels or torch's fallback
+        "seconds": phases.seconds,
         "engine_bf16_rounds": stats16["rounds"],
         "engine_default_precision": "float32 residual stream and label logits; GDN storage as kernel_ops()",
         "variants": {
