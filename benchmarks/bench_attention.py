@@ -30,11 +30,33 @@ ROUNDS = {
     "b_32_requests": [(350, 0, [20] * 4)] * 32,
     "c_resumed_8000_cached": [(500, 8000, [20] * 4)],
 }
-TUNINGS = [(128, 1, 8), (128, 4, 8), (128, 2, 8), (64, 1, 4), (64, 4, 4), (64, 1, 8), (64, 2, 8)]
-# (block_rows, heads_per_program, warps). Compiled for sm_90 by Triton 3.6 (D = 256, bf16, 2 stages, as
-# kernel_resources.py specialises them): 128 rows use 255 registers, spill about 120 B and take 192 KB of shared
-# memory (one program per SM; 3 stages would need 256 KB); 64 rows take 160 KB and spill 0.6 KB at 4 warps,
-# nothing at 8
+TUNINGS = [  # knobs of fork_attention_triton; the first is the engine's default
+    {"block_rows": 128, "heads_per_program": 1, "num_warps": 8},
+    {"block_rows": 128, "heads_per_program": 4, "num_warps": 8},
+    {"block_rows": 128, "heads_per_program": 2, "num_warps": 8},
+    {"block_rows": 64, "heads_per_program": 1, "num_warps": 4},
+    {"block_rows": 64, "heads_per_program": 4, "num_warps": 4},
+    {"block_rows": 64, "heads_per_program": 1, "num_warps": 8},
+    {"block_rows": 64, "heads_per_program": 2, "num_warps": 8},
+    {"block_rows": 128, "heads_per_program": 1, "num_warps": 8, "block_keys": 32},
+    {"block_rows": 128, "heads_per_program": 1, "num_warps": 8, "block_keys": 32, "num_stages": 3},
+    {"block_rows": 128, "heads_per_program": 2, "num_warps": 8, "block_keys": 32},
+    {"block_rows": 64, "heads_per_program": 1, "num_warps": 4, "block_keys": 32},
+    {"block_rows": 128, "heads_per_program": 1, "num_warps": 8, "num_stages": 1},
+]
+# Compiled for sm_90 by Triton 3.6 (D = 256, bf16, 2 stages unless named, as kernel_resources.py specialises
+# them): 128 rows use 255 registers, spill about 120 B and take 192 KB of shared memory (one program per SM;
+# 3 stages would need 256 KB); 64 rows take 160 KB and spill 0.6 KB at 4 warps, nothing at 8. Key blocks of 32
+# (`block_keys`) halve the score tile and the K/V stages (see benchmarks/README.md for their resources).
+
+
+def tuning_name(knobs: dict) -> str:
+    name = f"rows{knobs['block_rows']}_heads{knobs['heads_per_program']}_w{knobs['num_warps']}"
+    if "block_keys" in knobs:
+        name += f"_keys{knobs['block_keys']}"
+    if "num_stages" in knobs:
+        name += f"_stages{knobs['num_stages']}"
+    return name
 
 
 def build_round(spec, heads: int, kv_heads: int, dim: int, device: str = "cuda"):
@@ -96,16 +118,16 @@ def main() -> None:
         pairs = visible_pairs(host)
         flops_per_pair = 4 * dim * heads
         timings = {}
-        for block_rows, per_program, warps in TUNINGS:
-            def run(block_rows=block_rows, per_program=per_program, warps=warps, t=t, rnd=rnd):
+        for knobs in TUNINGS:
+            def run(knobs=knobs, t=t, rnd=rnd):
                 return fork_attention_triton(t["q"], t["k"], t["v"], rnd.attention, None, t["k_cache"], t["v_cache"],
-                                             block_rows=block_rows, heads_per_program=per_program, num_warps=warps)
+                                             **knobs)
 
             try:
-                timings[f"rows{block_rows}_heads{per_program}_w{warps}"] = cuda_time_ms(run)
+                timings[tuning_name(knobs)] = cuda_time_ms(run)
             except Exception as failure:  # noqa: BLE001 - a tile shape that does not fit is reported, not fatal
-                timings[f"rows{block_rows}_heads{per_program}_w{warps}"] = {"error": str(failure)[:200]}
-        default = timings[f"rows{TUNINGS[0][0]}_heads{TUNINGS[0][1]}_w{TUNINGS[0][2]}"]["median_ms"]
+                timings[tuning_name(knobs)] = {"error": str(failure)[:200]}
+        default = timings[tuning_name(TUNINGS[0])]["median_ms"]
         best_name, best = min(((k, v["median_ms"]) for k, v in timings.items() if "median_ms" in v), key=lambda kv: kv[1])
         sdpa = sdpa_baseline(pairs, heads, dim)
         ours_rate = pairs * flops_per_pair / (default * 1e-3) / 1e12

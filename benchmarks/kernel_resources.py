@@ -9,7 +9,8 @@ specialisation a CUDA launch would give it (16-divisible pointers and integers),
 registers and spills. A launch needing more shared memory than the H200 gives one block (227 KB) is
 flagged: the run that would have found it on the device costs minutes of device time.
 
-Variants: the bf16 engine (the default kernels), the GDN with bf16 WY products or float32 storage, and the float32 engine (the
+Variants: the bf16 engine (the default kernels), the GDN with bf16 WY products or float32 storage, ForkAttention
+tunings that bench_attention.py times, and the float32 engine (the
 exactness runs). The numbers are those of the installed Triton: the GPU image runs
 Triton 3.6, whose code differs from later versions; for its numbers, install it aside
 (`pip install --target /tmp/t36 triton==3.6.0`) and put it first on PYTHONPATH.
@@ -162,6 +163,11 @@ VARIANTS = {
     "bf16 engine": (torch.bfloat16, kernel_ops),
     "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
     "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32)),
+    "bf16, attention 32-key blocks": (torch.bfloat16, _with("fork_attention", block_keys=32)),
+    "bf16, attention 32-key blocks, 3 stages": (torch.bfloat16, _with("fork_attention", block_keys=32, num_stages=3)),
+    "bf16, attention 64 rows, 32-key blocks": (torch.bfloat16, _with("fork_attention", block_rows=64, num_warps=4,
+                                                                     block_keys=32)),
+    "bf16, attention 1 stage": (torch.bfloat16, _with("fork_attention", num_stages=1)),
     "float32 engine": (torch.float32, kernel_ops),
 }
 

@@ -30,7 +30,7 @@ import triton.language as tl
 from flide_sdk.layout import PAGE, AttentionPlan
 
 BLOCK_ROWS = 128  # query rows per program: tokens x the query heads sharing a key/value head
-BLOCK_N = PAGE  # a history key block is exactly one pool page
+BLOCK_N = PAGE  # keys per block: by default a history key block is exactly one pool page
 
 
 def fork_attention_reference(
@@ -149,7 +149,7 @@ def _fork_attention_kernel(
     stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om, stride_oh, stride_gm, stride_gh,
     scale_log2,
     GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-    IEEE: tl.constexpr, GATED: tl.constexpr,
+    IEEE: tl.constexpr, GATED: tl.constexpr, PAGE_SIZE: tl.constexpr,
 ):
     """One program: BT query tokens x HEADS query heads sharing one key/value head (BT * HEADS rows); with
     GATED, the normalised output is multiplied by sigmoid(gate) before its one rounding to o's dtype."""
@@ -182,13 +182,13 @@ def _fork_attention_kernel(
     n = tl.arange(0, BN)
     everyone = tl.full((BM, BN), 1, tl.int1)
 
-    # 1. cached history: one pool page per block, visible to every row
+    # 1. cached history: blocks of one pool page (or an aligned part of one), visible to every row
     history = tl.load(history_len_ptr + request)
     page_list = pages_ptr + tl.load(page_offset_ptr + request)
     for start in range(0, history, BN):
-        page = tl.load(page_list + start // BN)
+        page = tl.load(page_list + start // PAGE_SIZE)
         key_ok = start + n < history
-        slots = page * BN + n
+        slots = page * PAGE_SIZE + start % PAGE_SIZE + n
         k_ptrs = kc_ptr + slots[:, None] * stride_cm + kv_head * stride_ch + d[None, :]
         v_ptrs = vc_ptr + slots[:, None] * stride_cm + kv_head * stride_ch + d[None, :]
         acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, key_ok[None, :] & everyone,
@@ -235,6 +235,7 @@ def fork_attention_triton(
     gate: torch.Tensor | None = None,
     *,
     block_rows: int | None = None,
+    block_keys: int = BLOCK_N,
     heads_per_program: int = 1,
     num_warps: int | None = None,
     num_stages: int | None = None,
@@ -243,12 +244,15 @@ def fork_attention_triton(
 
     A program handles `heads_per_program` query heads that share a key/value head (a divisor of the
     group) for a tile of block_rows // heads_per_program tokens, so each key block it loads serves
-    block_rows rows. Keyword arguments are tuning knobs; float32 inputs get smaller tiles (shared memory).
+    block_rows rows, and takes keys `block_keys` at a time (a divisor of the page size, so a history block never
+    crosses a page). Keyword arguments are tuning knobs; float32 inputs get smaller tiles (shared memory).
     """
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     if k.stride() != v.stride() or k_cache.stride() != v_cache.stride():
         raise ValueError("keys and values (and their caches) must share a layout")
     group = heads // kv_heads
+    if block_keys < 16 or PAGE % block_keys:
+        raise ValueError(f"block_keys={block_keys} must be at least 16 and divide the page size {PAGE}")
     if group % heads_per_program:
         raise ValueError(f"heads_per_program={heads_per_program} must divide the group size {group}")
     wide = q.dtype == torch.float32
@@ -265,8 +269,8 @@ def fork_attention_triton(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1), gated.stride(0), gated.stride(1),
         head_dim**-0.5 * 1.4426950408889634,
-        GROUP=group, HEADS=heads_per_program, HEAD_DIM=head_dim, BT=block_tokens, BN=BLOCK_N, IEEE=wide,
-        GATED=gate is not None,
+        GROUP=group, HEADS=heads_per_program, HEAD_DIM=head_dim, BT=block_tokens, BN=block_keys, IEEE=wide,
+        GATED=gate is not None, PAGE_SIZE=PAGE,
         num_warps=num_warps or (8 if head_dim >= 128 else 4), num_stages=num_stages,
     )
     return out

@@ -52,6 +52,22 @@ def test_triton_matches_reference_on_every_row(seed, heads, kv_heads, dim):
         assert relative_error(got, expected) <= 1e-5
 
 
+@pytest.mark.parametrize("block_keys", [16, 32])
+def test_triton_takes_keys_in_blocks_smaller_than_a_page(block_keys):
+    """Key blocks of part of a page: history blocks at offsets inside their page, stream blocks as usual."""
+    rnd, q, k, v, k_cache, v_cache = round_with_history(5, 4, 2, 16)
+    assert int(rnd.attention.history_len.max()) > block_keys, "the round resumes past one key block"
+    expected = fork_attention_reference(q, k, v, rnd.attention, None, k_cache, v_cache)
+    got = fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, block_keys=block_keys)
+    assert relative_error(got, expected) <= 1e-5
+
+
+def test_triton_refuses_key_blocks_that_cross_pages():
+    rnd, q, k, v, k_cache, v_cache = round_with_history(5, 4, 2, 16)
+    with pytest.raises(ValueError, match="block_keys"):
+        fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, block_keys=48)
+
+
 def test_triton_matches_reference_on_readout_rows():
     rnd, q, k, v, k_cache, v_cache = round_with_history(2, 4, 2, 16)
     rows = rnd.readout.rows
