@@ -14,6 +14,9 @@ and beta = sigmoid(x) in float32. Reported per round:
   in the kernel, final states out), in a CUDA graph when it captures, else eager; q and k are repeated to
   the value heads for it. Its error is measured on the trunk tokens and trunk final states, which it
   computes exactly like the reference;
+- ours on the round padded as the engine replays it (`ours_padded_as_the_engine`): inputs and plan padded to
+  the capacity the engine's graph ladder picks (16,384 tokens and 64 requests at most), its output on the
+  real tokens against the unpadded run's; the engine's GDN time includes this padding;
 - a greedy sweep of our tuning knobs (one knob at a time, keeping the best) unless --no-sweep.
 fla is imported here only: it is the baseline, not a dependency of the package.
 """
@@ -29,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import cuda_time_ms, release_config, run_metadata, write_result
+from flide_sdk.capacity import capacity_ladder, choose, pad_round
 from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
 from flide_sdk.layout import RequestSpec, plan_round
 
@@ -48,6 +52,7 @@ KNOB_CHOICES = {  # first value = the kernel's default
     "out_warps": [4, 8],
 }
 PRECISE = {"store_dtype": torch.float32, "scan_warps": 8}
+CONV_KERNEL = 4  # the releases' short-convolution width (plan_round's conv tables; unused by the GDN)
 REPEAT = 100
 DEVICE = "cuda"
 
@@ -58,7 +63,7 @@ def build_round(spec, k_heads: int, v_heads: int, dk: int, dv: int):
     rng = np.random.default_rng(0)
     requests = [RequestSpec.of(rng.integers(0, 100, trunk), [rng.integers(0, 100, b) for b in branches],
                             [np.array([1])] * len(branches)) for trunk, branches in spec]
-    host = plan_round(requests, 4)
+    host = plan_round(requests, CONV_KERNEL)
     rnd = host.to(DEVICE)
     total = host.num_tokens
     gen = torch.Generator(device=DEVICE).manual_seed(0)
@@ -75,7 +80,20 @@ def build_round(spec, k_heads: int, v_heads: int, dk: int, dv: int):
     cu_seqlens = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.long, device=DEVICE)
     trunk_rows = torch.from_numpy(np.flatnonzero(host.seg_lo == host.key_lo)).to(DEVICE)
     trunk_sequences = np.cumsum([0] + [1 + len(branches) for _, branches in spec])[:-1]
-    return rnd, inputs, cu_seqlens, trunk_rows, torch.from_numpy(trunk_sequences).to(DEVICE)
+    return host, rnd, inputs, cu_seqlens, trunk_rows, torch.from_numpy(trunk_sequences).to(DEVICE)
+
+
+def padded_run(host, inputs: dict, states: torch.Tensor, max_prompt_tokens: int) -> tuple[int, Callable] | None:
+    """(capacity tokens, a closure running ours on the round padded as the engine's graph of that capacity
+    sees it: zero input rows past the real tokens, the padded plan), or None if no graph of the engine fits."""
+    capacity = choose(capacity_ladder(CONV_KERNEL, 16384, 64, max_prompt_tokens), host)
+    if capacity is None:
+        return None
+    plan = pad_round(host, capacity, 0, 0, 0).to(DEVICE).delta  # zero row 0 (StateRows.compact); no sinks read
+    extra = capacity.tokens - host.num_tokens
+    padded = {name: torch.cat([x, x.new_zeros(extra, *x.shape[1:])]) for name, x in inputs.items()}
+    return capacity.tokens, lambda: gated_delta_triton(padded["q"], padded["k"], padded["v"], padded["g"],
+                                                       padded["beta"], plan, states)
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -158,7 +176,7 @@ def main() -> None:
     dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
     results = {}
     for name, spec in ROUNDS.items():
-        rnd, x, cu_seqlens, trunk_rows, trunk_sequences = build_round(spec, k_heads, v_heads, dk, dv)
+        host, rnd, x, cu_seqlens, trunk_rows, trunk_sequences = build_round(spec, k_heads, v_heads, dk, dv)
         plan = rnd.delta
         states = torch.zeros(plan.num_rows, v_heads, dk, dv, device=DEVICE)
         reference_states = states.clone()
@@ -188,6 +206,15 @@ def main() -> None:
                 **errors(**PRECISE), **timed(lambda: run_ours(**PRECISE)), "knobs": str(PRECISE),
             },
         }
+        padded = padded_run(host, x, states, text["max_position_embeddings"])
+        if padded is not None:
+            capacity_tokens, run_padded = padded
+            unpadded = run_ours()
+            entry["ours_padded_as_the_engine"] = {
+                "capacity_tokens": capacity_tokens,
+                "max_abs_diff_vs_unpadded": float((run_padded()[: unpadded.shape[0]] - unpadded).abs().max()),
+                **timed(run_padded),
+            }
         for knobs in args.variants:
             entry.setdefault("variants", {})[json.dumps(knobs)] = {**errors(**knobs), **timed(lambda k=knobs: run_ours(**k))}
         # ratios compare CUDA-graph replays when both capture, else eager runs
