@@ -8,6 +8,9 @@ engine is the tiny random one (rendering, preparing and planning never look at w
 median over `--repeat` runs, in milliseconds:
 
 - tokenize: `renderer.trunk(state)` of a unique ~2,000-token QuALITY state (a numbered first line);
+- tokenize_after_idle_ms: the same after 10 ms of sleep before each call (the gap a lone ask leaves while
+  the GPU runs its round): in the engine the host stages take about twice what this script measures them at;
+  this separates a cold host (caches, the tokenizer's sleeping threads) from contention inside the engine;
 - tokenize_by_piece_chars: the same, and `renderer.trunk` of a RACE passage (~250 tokens), with the text
   cut into pieces of a fixed 512 characters (the earlier rule) and of 128 or 64 to 512 characters, about one
   per CPU (`render.ENCODE_PIECE_CHARS`; the default is 128 to 512): how finely to cut for this host's threads;
@@ -160,6 +163,8 @@ def main() -> None:
         ask = {
             "state_tokens": len(trunk),
             "tokenize_ms": median_ms(lambda i: renderer.trunk(states[i]), repeat),
+            "tokenize_after_idle_ms": median_ms(lambda i: renderer.trunk(states[i]), repeat,
+                                                lambda i: time.sleep(0.01) or i),
             "render_questions_ms": {q: median_ms(lambda _, qs=qs: renderer.render_questions(qs), repeat)
                                     for q, qs in nouls.items()},
             "render_questions_cold_ms": {64: median_ms(renderer.render_questions, repeat, unseen)},
