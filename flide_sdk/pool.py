@@ -167,23 +167,24 @@ class CheckpointPool:
                     self._page_refs[old] += 1
                     pages.append(old)
                 else:
-                    new = self._take_page()
-                    if new is None:
+                    taken = self._take_pages(1)
+                    if taken is None:
                         self._release(pages, slot)
                         return None
-                    copies.append((old, new))
-                    self._page_fill[new] = start % PAGE
-                    pages.append(new)
-        while len(pages) * PAGE < at:
-            new = self._take_page()
-            if new is None:
-                self._release(pages, slot)
-                return None
-            pages.append(new)
-        for index in range(start // PAGE, len(pages)):
-            self._page_fill[pages[index]] = max(self._page_fill[pages[index]], min(PAGE, at - index * PAGE))
+                    copies.append((old, taken[0]))
+                    self._page_fill[taken[0]] = start % PAGE
+                    pages += taken
+        taken = self._take_pages(max(0, -(-at // PAGE) - len(pages)))
+        if taken is None:
+            self._release(pages, slot)
+            return None
+        pages += taken
+        page_array = np.asarray(pages, dtype=np.int64)
+        written = np.arange(start // PAGE, len(pages))  # pages this save writes entries of (from their start)
+        self._page_fill[page_array[written]] = np.maximum(self._page_fill[page_array[written]],
+                                                          np.minimum(PAGE, at - written * PAGE))
         positions = np.arange(start, at)
-        kv_slots = np.asarray(pages, dtype=np.int64)[positions // PAGE] * PAGE + positions % PAGE
+        kv_slots = page_array[positions // PAGE] * PAGE + positions % PAGE
         key = trunk.block_hash(at // BLOCK)
         checkpoint = Checkpoint(trunk.buffer, at, slot, pages, key)
         self.counters["page_copies"] += len(copies)
@@ -239,14 +240,17 @@ class CheckpointPool:
                 return None
         return self._free_slots.pop()
 
-    def _take_page(self) -> int | None:
-        while not self._free_pages:
+    def _take_pages(self, count: int) -> list[int] | None:
+        """`count` free pages (evicting the least recently used checkpoints for room), each referenced once and
+        empty; None, taking nothing, if evicting every unpinned checkpoint leaves too few."""
+        while len(self._free_pages) < count:
             if not self._evict_oldest():
                 return None
-        page = self._free_pages.pop()
-        self._page_refs[page] = 1
-        self._page_fill[page] = 0
-        return page
+        taken = self._free_pages[len(self._free_pages) - count :][::-1]  # the order single pops would give
+        del self._free_pages[len(self._free_pages) - count :]
+        self._page_refs[taken] = 1
+        self._page_fill[taken] = 0
+        return taken
 
     def _evict_oldest(self) -> bool:
         victim = next((c for c in self._lru if c.pins == 0), None)
@@ -265,9 +269,10 @@ class CheckpointPool:
         self._release(checkpoint.pages, checkpoint.slot)
 
     def _release(self, pages: list[int], slot: int) -> None:
-        for page in pages:
-            self._page_refs[page] -= 1
-            if self._page_refs[page] == 0:
-                self._page_fill[page] = 0
-                self._free_pages.append(page)
+        """Drop one reference to each of `pages` (distinct) and free the slot; pages left unreferenced are free."""
+        page_array = np.asarray(pages, dtype=np.int64)
+        self._page_refs[page_array] -= 1
+        freed = page_array[self._page_refs[page_array] == 0]
+        self._page_fill[freed] = 0
+        self._free_pages.extend(freed.tolist())
         self._free_slots.append(slot)

@@ -395,3 +395,34 @@ def test_indexed_admission_matches_the_scan_over_every_selected_ask(engine):
             assert deferred == expected_deferred
             exercised += [deferred, merges, len(indexed) - deferred]
     assert exercised.all()
+
+
+def test_pool_takes_and_frees_pages_in_bulk(tiny_path):
+    """Saves take the pages they need at once, evicting least recently used checkpoints for room; a save that
+    cannot fit even then takes nothing and leaves every page free, unreferenced and empty."""
+    with fl.Engine.load(tiny_path, device="cpu", pool_bytes=0) as probe:
+        slot_bytes, page_bytes = probe.pool.slot_bytes, probe.pool.page_bytes
+    with fl.Engine.load(tiny_path, device="cpu", pool_bytes=8 * slot_bytes + 6 * page_bytes,
+                        pool_checkpoints=8) as engine:
+        pool, renderer = engine.pool, engine.renderer
+        assert pool.num_pages == 6
+        trunks = [renderer.trunk(f"text {i}: " + " ".join(WORDS * 12)) for i in range(2)]
+        at = min(256, min(len(t) for t in trunks))  # four pages each
+        saves = []
+        for trunk in trunks:
+            save = pool.plan_save(trunk, None, at)
+            assert save is not None and len(save.checkpoint.pages) == 4
+            assert (save.kv_slots == np.asarray(save.checkpoint.pages)[np.arange(at) // 64] * 64
+                    + np.arange(at) % 64).all()
+            pool.commit(save)
+            saves.append(save)
+        assert pool.counters["evictions"] == 1 and pool.num_checkpoints == 1  # the first made room for the second
+        assert (pool._page_refs[saves[1].checkpoint.pages] == 1).all()
+        assert (pool._page_fill[saves[1].checkpoint.pages] == 64).all()
+        assert sorted(pool._free_pages + saves[1].checkpoint.pages) == list(range(6))
+        long_trunk = renderer.trunk("too long: " + " ".join(WORDS * 40))
+        assert len(long_trunk) > 7 * 64
+        assert pool.plan_save(long_trunk, None, 7 * 64) is None  # seven pages: more than the pool holds
+        assert pool.num_checkpoints == 0 and sorted(pool._free_pages) == list(range(6))
+        assert not pool._page_refs.any() and not pool._page_fill.any()
+        assert pool.plan_save(long_trunk, None, 6 * 64) is not None  # the whole pool fits
