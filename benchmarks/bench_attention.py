@@ -43,6 +43,10 @@ TUNINGS = [  # knobs of fork_attention_triton; the first is the engine's default
     {"block_rows": 128, "heads_per_program": 2, "num_warps": 8, "block_keys": 32},
     {"block_rows": 64, "heads_per_program": 1, "num_warps": 4, "block_keys": 32},
     {"block_rows": 128, "heads_per_program": 1, "num_warps": 8, "num_stages": 1},
+    # the group's 4 query heads x 32 tokens: K/V loaded once per group, and a trunk tile's masked diagonal is
+    # one 32-key block (a quarter of the wasted triangle of 128-token tiles)
+    {"block_rows": 128, "heads_per_program": 4, "num_warps": 8, "block_keys": 32},
+    {"block_rows": 64, "heads_per_program": 4, "num_warps": 4, "block_keys": 32},
 ]
 # Compiled for sm_90 by Triton 3.6 (D = 256, bf16, 2 stages unless named, as kernel_resources.py specialises
 # them): 128 rows use 255 registers, spill about 120 B and take 192 KB of shared memory (one program per SM;

@@ -168,6 +168,10 @@ VARIANTS = {
     "bf16, attention 64 rows, 32-key blocks": (torch.bfloat16, _with("fork_attention", block_rows=64, num_warps=4,
                                                                      block_keys=32)),
     "bf16, attention 1 stage": (torch.bfloat16, _with("fork_attention", num_stages=1)),
+    "bf16, attention 4 heads x 32 tokens, 32-key blocks": (torch.bfloat16, _with(
+        "fork_attention", heads_per_program=4, block_keys=32)),
+    "bf16, attention 4 heads x 16 tokens, 32-key blocks, 4 warps": (torch.bfloat16, _with(
+        "fork_attention", block_rows=64, num_warps=4, heads_per_program=4, block_keys=32)),
     "float32 engine": (torch.float32, kernel_ops),
 }
 
