@@ -10,9 +10,9 @@ which is exact and simple and is what the engine uses on CPU.
 table is built on the device from the metadata (`plan_tiles`): the query rows are cut into tiles of tokens
 that never cross a *region* (a request's trunk rows, or a request's branch rows), so all
 rows of a tile share their history and their fully visible keys. A tile then visits three key ranges:
-the cached history (one pool page per key block, no mask but the length), the keys every row of the
-tile sees (its trunk for branch rows, the earlier trunk for trunk rows: loaded without a mask), and the
-keys only some rows see (the tile's own rows and, for branch rows, the start of their branches), the
+the cached history (a pool page, or an aligned part of one, per key block; no mask but the length), the
+keys every row of the tile sees (its trunk for branch rows, the earlier trunk for trunk rows: loaded
+without a mask), and the keys only some rows see (the tile's own rows and, for branch rows, the start of their branches), the
 only blocks that are masked. A program takes one tile and one or more query heads sharing a key/value
 head, so every key block it loads serves tokens x heads rows. Launch shapes depend on the number of query rows and
 requests alone. The tile table is built once per round and query-row set (`tile_table`, memoised on the plan)
