@@ -168,6 +168,23 @@ def _level_row(row, start1, start2, first_ptr, second_ptr, third_ptr):
 
 
 @triton.jit
+def _spread_row(step, start1, start2, chunks, programs):
+    """The stacked chunk row a program takes at loop step `step` (programs take steps pid, pid + programs, ...).
+
+    Within each level the rows are rotated so that the level's first row, and the few after it, fall on
+    program 0 (level 0), programs // 2 (level 2) and programs - 1 (level 1): a level's real rows come first
+    and the rest is padding, so without the rotation a capped grid gives level 0's first program level 2's
+    first row too, and that program works twice as long as any other (a lone round: its trunk's first chunk
+    and its branch)."""
+    level = (step >= start1).to(tl.int32) + (step >= start2).to(tl.int32)
+    start = tl.where(level == 2, start2, tl.where(level == 1, start1, 0))
+    size = tl.where(level == 2, chunks - start2, tl.where(level == 1, start2 - start1, start1))
+    target = tl.where(level == 2, programs // 2, tl.where(level == 1, programs - 1, 0))
+    shift = ((target - start % programs + programs) % programs) % size
+    return start + (step - start - shift + size) % size
+
+
+@triton.jit
 def _chunk_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr, total, L: tl.constexpr):
     """(where stacked chunk row `chunk`'s L stream indices are, whether its first (so any) token is real,
     the row within its level, the level); padding positions hold `total` and come last."""
@@ -185,9 +202,10 @@ def _chunk_prep_kernel(
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr, WY_LOW: tl.constexpr,
 ):
-    """Per (chunk, value head) everything of the chunk that does not depend on the state, for the chunk rows
-    of up to three levels at once (`_level_row`); a program takes rows pid, pid + P, ... of its head (P
-    programs: the grid stays small when most rows are padding).
+    """Per (value head, chunk) everything of the chunk that does not depend on the state, for the chunk rows
+    of up to three levels at once (`_level_row`); a program takes loop steps pid, pid + P, ... of its head (P
+    programs: the grid stays small when most rows are padding), each step a row (`_spread_row`). Heads vary
+    fastest in the grid, so the programs of the first rows, which hold the tokens, are dispatched first.
 
     The system A goes through this program's [L, L] float32 scratch `system_ptr`: its lower SUB x SUB
     blocks are read back (tuples indexed b * (b + 1) // 2 + c, block row b >= block column c) so that
@@ -196,14 +214,15 @@ def _chunk_prep_kernel(
     storage), T and the scaled rows of the W and U products are rounded to the storage dtype.
     """
     NSUB: tl.constexpr = L // SUB
-    head = tl.program_id(1)
+    head = tl.program_id(0)
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     row, col = i[:, None], i[None, :]
-    for chunk in range(tl.program_id(0), chunks, tl.num_programs(0)):
+    for step in range(tl.program_id(1), chunks, tl.num_programs(1)):
+        chunk = _spread_row(step, start1, start2, chunks, tl.num_programs(1))
         row_ptr, real, _, _ = _chunk_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr, total, L)
         if real:
-            base = chunk * tl.num_programs(1) + head
+            base = chunk * tl.num_programs(0) + head
             scratch = system_ptr + base * L * L
             tok = tl.load(row_ptr + i)
             ok = tok < total
@@ -339,9 +358,9 @@ def _chunk_output_kernel(
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, L: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """Per (chunk, value head, V tile) o = (q exp(cum)) S_j + (q K^T * Gamma) v_new for the chunk's tokens,
-    for the chunk rows of up to three levels at once (`_level_row`); a program takes rows pid, pid + P, ...
-    of its head and V tile.
+    """Per (value head, chunk, V tile) o = (q exp(cum)) S_j + (q K^T * Gamma) v_new for the chunk's tokens,
+    for the chunk rows of up to three levels at once (`_level_row`); a program takes loop steps pid,
+    pid + P, ... of its head and V tile, each step a row (`_spread_row`, as in the prep).
 
     S_j is the state at the chunk's start and v_new = U - W S_j the chunk's corrected values, both left by
     the scan for a segment's later chunks. A segment's first chunk (row s of its level with s < segments and
@@ -349,14 +368,15 @@ def _chunk_output_kernel(
     which no segment of the level writes, and computes its v_new here, exactly as the scan does (the same
     products and roundings). All-padding chunks are skipped.
     """
-    head = tl.program_id(1)
+    head = tl.program_id(0)
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     cols = tl.program_id(2) * BV + tl.arange(0, BV)
-    for chunk in range(tl.program_id(0), chunks, tl.num_programs(0)):
+    for step in range(tl.program_id(1), chunks, tl.num_programs(1)):
+        chunk = _spread_row(step, start1, start2, chunks, tl.num_programs(1))
         row_ptr, real, local, level = _chunk_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr, total, L)
         if real:
-            base = chunk * tl.num_programs(1) + head
+            base = chunk * tl.num_programs(0) + head
             tok = tl.load(row_ptr + i)
             ok = tok < total
             q = tl.load(q_ptr + tok[:, None] * stride_qt + (head // GROUP) * stride_qh + dk[None, :],
@@ -484,7 +504,7 @@ def gated_delta_triton(
         decay = torch.empty(chunks, v_heads, dtype=torch.float32, device=q.device)
         system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
         tokens = [level.chunk_tokens for level in levels]
-        _chunk_prep_kernel[(min(chunks, chunk_programs), v_heads)](
+        _chunk_prep_kernel[(v_heads, min(chunks, chunk_programs))](
             q, k, v, g, beta, *tokens,
             w, u, a, k_rows, q_gate, k_gate, decay, system,
             total, start1, start2, chunks, dk**-0.5, L2_EPS,
@@ -506,7 +526,7 @@ def gated_delta_triton(
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
                 num_warps=scan_warps, num_stages=scan_stages,
             )
-        _chunk_output_kernel[(min(chunks, chunk_programs), v_heads, dv // obv)](
+        _chunk_output_kernel[(v_heads, min(chunks, chunk_programs), dv // obv)](
             q, a, q_gate, w, u, v_new, h, states, out, *tokens,
             *(level.chunk_count for level in levels), *(level.init_row for level in levels),
             total, start1, start2, chunks, *segments,

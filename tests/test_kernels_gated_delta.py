@@ -16,8 +16,10 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
-from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
+from flide_sdk.kernels.gated_delta import _spread_row, gated_delta_reference, gated_delta_triton
 from flide_sdk.layout import (
     DISCARD_ROW,
     GDN_CHUNK,
@@ -181,3 +183,26 @@ def test_padded_capacity_rows_return_at_once():
 
     run_plan = DeltaPlan([padded(level) for level in plan.levels], plan.num_rows)
     check_against_reference(plan, host.num_tokens, 4, 1, 16, 16, run_plan=run_plan)
+
+
+@triton.jit
+def _spread_rows_kernel(out_ptr, start1, start2, chunks, programs):
+    for step in range(chunks):
+        tl.store(out_ptr + step, _spread_row(step, start1, start2, chunks, programs))
+
+
+@pytest.mark.parametrize(("sizes", "programs"), [((64, 64, 160), 128), ((5, 0, 9), 4), ((0, 3, 7), 8), ((200, 10, 300), 128)])
+def test_capped_grid_steps_take_every_row_once_and_spread_the_levels(sizes, programs):
+    """Loop steps map to stacked chunk rows one to one, level by level; each level's first row falls on its
+    own program (0, programs // 2, programs - 1) when the level has room, so a lone round's trunk and branch
+    chunks do not queue on one program."""
+    start1, start2 = sizes[0], sizes[0] + sizes[1]
+    chunks = sum(sizes)
+    rows = torch.empty(chunks, dtype=torch.int64)
+    _spread_rows_kernel[(1,)](rows, start1, start2, chunks, programs)
+    rows = rows.tolist()
+    for first, size in ((0, sizes[0]), (start1, sizes[1]), (start2, sizes[2])):
+        assert sorted(rows[first : first + size]) == list(range(first, first + size))
+    for first, size, program in ((0, sizes[0], 0), (start2, sizes[2], programs // 2), (start1, sizes[1], programs - 1)):
+        if size > programs or (size and (program - first) % programs < size):
+            assert rows.index(first) % programs == program
