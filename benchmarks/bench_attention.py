@@ -48,10 +48,9 @@ TUNINGS = [  # knobs of fork_attention_triton; the first is the engine's default
     {"block_rows": 128, "heads_per_program": 4, "num_warps": 8, "block_keys": 32},
     {"block_rows": 64, "heads_per_program": 4, "num_warps": 4, "block_keys": 32},
 ]
-# Compiled for sm_90 by Triton 3.6 (D = 256, bf16, 2 stages unless named, as kernel_resources.py specialises
-# them): 128 rows use 255 registers, spill about 120 B and take 192 KB of shared memory (one program per SM;
-# 3 stages would need 256 KB); 64 rows take 160 KB and spill 0.6 KB at 4 warps, nothing at 8. Key blocks of 32
-# (`block_keys`) halve the score tile and the K/V stages (see benchmarks/README.md for their resources).
+# On sm_90 (Triton 3.6, D = 256, 2 stages unless named) every tiling takes 255 registers; the default spills
+# 144 B in 192 KB of shared memory (one program per SM; 3 stages would need 256 KB), 64 rows at 8 warps spill
+# nothing; the 32-key tilings are kernel_resources.py variants, summarised in benchmarks/README.md.
 
 
 def tuning_name(knobs: dict) -> str:

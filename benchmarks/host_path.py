@@ -177,12 +177,14 @@ def main() -> None:
         passages = [f"Passage {i}.\n{text}" for i in range(repeat // 8 + 1) for text, _ in race]
         ask["tokenize_by_piece_chars"] = {}
         default_chars = render.ENCODE_PIECE_CHARS
-        for chars in ((512, 512), (128, 512), (64, 512)):
-            render.ENCODE_PIECE_CHARS = chars
-            ask["tokenize_by_piece_chars"][f"{chars[0]}-{chars[1]}"] = {
-                "state_ms": median_ms(lambda i: renderer.trunk(states[i]), repeat),
-                "race_passage_ms": median_ms(lambda i: renderer.trunk(passages[i]), repeat)}
-        render.ENCODE_PIECE_CHARS = default_chars
+        try:
+            for chars in ((512, 512), (128, 512), (64, 512)):
+                render.ENCODE_PIECE_CHARS = chars
+                ask["tokenize_by_piece_chars"][f"{chars[0]}-{chars[1]}"] = {
+                    "state_ms": median_ms(lambda i: renderer.trunk(states[i]), repeat),
+                    "race_passage_ms": median_ms(lambda i: renderer.trunk(passages[i]), repeat)}
+        finally:
+            render.ENCODE_PIECE_CHARS = default_chars
         ask["cpus"] = render.ENCODE_PIECES
         ask["ask_host_ms"] = {q: ask["tokenize_ms"] + ask["prepare_ms"][q] for q in nouls}
         stager = Stager(conv_kernel, renderer.max_prompt_tokens)

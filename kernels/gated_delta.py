@@ -159,12 +159,19 @@ def _store_row_scaled_product(t, scale, rows_ptr, ok, out_ptr, WIDTH: tl.constex
 
 
 @triton.jit
-def _level_row(row, start1, start2, first_ptr, second_ptr, third_ptr):
-    """(the level's pointer, the row within its level, the level) of a row of the three levels' stacked
-    chunk rows: level 1 starts at row start1, level 2 at start2."""
+def _level_of(row, start1, start2):
+    """(the level, the level's first row) of a row of the three levels' stacked rows: level 1 starts at row
+    start1, level 2 at start2."""
     level = (row >= start1).to(tl.int32) + (row >= start2).to(tl.int32)
+    return level, tl.where(level == 2, start2, tl.where(level == 1, start1, 0))
+
+
+@triton.jit
+def _level_row(row, start1, start2, first_ptr, second_ptr, third_ptr):
+    """(the level's pointer, the row within its level, the level) of a stacked row (`_level_of`)."""
+    level, start = _level_of(row, start1, start2)
     ptr = tl.where(level == 2, third_ptr, tl.where(level == 1, second_ptr, first_ptr))
-    return ptr, row - tl.where(level == 2, start2, tl.where(level == 1, start1, 0)), level
+    return ptr, row - start, level
 
 
 @triton.jit
@@ -176,8 +183,7 @@ def _spread_row(step, start1, start2, chunks, programs):
     and the rest is padding, so without the rotation a capped grid gives level 0's first program level 2's
     first row too, and that program works twice as long as any other (a lone round: its trunk's first chunk
     and its branch)."""
-    level = (step >= start1).to(tl.int32) + (step >= start2).to(tl.int32)
-    start = tl.where(level == 2, start2, tl.where(level == 1, start1, 0))
+    level, start = _level_of(step, start1, start2)
     size = tl.where(level == 2, chunks - start2, tl.where(level == 1, start2 - start1, start1))
     target = tl.where(level == 2, programs // 2, tl.where(level == 1, programs - 1, 0))
     shift = ((target - start % programs + programs) % programs) % size
