@@ -17,6 +17,7 @@ and beta = sigmoid(x) in float32. Reported per round:
 - ours on the round padded as the engine replays it (`ours_padded_as_the_engine`): inputs and plan padded to
   the capacity the engine's graph ladder picks (16,384 tokens and 64 requests at most), its output on the
   real tokens against the unpadded run's; the engine's GDN time includes this padding;
+- knob settings given with --variants: errors, and times unpadded and padded as the engine replays them;
 - a greedy sweep of our tuning knobs (one knob at a time, keeping the best) unless --no-sweep.
 fla is imported here only: it is the baseline, not a dependency of the package.
 """
@@ -92,8 +93,8 @@ def padded_run(host, inputs: dict, states: torch.Tensor, max_prompt_tokens: int)
     plan = pad_round(host, capacity, 0, 0, 0).to(DEVICE).delta  # zero row 0 (StateRows.compact); no sinks read
     extra = capacity.tokens - host.num_tokens
     padded = {name: torch.cat([x, x.new_zeros(extra, *x.shape[1:])]) for name, x in inputs.items()}
-    return capacity.tokens, lambda: gated_delta_triton(padded["q"], padded["k"], padded["v"], padded["g"],
-                                                       padded["beta"], plan, states)
+    return capacity.tokens, lambda **knobs: gated_delta_triton(padded["q"], padded["k"], padded["v"], padded["g"],
+                                                                padded["beta"], plan, states, **knobs)
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -216,7 +217,10 @@ def main() -> None:
                 **timed(run_padded),
             }
         for knobs in args.variants:
-            entry.setdefault("variants", {})[json.dumps(knobs)] = {**errors(**knobs), **timed(lambda k=knobs: run_ours(**k))}
+            variant = {**errors(**knobs), **timed(lambda k=knobs: run_ours(**k))}
+            if padded is not None:
+                variant["padded_as_the_engine"] = timed(lambda k=knobs, run=padded[1]: run(**k))["graph"]
+            entry.setdefault("variants", {})[json.dumps(knobs)] = variant
         # ratios compare CUDA-graph replays when both capture, else eager runs
         mode = "graph" if "median_ms" in entry["ours"]["graph"] else "eager"
         run_fla, fla_missing = fla_baseline(x, v_heads // k_heads, cu_seqlens)

@@ -43,10 +43,14 @@ def _kernel_rounds(data: dict[str, Any]) -> list[str]:
             timings = {"ours": rnd["ours_ms"], "sdpa": rnd["sdpa"]["median_ms"], "rate_ratio": rnd["rate_ratio_best"]}
         elif "tunings" in rnd:  # bench_conv
             timings = {key: value["median_ms"] for key, value in rnd["tunings"].items() if "median_ms" in value}
-        else:  # bench_gdn: graph-replay medians
+        else:  # bench_gdn: graph-replay medians, variants unpadded / padded as the engine
             timings = {key: value["graph"]["median_ms"] for key, value in rnd.items()
-                       if isinstance(value, dict) and "graph" in value}
-        lines.append(f"  {name}: " + ", ".join(f"{key} {value:.4g}" for key, value in timings.items()))
+                       if isinstance(value, dict) and "median_ms" in value.get("graph", {})}
+            timings |= {f"{name} unpadded/padded": f"{v['graph']['median_ms']:.4g}/"
+                        f"{v.get('padded_as_the_engine', {}).get('median_ms', float('nan')):.4g}"
+                        for name, v in rnd.get("variants", {}).items() if "median_ms" in v["graph"]}
+        lines.append(f"  {name}: " + ", ".join(f"{key} {value if isinstance(value, str) else f'{value:.4g}'}"
+                                               for key, value in timings.items()))
     return lines
 
 

@@ -44,6 +44,8 @@ Timed slower on the H200 on 2026-11-30 (7117ef9, benchmarks/README.md) and remov
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -410,6 +412,15 @@ def _chunk_output_kernel(
                      out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
+PROGRAMS_PER_SM = 4  # the default cap of a launch's programs, per multiprocessor
+
+
+@functools.cache
+def _multiprocessors(device: torch.device) -> int:
+    """The device's multiprocessor count (CUDA), or 4 (the interpreter on CPU runs programs one by one)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
 LEVELS_PER_LAUNCH = 3  # a round's levels (layout.plan_round): one prep and one output launch for all of them
 
 
@@ -444,8 +455,8 @@ def gated_delta_triton(
     out_warps: int = 4,
     store_dtype: torch.dtype | None = None,
     wy_low_precision: bool = False,
-    chunk_programs: int = 128,
-    scan_programs: int = 64,
+    chunk_programs: int | None = None,
+    scan_programs: int | None = None,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
@@ -463,9 +474,12 @@ def gated_delta_triton(
     takes the prep's W and U products in the storage dtype (T rounded to it) instead of TF32: 6-10% faster
     GDN on the H200 (gdn-options at 7117ef9), but with it on by default the 0.8B engine's mean total variation
     to float32 (0.0256) was worse than transformers' bf16 (0.0245) (fidelity at 0f00d29), so it is off.
-    `chunk_programs` and `scan_programs` cap the first grid dimension of the chunk kernels and the scan
-    (programs loop over the rows past it): a captured graph's tables are mostly padding, and a launch of
-    thousands of programs that only find padding costs tens of microseconds.
+    `chunk_programs` and `scan_programs` cap the programs of each launch of the chunk kernels and of the scan
+    (default: PROGRAMS_PER_SM per multiprocessor; at least one per head and V split or tile): programs loop
+    over the rows and segments past the cap. A captured graph's tables are mostly padding, and every program
+    launched costs time even when it finds only padding: with caps per head (128 chunk rows, 64 segments),
+    a lone 2,000-token ask padded as the engine replays it took 1.36x the unpadded GDN time on the H200
+    (bench_gdn at e139c25).
     On CUDA the V tiles must be at least 32 columns: compiled for the H200 with 16-column tiles, the scan
     returned non-finite values (benchmarks/results, check-gdn-bf16); the interpreter is not affected.
     """
@@ -476,6 +490,9 @@ def gated_delta_triton(
             raise ValueError(f"{name} = {dim} must be a power of two >= 16")
     if states.dtype != torch.float32 or states.stride(-1) != 1:
         raise ValueError("the state table must be float32 with a unit last stride")
+    default_programs = PROGRAMS_PER_SM * _multiprocessors(q.device)
+    chunk_programs = default_programs if chunk_programs is None else chunk_programs
+    scan_programs = default_programs if scan_programs is None else scan_programs
     if chunk_programs < 1 or scan_programs < 1:
         raise ValueError("chunk_programs and scan_programs must be positive")
     if sub_block < 16 or sub_block & (sub_block - 1) or GDN_CHUNK % sub_block:
@@ -510,7 +527,7 @@ def gated_delta_triton(
         decay = torch.empty(chunks, v_heads, dtype=torch.float32, device=q.device)
         system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
         tokens = [level.chunk_tokens for level in levels]
-        _chunk_prep_kernel[(v_heads, min(chunks, chunk_programs))](
+        _chunk_prep_kernel[(v_heads, min(chunks, max(1, chunk_programs // v_heads)))](
             q, k, v, g, beta, *tokens,
             w, u, a, k_rows, q_gate, k_gate, decay, system,
             total, start1, start2, chunks, dk**-0.5, L2_EPS,
@@ -525,14 +542,14 @@ def gated_delta_triton(
         v_new = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
         for level, first, size, count in zip(levels, (0, start1, start2), sizes, segments):
             rows = slice(first, first + size)
-            _state_scan_kernel[(min(count, scan_programs), v_heads, split)](
+            _state_scan_kernel[(min(count, max(1, scan_programs // (v_heads * split))), v_heads, split)](
                 k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
                 level.chunk_count, level.step_start, level.init_row, level.final_row, count,
                 states.stride(0), states.stride(1), states.stride(2),
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
                 num_warps=scan_warps, num_stages=scan_stages,
             )
-        _chunk_output_kernel[(v_heads, min(chunks, chunk_programs), dv // obv)](
+        _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
             q, a, q_gate, w, u, v_new, h, states, out, *tokens,
             *(level.chunk_count for level in levels), *(level.init_row for level in levels),
             total, start1, start2, chunks, *segments,

@@ -127,10 +127,12 @@ def test_long_segments_match_reference(storage):
 
 
 @pytest.mark.parametrize("programs",
-                         [{"chunk_programs": 1, "scan_programs": 1}, {"chunk_programs": 3, "scan_programs": 2}],
+                         [{"chunk_programs": 1, "scan_programs": 1}, {"chunk_programs": 6, "scan_programs": 4}],
                          ids=["one-program", "three-and-two"])
 def test_capped_grids_loop_over_every_row(programs):
-    """Programs that loop over several chunk rows and segments (a capped grid) compute the same round."""
+    """Programs that loop over several chunk rows and segments (a capped grid) compute the same round: caps
+    are per launch, so with two value heads 6 and 4 programs give each head 3 chunk programs and 2 scan
+    programs, and 1 gives each head one (the least)."""
     trunks = [(64, 70, None), (130, 129, 200), (5, 1, None), (65, 0, 64), (63, 0, None)]
     host = plan_round(make_requests(6, trunks, max_branches=4), 4)
     assert all(len(level.init_row) > 2 for level in host.levels[::2])
