@@ -6,7 +6,8 @@ DeltaNet level its chunks and segments. Requests and questions scale with T (a r
 question's branch needs some too), so a small graph also has small tables. `choose` picks the smallest
 capacity a round fits; `pad_round` pads the round's arrays to it, only at the tail: padding tokens form
 one region of their own after the real tokens (they see nothing real and nothing real sees them), padded
-segments and chunks are empty, padded saves go to the pool's sink slot and page, padded readout rows read
+segments and chunks are empty (and each level's `sizes` keeps the real counts, so the Gated DeltaNet
+kernels never visit them), padded saves go to the pool's sink slot and page, padded readout rows read
 the first padding token. Everything here is host code (numpy), tested on CPU against the unpadded layout.
 """
 
@@ -69,6 +70,7 @@ class Capacity:
         for index, (chunks, segments) in enumerate(zip(self.chunks, self.segments)):
             shapes[f"level{index}.chunk_tokens"] = (chunks, GDN_CHUNK)
             shapes[f"level{index}.step_start"] = (chunks,)
+            shapes[f"level{index}.sizes"] = (2,)
             for name in ("init_row", "final_row", "chunk_count"):
                 shapes[f"level{index}.{name}"] = (segments,)
         return shapes
@@ -171,6 +173,7 @@ def pad_into(host: HostRound, capacity: Capacity, out: dict[str, np.ndarray], wi
         put(prefix + "init_row", level.init_row, zero_row)
         put(prefix + "final_row", level.final_row, DISCARD_ROW)
         put(prefix + "chunk_count", level.chunk_count, 0)
+        put(prefix + "sizes", level.sizes, 0)  # the real chunk rows and segments: kernels skip the padding
 
 
 def pad_round(host: HostRound, capacity: Capacity, window_sink: int, kv_sink: int, zero_row: int) -> HostRound:

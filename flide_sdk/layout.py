@@ -166,6 +166,7 @@ class DeltaLevel:
     final_row: torch.Tensor  # [num_segments] row its final state is written to (DISCARD_ROW: none)
     chunk_count: torch.Tensor  # [num_segments] chunks (scan steps) of each segment
     step_start: torch.Tensor  # [num_steps] first chunk row of step j: segment s's chunk j is row step_start[j] + s
+    sizes: torch.Tensor  # [2] the level's chunk rows and segments; a captured graph's tables are padded past them
 
 
 @dataclass
@@ -211,6 +212,7 @@ class HostLevel:
     final_row: np.ndarray
     chunk_count: np.ndarray
     step_start: np.ndarray
+    sizes: np.ndarray  # [len(chunk_tokens), len(init_row)]: what padding a round keeps (capacity.pad_into)
 
 
 @dataclass
@@ -265,7 +267,7 @@ class HostRound:
         """The `RoundTensors` view of device tensors named as in `arrays()` (the host lists come from self)."""
         levels = [
             DeltaLevel(t[f"level{i}.chunk_tokens"], level.active, t[f"level{i}.init_row"], t[f"level{i}.final_row"],
-                       t[f"level{i}.chunk_count"], t[f"level{i}.step_start"])
+                       t[f"level{i}.chunk_count"], t[f"level{i}.step_start"], t[f"level{i}.sizes"])
             for i, level in enumerate(self.levels)
         ]
         attention = AttentionPlan(
@@ -286,7 +288,7 @@ class HostRound:
 DEVICE_FIELDS = ("ids", "positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "history_len", "page_offset",
                  "pages", "conv_src", "resume_slots", "save_slots", "save_window_src", "kv_slots", "readout_rows",
                  "label_ids")
-LEVEL_FIELDS = ("chunk_tokens", "init_row", "final_row", "chunk_count", "step_start")
+LEVEL_FIELDS = ("chunk_tokens", "init_row", "final_row", "chunk_count", "step_start", "sizes")
 
 
 def plan_round(
@@ -433,13 +435,13 @@ def _plan_level(start: np.ndarray, length: np.ndarray, init_row: np.ndarray, fin
     """Chunk table of one level: segments longest first, chunks step-major (vectorised)."""
     if len(length) == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return HostLevel(np.zeros((0, GDN_CHUNK), dtype=np.int64), [], empty, empty, empty, empty)
+        return HostLevel(np.zeros((0, GDN_CHUNK), dtype=np.int64), [], empty, empty, empty, empty, np.zeros(2, np.int64))
     if len(length) == 1 and length[0] > 0:  # one segment (a lone request's trunk levels): its chunks in order
         tokens, steps = int(length[0]), -(-int(length[0]) // GDN_CHUNK)
         chunk_tokens = np.arange(int(start[0]), int(start[0]) + steps * GDN_CHUNK, dtype=np.int64).reshape(steps, -1)
         chunk_tokens[-1, tokens - (steps - 1) * GDN_CHUNK :] = pad_index
-        return HostLevel(chunk_tokens, [1] * steps, init_row.copy(), final_row.copy(),
-                         np.array([steps], dtype=np.int64), np.arange(steps, dtype=np.int64))
+        return HostLevel(chunk_tokens, [1] * steps, init_row.copy(), final_row.copy(), np.array([steps], dtype=np.int64),
+                         np.arange(steps, dtype=np.int64), np.array([steps, 1], dtype=np.int64))
     order = np.argsort(-length, kind="stable")
     start, length, init_row, final_row = start[order], length[order], init_row[order], final_row[order]
     counts = -(-length // GDN_CHUNK)  # non-increasing
@@ -450,4 +452,5 @@ def _plan_level(start: np.ndarray, length: np.ndarray, init_row: np.ndarray, fin
     chunk_tokens = (start[segment] + step * GDN_CHUNK)[:, None] + np.arange(GDN_CHUNK)[None, :]
     chunk_tokens = np.where(chunk_tokens < (start + length)[segment, None], chunk_tokens, pad_index)
     counts = counts.astype(np.int64, copy=False)
-    return HostLevel(chunk_tokens, active.tolist(), init_row, final_row, counts, step_start)
+    sizes = np.array([len(chunk_tokens), len(init_row)], dtype=np.int64)
+    return HostLevel(chunk_tokens, active.tolist(), init_row, final_row, counts, step_start, sizes)

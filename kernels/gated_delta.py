@@ -14,14 +14,16 @@ state this way, which makes every branch compute exactly what it computes alone.
 intra-chunk work and loops over scan steps (not tokens, not segments).
 
 `gated_delta_triton` is the GPU version of the same contract, with grids that depend only on tensor shapes
-(no host synchronisation, CUDA-graph safe) and are capped (programs loop over the rows past the cap). A
+(no host synchronisation, CUDA-graph safe) and are capped (programs loop over the rows past the cap).
+Programs loop over real rows and segments only: each level's `sizes` (on the device) counts its real chunk
+rows and segments, which come first in its tables, and a captured graph's tables are padding past them. A
 round's three levels take five launches: one chunk-prep launch over the chunk rows of all levels (stacked),
 one scan per level (a level starts from states the previous ones wrote), one output launch over all chunk
 rows. Only the state recurrence is sequential:
 - `_chunk_prep_kernel`, per (chunk row of any level, value head): gathers the chunk's tokens, builds Gamma,
   A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
   16-row sub-blocks (through a float32 scratch), and stores W = T (beta K exp(cum)), U = T (beta V), the
-  causal q-k block q K^T * Gamma and the per-row gate factors. All-padding chunks are skipped.
+  causal q-k block q K^T * Gamma and the per-row gate factors.
 - `_state_scan_kernel`, per (segment, value head, V split), one launch per level: keeps a [Dk, BV] slice
   of S in registers from `init_row` through the segment's chunks (chunk j is row `step_start[j] + segment`),
   stores per chunk past the first the state at its start S_j and v_new = U - W S_j, updates
@@ -29,7 +31,7 @@ rows. Only the state recurrence is sequential:
   Segments of at most one chunk and no final row are skipped.
 - `_chunk_output_kernel`, per (chunk row of any level, value head, V tile), all in parallel: the chunk's
   outputs o = (q exp(cum)) S_j + (q K^T * Gamma) v_new; a segment's first chunk reads S_0 from its init
-  row and computes its own v_new, so one-chunk branches skip the scan. All-padding chunks are skipped.
+  row and computes its own v_new, so one-chunk branches skip the scan.
 Gram products of the raw inputs are taken in the inputs' dtype (exact for bf16); the state and every
 accumulation are float32. For 16-bit inputs the products of float32 quantities inside a chunk use TF32,
 and W, U, the q-k block, S_j and v_new are stored in the inputs' dtype (by default), so the products of the
@@ -161,59 +163,42 @@ def _store_row_scaled_product(t, scale, rows_ptr, ok, out_ptr, WIDTH: tl.constex
 
 
 @triton.jit
-def _level_of(row, start1, start2):
-    """(the level, the level's first row) of a row of the three levels' stacked rows: level 1 starts at row
-    start1, level 2 at start2."""
-    level = (row >= start1).to(tl.int32) + (row >= start2).to(tl.int32)
-    return level, tl.where(level == 2, start2, tl.where(level == 1, start1, 0))
+def _real_row(step, sizes0_ptr, sizes1_ptr, start1, start2):
+    """(the stacked chunk row, the row within its level, the level) of loop step `step` over the real chunk
+    rows of three levels (each level's `sizes`: its real rows come first in its table, level 1's stacked rows
+    start at start1, level 2's at start2): steps 0 .. n0 - 1 are level 0's, then level 1's, then level 2's.
+    Programs loop over these steps only, so the padding rows of a captured graph's tables cost nothing."""
+    n0 = tl.load(sizes0_ptr)
+    n01 = n0 + tl.load(sizes1_ptr)
+    level = (step >= n0).to(tl.int32) + (step >= n01).to(tl.int32)
+    local = step - tl.where(level == 2, n01, tl.where(level == 1, n0, 0))
+    return tl.where(level == 2, start2, tl.where(level == 1, start1, 0)) + local, local, level
 
 
 @triton.jit
-def _level_row(row, start1, start2, first_ptr, second_ptr, third_ptr):
-    """(the level's pointer, the row within its level, the level) of a stacked row (`_level_of`)."""
-    level, start = _level_of(row, start1, start2)
-    ptr = tl.where(level == 2, third_ptr, tl.where(level == 1, second_ptr, first_ptr))
-    return ptr, row - start, level
+def _of_level(level, first_ptr, second_ptr, third_ptr):
+    """The pointer of `level` (0, 1 or 2) among three levels' pointers."""
+    return tl.where(level == 2, third_ptr, tl.where(level == 1, second_ptr, first_ptr))
 
 
 @triton.jit
-def _spread_row(step, start1, start2, chunks, programs):
-    """The stacked chunk row a program takes at loop step `step` (programs take steps pid, pid + programs, ...).
-
-    Within each level the rows are rotated so that the level's first row, and the few after it, fall on
-    program 0 (level 0), programs // 2 (level 2) and programs - 1 (level 1): a level's real rows come first
-    and the rest is padding, so without the rotation a capped grid gives level 0's first program level 2's
-    first row too, and that program works twice as long as any other (a lone round: its trunk's first chunk
-    and its branch)."""
-    level, start = _level_of(step, start1, start2)
-    size = tl.where(level == 2, chunks - start2, tl.where(level == 1, start2 - start1, start1))
-    target = tl.where(level == 2, programs // 2, tl.where(level == 1, programs - 1, 0))
-    shift = ((target - start % programs + programs) % programs) % size
-    return start + (step - start - shift + size) % size
-
-
-@triton.jit
-def _chunk_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr, total, L: tl.constexpr):
-    """(where stacked chunk row `chunk`'s L stream indices are, whether its first (so any) token is real,
-    the row within its level, the level); padding positions hold `total` and come last."""
-    row_ptr, local, level = _level_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr)
-    row_ptr += local * L
-    return row_ptr, tl.load(row_ptr) < total, local, level
+def _real_rows(sizes0_ptr, sizes1_ptr, sizes2_ptr):
+    """The real chunk rows of three levels together (the loop bound of `_real_row`'s steps)."""
+    return tl.load(sizes0_ptr) + tl.load(sizes1_ptr) + tl.load(sizes2_ptr)
 
 
 @triton.jit
 def _chunk_prep_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, sizes0_ptr, sizes1_ptr, sizes2_ptr,
     w_ptr, u_ptr, a_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
-    total, start1, start2, chunks, scale, eps,
+    total, start1, start2, scale, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr, WY_LOW: tl.constexpr,
 ):
-    """Per (value head, chunk) everything of the chunk that does not depend on the state, for the chunk rows
-    of up to three levels at once (`_level_row`); a program takes loop steps pid, pid + P, ... of its head (P
-    programs: the grid stays small when most rows are padding), each step a row (`_spread_row`). Heads vary
-    fastest in the grid, so the programs of the first rows, which hold the tokens, are dispatched first.
+    """Per (value head, chunk) everything of the chunk that does not depend on the state, for the real chunk
+    rows of up to three levels at once; a program takes loop steps pid, pid + P, ... of its head (P programs:
+    a capped grid), each step a real row (`_real_row`).
 
     The system A goes through this program's [L, L] float32 scratch `system_ptr`: its lower SUB x SUB
     blocks are read back (tuples indexed b * (b + 1) // 2 + c, block row b >= block column c) so that
@@ -226,75 +211,74 @@ def _chunk_prep_kernel(
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     row, col = i[:, None], i[None, :]
-    for step in range(tl.program_id(1), chunks, tl.num_programs(1)):
-        chunk = _spread_row(step, start1, start2, chunks, tl.num_programs(1))
-        row_ptr, real, _, _ = _chunk_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr, total, L)
-        if real:
-            base = chunk * tl.num_programs(0) + head
-            scratch = system_ptr + base * L * L
-            tok = tl.load(row_ptr + i)
-            ok = tok < total
-            key_head = head // GROUP
+    for step in range(tl.program_id(1), _real_rows(sizes0_ptr, sizes1_ptr, sizes2_ptr), tl.num_programs(1)):
+        chunk, local, level = _real_row(step, sizes0_ptr, sizes1_ptr, start1, start2)
+        row_ptr = _of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
+        base = chunk * tl.num_programs(0) + head
+        scratch = system_ptr + base * L * L
+        tok = tl.load(row_ptr + i)
+        ok = tok < total
+        key_head = head // GROUP
 
-            # gates: cumulative log decay, Gamma, and the per-row factors the scan applies
-            g = tl.load(g_ptr + tok * stride_gt + head * stride_gh, mask=ok, other=0.0).to(tl.float32)
-            beta = tl.load(beta_ptr + tok * stride_bt + head * stride_bh, mask=ok, other=0.0).to(tl.float32)
-            cum = tl.cumsum(g, axis=0)
-            last = tl.sum(tl.where(i == L - 1, cum, 0.0), axis=0)
-            gamma = tl.exp(tl.where(row >= col, cum[:, None] - cum[None, :], float("-inf")))
-            q = tl.load(q_ptr + tok[:, None] * stride_qt + key_head * stride_qh + dk[None, :], mask=ok[:, None], other=0.0)
-            k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :], mask=ok[:, None], other=0.0)
-            # the chunk's raw key rows, contiguous and zero on padding rows, for the scan's update products
-            tl.store(k_rows_ptr + base * L * DK + row * DK + dk[None, :], k)
-            q32 = q.to(tl.float32)
-            k32 = k.to(tl.float32)
-            q_rnorm = tl.math.rsqrt(tl.sum(q32 * q32, axis=1) + eps) * scale
-            k_rnorm = tl.math.rsqrt(tl.sum(k32 * k32, axis=1) + eps)
-            tl.store(q_gate_ptr + base * L + i, q_rnorm * tl.exp(cum))
-            tl.store(k_gate_ptr + base * L + i, k_rnorm * tl.exp(last - cum))
-            tl.store(decay_ptr + base, tl.exp(last))
+        # gates: cumulative log decay, Gamma, and the per-row factors the scan applies
+        g = tl.load(g_ptr + tok * stride_gt + head * stride_gh, mask=ok, other=0.0).to(tl.float32)
+        beta = tl.load(beta_ptr + tok * stride_bt + head * stride_bh, mask=ok, other=0.0).to(tl.float32)
+        cum = tl.cumsum(g, axis=0)
+        last = tl.sum(tl.where(i == L - 1, cum, 0.0), axis=0)
+        gamma = tl.exp(tl.where(row >= col, cum[:, None] - cum[None, :], float("-inf")))
+        q = tl.load(q_ptr + tok[:, None] * stride_qt + key_head * stride_qh + dk[None, :], mask=ok[:, None], other=0.0)
+        k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :], mask=ok[:, None], other=0.0)
+        # the chunk's raw key rows, contiguous and zero on padding rows, for the scan's update products
+        tl.store(k_rows_ptr + base * L * DK + row * DK + dk[None, :], k)
+        q32 = q.to(tl.float32)
+        k32 = k.to(tl.float32)
+        q_rnorm = tl.math.rsqrt(tl.sum(q32 * q32, axis=1) + eps) * scale
+        k_rnorm = tl.math.rsqrt(tl.sum(k32 * k32, axis=1) + eps)
+        tl.store(q_gate_ptr + base * L + i, q_rnorm * tl.exp(cum))
+        tl.store(k_gate_ptr + base * L + i, k_rnorm * tl.exp(last - cum))
+        tl.store(decay_ptr + base, tl.exp(last))
 
-            # causal q-k block (stored) and the system A = strictly-lower(diag(beta) K K^T * Gamma) (to scratch);
-            # the Gram products come from the raw rows (exact for 16-bit inputs) and are normalised afterwards
-            a = q_rnorm[:, None] * k_rnorm[None, :] * tl.dot(q, tl.trans(k), input_precision=PREC) * gamma
-            tl.store(a_ptr + base * L * L + row * L + col, a.to(a_ptr.dtype.element_ty), mask=ok[:, None])
-            system = (beta * k_rnorm)[:, None] * k_rnorm[None, :] * tl.dot(k, tl.trans(k), input_precision=PREC) * gamma
-            if SUB == L:  # T by doubling over the whole chunk, in registers (no scratch)
-                t = _unit_lower_inverse(tl.where(row > col, system, 0.0), L, LOG2_SUB, PREC)
-            else:
-                tl.store(scratch + row * L + col, tl.where(row > col, system, 0.0))
-                tl.debug_barrier()
+        # causal q-k block (stored) and the system A = strictly-lower(diag(beta) K K^T * Gamma) (to scratch);
+        # the Gram products come from the raw rows (exact for 16-bit inputs) and are normalised afterwards
+        a = q_rnorm[:, None] * k_rnorm[None, :] * tl.dot(q, tl.trans(k), input_precision=PREC) * gamma
+        tl.store(a_ptr + base * L * L + row * L + col, a.to(a_ptr.dtype.element_ty), mask=ok[:, None])
+        system = (beta * k_rnorm)[:, None] * k_rnorm[None, :] * tl.dot(k, tl.trans(k), input_precision=PREC) * gamma
+        if SUB == L:  # T by doubling over the whole chunk, in registers (no scratch)
+            t = _unit_lower_inverse(tl.where(row > col, system, 0.0), L, LOG2_SUB, PREC)
+        else:
+            tl.store(scratch + row * L + col, tl.where(row > col, system, 0.0))
+            tl.debug_barrier()
 
-                # T = (I + A)^-1 by block forward substitution: T_bb = (I + A_bb)^-1, T_bc = -T_bb sum_m A_bm T_mc
-                r = tl.arange(0, SUB)
-                blocks = ()
-                for b in tl.static_range(NSUB):
-                    for c in tl.static_range(b + 1):
-                        blocks += (tl.load(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :]),)
-                tl.debug_barrier()
-                inverse = ()
-                for b in tl.static_range(NSUB):
-                    diagonal = _unit_lower_inverse(blocks[b * (b + 1) // 2 + b], SUB, LOG2_SUB, PREC)
-                    for c in tl.static_range(b):
-                        acc = tl.dot(blocks[b * (b + 1) // 2 + c], inverse[c * (c + 1) // 2 + c], input_precision=PREC)
-                        for m in tl.static_range(c + 1, b):
-                            acc += tl.dot(blocks[b * (b + 1) // 2 + m], inverse[m * (m + 1) // 2 + c], input_precision=PREC)
-                        inverse += (-tl.dot(diagonal, acc, input_precision=PREC),)
-                    inverse += (diagonal,)
-                for b in tl.static_range(NSUB):
-                    for c in tl.static_range(b + 1):
-                        tl.store(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :], inverse[b * (b + 1) // 2 + c])
-                tl.debug_barrier()
-                t = tl.load(scratch + row * L + col, mask=row // SUB >= col // SUB, other=0.0)
+            # T = (I + A)^-1 by block forward substitution: T_bb = (I + A_bb)^-1, T_bc = -T_bb sum_m A_bm T_mc
+            r = tl.arange(0, SUB)
+            blocks = ()
+            for b in tl.static_range(NSUB):
+                for c in tl.static_range(b + 1):
+                    blocks += (tl.load(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :]),)
+            tl.debug_barrier()
+            inverse = ()
+            for b in tl.static_range(NSUB):
+                diagonal = _unit_lower_inverse(blocks[b * (b + 1) // 2 + b], SUB, LOG2_SUB, PREC)
+                for c in tl.static_range(b):
+                    acc = tl.dot(blocks[b * (b + 1) // 2 + c], inverse[c * (c + 1) // 2 + c], input_precision=PREC)
+                    for m in tl.static_range(c + 1, b):
+                        acc += tl.dot(blocks[b * (b + 1) // 2 + m], inverse[m * (m + 1) // 2 + c], input_precision=PREC)
+                    inverse += (-tl.dot(diagonal, acc, input_precision=PREC),)
+                inverse += (diagonal,)
+            for b in tl.static_range(NSUB):
+                for c in tl.static_range(b + 1):
+                    tl.store(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :], inverse[b * (b + 1) // 2 + c])
+            tl.debug_barrier()
+            t = tl.load(scratch + row * L + col, mask=row // SUB >= col // SUB, other=0.0)
 
-            # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers);
-            # padding rows are stored as zeros, so the scan reads whole chunks without masks
-            if WY_LOW:  # T rounded to the storage dtype once, for 16-bit products
-                t = t.to(w_ptr.dtype.element_ty)
-            _store_row_scaled_product(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
-                                      u_ptr + base * L * DV, DV, COLS, PREC, WY_LOW)
-            _store_row_scaled_product(t, beta * k_rnorm * tl.exp(cum), k_ptr + tok * stride_kt + key_head * stride_kh,
-                                      ok, w_ptr + base * L * DK, DK, COLS, PREC, WY_LOW)
+        # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers);
+        # padding rows are stored as zeros, so the scan reads whole chunks without masks
+        if WY_LOW:  # T rounded to the storage dtype once, for 16-bit products
+            t = t.to(w_ptr.dtype.element_ty)
+        _store_row_scaled_product(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
+                                  u_ptr + base * L * DV, DV, COLS, PREC, WY_LOW)
+        _store_row_scaled_product(t, beta * k_rnorm * tl.exp(cum), k_ptr + tok * stride_kt + key_head * stride_kh,
+                                  ok, w_ptr + base * L * DK, DK, COLS, PREC, WY_LOW)
 
 
 @triton.jit
@@ -321,13 +305,14 @@ def _scan_step(state, base, store_outputs, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr,
 @triton.jit
 def _state_scan_kernel(
     k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
-    chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr, segments,
+    chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
     stride_sr, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
     L: tl.constexpr, PREC: tl.constexpr,
 ):
     """Per (segment, value head, V split): TILES V tiles of BV columns, one after the other; a program
-    takes segments pid, pid + P, ... (segments are sorted longest first, so the first P run in parallel).
+    takes segments pid, pid + P, ... of the level's real segments (`sizes[1]`; sorted longest first, so the
+    first P run in parallel).
 
     Per tile the [DK, BV] slice of the state lives in registers through all the segment's chunks. Each step
     past the first stores the state at the chunk's start (h) and v_new = U - W S, then moves S to the chunk's
@@ -339,7 +324,7 @@ def _state_scan_kernel(
     head = tl.program_id(1)
     heads = tl.num_programs(1)
     dk = tl.arange(0, DK)
-    for segment in range(tl.program_id(0), segments, tl.num_programs(0)):
+    for segment in range(tl.program_id(0), tl.load(sizes_ptr + 1), tl.num_programs(0)):
         steps = tl.load(chunk_count_ptr + segment)
         final_row = tl.load(final_row_ptr + segment)
         if (steps > 1) | (final_row >= 0):
@@ -361,55 +346,52 @@ def _state_scan_kernel(
 def _chunk_output_kernel(
     q_ptr, a_ptr, q_gate_ptr, w_ptr, u_ptr, v_new_ptr, h_ptr, states_ptr, out_ptr,
     tokens0_ptr, tokens1_ptr, tokens2_ptr, count0_ptr, count1_ptr, count2_ptr, init0_ptr, init1_ptr, init2_ptr,
-    total, start1, start2, chunks, segments0, segments1, segments2,
+    sizes0_ptr, sizes1_ptr, sizes2_ptr, total, start1, start2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_sr, stride_sh, stride_sk,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, L: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """Per (value head, chunk, V tile) o = (q exp(cum)) S_j + (q K^T * Gamma) v_new for the chunk's tokens,
-    for the chunk rows of up to three levels at once (`_level_row`); a program takes loop steps pid,
-    pid + P, ... of its head and V tile, each step a row (`_spread_row`, as in the prep).
+    for the real chunk rows of up to three levels at once; a program takes loop steps pid, pid + P, ... of
+    its head and V tile, each step a real row (`_real_row`, as in the prep).
 
     S_j is the state at the chunk's start and v_new = U - W S_j the chunk's corrected values, both left by
     the scan for a segment's later chunks. A segment's first chunk (row s of its level with s < segments and
     chunk_count[s] > 0: step 0 holds a level's rows 0..) reads S_0 from the segment's init row of the state table,
     which no segment of the level writes, and computes its v_new here, exactly as the scan does (the same
-    products and roundings). All-padding chunks are skipped.
+    products and roundings).
     """
     head = tl.program_id(0)
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     cols = tl.program_id(2) * BV + tl.arange(0, BV)
-    for step in range(tl.program_id(1), chunks, tl.num_programs(1)):
-        chunk = _spread_row(step, start1, start2, chunks, tl.num_programs(1))
-        row_ptr, real, local, level = _chunk_row(chunk, start1, start2, tokens0_ptr, tokens1_ptr, tokens2_ptr, total, L)
-        if real:
-            base = chunk * tl.num_programs(0) + head
-            tok = tl.load(row_ptr + i)
-            ok = tok < total
-            q = tl.load(q_ptr + tok[:, None] * stride_qt + (head // GROUP) * stride_qh + dk[None, :],
-                        mask=ok[:, None], other=0.0)
-            chunk_count_ptr, _, _ = _level_row(chunk, start1, start2, count0_ptr, count1_ptr, count2_ptr)
-            init_row_ptr, _, _ = _level_row(chunk, start1, start2, init0_ptr, init1_ptr, init2_ptr)
-            segments = tl.where(level == 2, segments2, tl.where(level == 1, segments1, segments0))
-            first = tl.load(chunk_count_ptr + local, mask=local < segments, other=0) > 0
-            if first:
-                init_row = tl.load(init_row_ptr + local)
-                h = tl.load(states_ptr + init_row * stride_sr + head * stride_sh + dk[:, None] * stride_sk
-                            + cols[None, :]).to(h_ptr.dtype.element_ty)
-                w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
-                u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
-                v_new = (u.to(tl.float32) - tl.dot(w, h, input_precision=PREC)).to(v_new_ptr.dtype.element_ty)
-            else:
-                h = tl.load(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :])
-                v_new = tl.load(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
-            q_gate = tl.load(q_gate_ptr + base * L + i)
-            a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :],
-                        mask=ok[:, None] & (i[:, None] >= i[None, :]), other=0.0)
-            out = q_gate[:, None] * tl.dot(q.to(h.dtype), h, input_precision=PREC)
-            out += tl.dot(a, v_new, input_precision=PREC)
-            tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+    for step in range(tl.program_id(1), _real_rows(sizes0_ptr, sizes1_ptr, sizes2_ptr), tl.num_programs(1)):
+        chunk, local, level = _real_row(step, sizes0_ptr, sizes1_ptr, start1, start2)
+        row_ptr = _of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
+        base = chunk * tl.num_programs(0) + head
+        tok = tl.load(row_ptr + i)
+        ok = tok < total
+        q = tl.load(q_ptr + tok[:, None] * stride_qt + (head // GROUP) * stride_qh + dk[None, :],
+                    mask=ok[:, None], other=0.0)
+        segments = tl.load(_of_level(level, sizes0_ptr, sizes1_ptr, sizes2_ptr) + 1)
+        first = tl.load(_of_level(level, count0_ptr, count1_ptr, count2_ptr) + local, mask=local < segments, other=0) > 0
+        if first:
+            init_row = tl.load(_of_level(level, init0_ptr, init1_ptr, init2_ptr) + local)
+            h = tl.load(states_ptr + init_row * stride_sr + head * stride_sh + dk[:, None] * stride_sk
+                        + cols[None, :]).to(h_ptr.dtype.element_ty)
+            w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
+            u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
+            v_new = (u.to(tl.float32) - tl.dot(w, h, input_precision=PREC)).to(v_new_ptr.dtype.element_ty)
+        else:
+            h = tl.load(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :])
+            v_new = tl.load(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
+        q_gate = tl.load(q_gate_ptr + base * L + i)
+        a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :],
+                    mask=ok[:, None] & (i[:, None] >= i[None, :]), other=0.0)
+        out = q_gate[:, None] * tl.dot(q.to(h.dtype), h, input_precision=PREC)
+        out += tl.dot(a, v_new, input_precision=PREC)
+        tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
 PROGRAMS_PER_SM = 4  # the default cap of a launch's programs, per multiprocessor
@@ -431,7 +413,7 @@ def _level_groups(levels: list[DeltaLevel]) -> list[list[DeltaLevel]]:
     for first in range(0, len(levels), LEVELS_PER_LAUNCH):
         group = levels[first : first + LEVELS_PER_LAUNCH]
         empty = DeltaLevel(group[0].chunk_tokens[:0], [], group[0].init_row[:0], group[0].final_row[:0],
-                           group[0].chunk_count[:0], group[0].step_start[:0])
+                           group[0].chunk_count[:0], group[0].step_start[:0], torch.zeros_like(group[0].sizes))
         groups.append(group + [empty] * (LEVELS_PER_LAUNCH - len(group)))
     return groups
 
@@ -476,10 +458,9 @@ def gated_delta_triton(
     to float32 (0.0256) was worse than transformers' bf16 (0.0245) (fidelity at 0f00d29), so it is off.
     `chunk_programs` and `scan_programs` cap the programs of each launch of the chunk kernels and of the scan
     (default: PROGRAMS_PER_SM per multiprocessor; at least one per head and V split or tile): programs loop
-    over the rows and segments past the cap. A captured graph's tables are mostly padding, and every program
-    launched costs time even when it finds only padding: with caps per head (128 chunk rows, 64 segments),
-    a lone 2,000-token ask padded as the engine replays it took 1.36x the unpadded GDN time on the H200
-    (bench_gdn at e139c25).
+    over the real rows and segments past the cap. Padding rows are not visited at all: when programs
+    stepped over them (one dependent load each), a lone 2,000-token ask padded as the engine replays it
+    took 1.35x the unpadded GDN time on the H200, whatever the caps (bench_gdn at e139c25 and fd37cde).
     On CUDA the V tiles must be at least 32 columns: compiled for the H200 with 16-column tiles, the scan
     returned non-finite values (benchmarks/results, check-gdn-bf16); the interpreter is not affected.
     """
@@ -512,10 +493,11 @@ def gated_delta_triton(
     chunk = GDN_CHUNK
     group = v_heads // k_heads
     for levels in _level_groups(plan.levels):
-        sizes = [level.chunk_tokens.shape[0] for level in levels]
-        segments = [level.init_row.shape[0] for level in levels]
-        start1, start2 = sizes[0], sizes[0] + sizes[1]
-        chunks = sum(sizes)  # the three levels' chunk rows, stacked
+        table_rows = [level.chunk_tokens.shape[0] for level in levels]  # real rows first, then any padding
+        table_segments = [level.init_row.shape[0] for level in levels]
+        start1, start2 = table_rows[0], table_rows[0] + table_rows[1]
+        chunks = sum(table_rows)  # the three levels' chunk rows, stacked
+        sizes = [level.sizes for level in levels]
         if chunks == 0:
             continue
         w = torch.empty(chunks, v_heads, chunk, dk, dtype=store, device=q.device)
@@ -528,9 +510,9 @@ def gated_delta_triton(
         system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
         tokens = [level.chunk_tokens for level in levels]
         _chunk_prep_kernel[(v_heads, min(chunks, max(1, chunk_programs // v_heads)))](
-            q, k, v, g, beta, *tokens,
+            q, k, v, g, beta, *tokens, *sizes,
             w, u, a, k_rows, q_gate, k_gate, decay, system,
-            total, start1, start2, chunks, dk**-0.5, L2_EPS,
+            total, start1, start2, dk**-0.5, L2_EPS,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
@@ -540,19 +522,19 @@ def gated_delta_triton(
         # v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
         h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
         v_new = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
-        for level, first, size, count in zip(levels, (0, start1, start2), sizes, segments):
+        for level, first, size, count in zip(levels, (0, start1, start2), table_rows, table_segments):
             rows = slice(first, first + size)
             _state_scan_kernel[(min(count, max(1, scan_programs // (v_heads * split))), v_heads, split)](
                 k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
-                level.chunk_count, level.step_start, level.init_row, level.final_row, count,
+                level.chunk_count, level.step_start, level.init_row, level.final_row, level.sizes,
                 states.stride(0), states.stride(1), states.stride(2),
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
                 num_warps=scan_warps, num_stages=scan_stages,
             )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
             q, a, q_gate, w, u, v_new, h, states, out, *tokens,
-            *(level.chunk_count for level in levels), *(level.init_row for level in levels),
-            total, start1, start2, chunks, *segments,
+            *(level.chunk_count for level in levels), *(level.init_row for level in levels), *sizes,
+            total, start1, start2,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
             GROUP=group, DK=dk, DV=dv, BV=obv, L=chunk, PREC=prec, num_warps=out_warps,
         )

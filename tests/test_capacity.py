@@ -153,6 +153,7 @@ def test_every_field_matches_the_slow_layout(seed):
         assert level_segments(level) == expected
         assert all(a >= b for a, b in zip(level.active, level.active[1:]))
         assert len(level.chunk_tokens) == sum(level.active) == int(level.chunk_count.sum())
+        assert level.sizes.tolist() == [len(level.chunk_tokens), len(level.init_row)]
 
 
 def test_bucket_choice_and_padding_bound():
@@ -198,6 +199,7 @@ def test_padding_only_at_the_tail_and_padded_rounds_fit():
         chunks = len(original.chunk_tokens)
         assert (level.chunk_tokens[chunks:] == total).all() and (level.chunk_count[len(original.init_row):] == 0).all()
         assert (level.final_row[len(original.init_row):] == DISCARD_ROW).all()
+        assert level.sizes.tolist() == [chunks, len(original.init_row)], "sizes count the real rows only"
         kept = original.chunk_tokens
         assert np.array_equal(level.chunk_tokens[:chunks], np.where(kept == real, total, kept))
 
