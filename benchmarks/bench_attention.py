@@ -30,7 +30,8 @@ ROUNDS = {
     "b_32_requests": [(350, 0, [20] * 4)] * 32,
     "c_resumed_8000_cached": [(500, 8000, [20] * 4)],
 }
-TUNINGS = [  # knobs of fork_attention_triton; the first is the engine's default
+TUNINGS = [  # knobs of fork_attention_triton; the first is the engine's default (since fd37cde's timings)
+    {"block_rows": 64, "heads_per_program": 4, "num_warps": 4, "block_keys": 32},
     {"block_rows": 128, "heads_per_program": 1, "num_warps": 8},
     {"block_rows": 128, "heads_per_program": 4, "num_warps": 8},
     {"block_rows": 128, "heads_per_program": 2, "num_warps": 8},
@@ -46,11 +47,11 @@ TUNINGS = [  # knobs of fork_attention_triton; the first is the engine's default
     # the group's 4 query heads x 32 tokens: K/V loaded once per group, and a trunk tile's masked diagonal is
     # one 32-key block (a quarter of the wasted triangle of 128-token tiles)
     {"block_rows": 128, "heads_per_program": 4, "num_warps": 8, "block_keys": 32},
-    {"block_rows": 64, "heads_per_program": 4, "num_warps": 4, "block_keys": 32},
 ]
-# On sm_90 (Triton 3.6, D = 256, 2 stages unless named) every tiling takes 255 registers; the default spills
-# 144 B in 192 KB of shared memory (one program per SM; 3 stages would need 256 KB), 64 rows at 8 warps spill
-# nothing; the 32-key tilings are kernel_resources.py variants, summarised in benchmarks/README.md.
+# On sm_90 (Triton 3.6, D = 256, 2 stages unless named) every tiling takes 255 registers; 128 rows x 64 keys
+# (the default before) spills 144 B in 192 KB of shared memory (one program per SM; 3 stages would need
+# 256 KB), 64 rows at 8 warps spill nothing; the 32-key tilings, the default among them, are
+# kernel_resources.py variants, summarised in benchmarks/README.md.
 
 
 def tuning_name(knobs: dict) -> str:

@@ -163,15 +163,20 @@ VARIANTS = {
     "bf16 engine": (torch.bfloat16, kernel_ops),
     "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
     "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32)),
-    "bf16, attention 32-key blocks": (torch.bfloat16, _with("fork_attention", block_keys=32)),
-    "bf16, attention 32-key blocks, 3 stages": (torch.bfloat16, _with("fork_attention", block_keys=32, num_stages=3)),
-    "bf16, attention 64 rows, 32-key blocks": (torch.bfloat16, _with("fork_attention", block_rows=64, num_warps=4,
-                                                                     block_keys=32)),
-    "bf16, attention 1 stage": (torch.bfloat16, _with("fork_attention", num_stages=1)),
-    "bf16, attention 4 heads x 32 tokens, 32-key blocks": (torch.bfloat16, _with(
-        "fork_attention", heads_per_program=4, block_keys=32)),
-    "bf16, attention 4 heads x 16 tokens, 32-key blocks, 4 warps": (torch.bfloat16, _with(
-        "fork_attention", block_rows=64, num_warps=4, heads_per_program=4, block_keys=32)),
+    # ForkAttention tilings besides the default (64 rows = 4 heads x 16 tokens, 32-key blocks, 4 warps), each
+    # given in full: rows, heads per program, keys per block, warps (and stages where not 2)
+    "bf16, attention 128 rows x 1 head, 64 keys, 8 warps (default before fd37cde)": (torch.bfloat16, _with(
+        "fork_attention", block_rows=128, heads_per_program=1, block_keys=64, num_warps=8)),
+    "bf16, attention 128 rows x 1 head, 32 keys, 8 warps": (torch.bfloat16, _with(
+        "fork_attention", block_rows=128, heads_per_program=1, block_keys=32, num_warps=8)),
+    "bf16, attention 128 rows x 1 head, 32 keys, 8 warps, 3 stages": (torch.bfloat16, _with(
+        "fork_attention", block_rows=128, heads_per_program=1, block_keys=32, num_warps=8, num_stages=3)),
+    "bf16, attention 64 rows x 1 head, 32 keys, 4 warps": (torch.bfloat16, _with(
+        "fork_attention", block_rows=64, heads_per_program=1, block_keys=32, num_warps=4)),
+    "bf16, attention 128 rows x 1 head, 64 keys, 8 warps, 1 stage": (torch.bfloat16, _with(
+        "fork_attention", block_rows=128, heads_per_program=1, block_keys=64, num_warps=8, num_stages=1)),
+    "bf16, attention 4 heads x 32 tokens, 32 keys, 8 warps": (torch.bfloat16, _with(
+        "fork_attention", block_rows=128, heads_per_program=4, block_keys=32, num_warps=8)),
     "float32 engine": (torch.float32, kernel_ops),
 }
 

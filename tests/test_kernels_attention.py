@@ -52,6 +52,19 @@ def test_triton_matches_reference_on_every_row(seed, heads, kv_heads, dim):
         assert relative_error(got, expected) <= 1e-5
 
 
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (12, 2)], ids=["group-4", "group-6"])
+def test_16_bit_default_tiling_stays_within_its_rounding(heads, kv_heads):
+    """The 16-bit default: 64 rows of the group's heads (4, or the largest power-of-two divisor of the group
+    up to 4: 2 for a group of 6) x their tokens, 32-key blocks. float16 (the interpreter cannot run bfloat16
+    through tl.dot)."""
+    rnd, q, k, v, k_cache, v_cache = round_with_history(6, heads, kv_heads, 32)
+    expected = fork_attention_reference(q, k, v, rnd.attention, None, k_cache, v_cache)
+    half = [x.half() for x in (q, k, v, k_cache, v_cache)]
+    got = fork_attention_triton(half[0], half[1], half[2], rnd.attention, None, half[3], half[4])
+    assert got.dtype == torch.float16
+    assert relative_error(got, expected) <= 2e-3
+
+
 @pytest.mark.parametrize("block_keys", [16, 32])
 def test_triton_takes_keys_in_blocks_smaller_than_a_page(block_keys):
     """Key blocks of part of a page: history blocks at offsets inside their page, stream blocks as usual."""
@@ -62,10 +75,13 @@ def test_triton_takes_keys_in_blocks_smaller_than_a_page(block_keys):
     assert relative_error(got, expected) <= 1e-5
 
 
-def test_triton_refuses_key_blocks_that_cross_pages():
+def test_triton_refuses_key_blocks_that_cross_pages_and_head_counts_that_do_not_tile():
     rnd, q, k, v, k_cache, v_cache = round_with_history(5, 4, 2, 16)
     with pytest.raises(ValueError, match="block_keys"):
         fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, block_keys=48)
+    rnd, q, k, v, k_cache, v_cache = round_with_history(5, 6, 2, 16)
+    with pytest.raises(ValueError, match="heads_per_program"):
+        fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, heads_per_program=3)
 
 
 def test_triton_matches_reference_on_readout_rows():
