@@ -56,7 +56,7 @@ STAT_KEYS = (
     "max_mutable_tail_tokens", "round_seconds", "submit_seconds", "queue_seconds", "select_seconds",
     "plan_seconds", "spec_seconds", "launch_seconds", "buffer_wait_seconds", "pad_seconds", "copy_issue_seconds",
     "replay_call_seconds", "staging_seconds", "replay_seconds", "readback_seconds", "finish_seconds", "graphs_captured",
-    "capture_seconds", "graph_memory_bytes",
+    "capture_seconds", "graph_memory_bytes", "submit_cpu_seconds", "plan_cpu_seconds", "launch_cpu_seconds",
 )
 
 
@@ -249,13 +249,14 @@ class Engine:
         """Validate questions against a trunk and build the queued form of the ask (raises on bad input)."""
         if self._loop.closed:
             raise EngineClosedError("the engine is closed")
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         parsed = parse_questions(questions)
         rendered = self.renderer.render_questions(parsed)
         self.renderer.check_length(len(trunk), rendered)
         payload = AskPayload(trunk, parsed, rendered)
         with self._stats_lock:
             self._stats["submit_seconds"] += time.perf_counter() - started
+            self._stats["submit_cpu_seconds"] += time.thread_time() - cpu_started
         return PendingAsk(payload, trunk.fresh + payload.branch_tokens)
 
     async def submit(self, ask: PendingAsk, queue_timeout: float | None = None) -> SystemOneResponse:
@@ -281,10 +282,11 @@ class Engine:
 
     def _prepare_state(self, state: Any, questions: Any) -> PendingAsk:
         """`prepare` for a one-off state; tokenizing the state counts in submit_seconds too."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         trunk = self.renderer.trunk(state)
         with self._stats_lock:
             self._stats["submit_seconds"] += time.perf_counter() - started
+            self._stats["submit_cpu_seconds"] += time.thread_time() - cpu_started
         return self.prepare(trunk, questions)
 
     def submit_sync(
@@ -379,7 +381,7 @@ class Engine:
     def _launch(self, batch: list[PendingAsk]) -> InFlight | None:
         """Plan a round, start it on the device, and publish its checkpoints (device work is stream-ordered,
         so a later round reading them runs after this one wrote them). None if it failed (asks resolved)."""
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         groups: list[list[PendingAsk]] = []
         by_trunk: dict[tuple[int, int, int], list[list[PendingAsk]]] = {}
         for ask in batch:
@@ -401,7 +403,7 @@ class Engine:
                         saves.append(save)
                 specified = time.perf_counter()
                 host = plan_round(specs, self.model.config.conv_kernel, self.pool.state_rows, self.pool.kv_sink)
-                planned = time.perf_counter()
+                planned, cpu_planned = time.perf_counter(), time.thread_time()
                 self.pool.copy_pages([copy for save in saves for copy in save.page_copies])
                 launch = None if self._graphs is None else self._graphs.launch(host)
                 result = launch if launch is not None else self._run_eager(host)
@@ -415,12 +417,14 @@ class Engine:
             self._unpin(batch)
             for save in saves:
                 self.pool.commit(save)
-        launched = time.perf_counter()
+        launched, cpu_launched = time.perf_counter(), time.thread_time()
         with self._stats_lock:
             self._stats["queue_seconds"] += sum(started - ask.queued_at for ask in batch)
             self._stats["plan_seconds"] += planned - started
             self._stats["spec_seconds"] += specified - started
             self._stats["launch_seconds"] += launched - planned
+            self._stats["plan_cpu_seconds"] += cpu_planned - cpu_started
+            self._stats["launch_cpu_seconds"] += cpu_launched - cpu_planned
             if launch is not None:
                 for key, seconds in launch.host_seconds.items():
                     self._stats[key] += seconds

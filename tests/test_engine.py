@@ -138,6 +138,8 @@ def test_render_and_stats(engine):
     stats = engine.stats()
     assert stats["rounds"] == 1 and stats["asks"] == 1 and stats["questions"] == 2
     assert stats["tokens_computed"] == rendered.state_ids.size + sum(q.ids.size for q in rendered.questions.values())
+    for stage in ("submit", "plan", "launch"):  # the thread's CPU time in a stage is within its wall time
+        assert 0 < stats[f"{stage}_cpu_seconds"] <= stats[f"{stage}_seconds"] + 1e-4, stage
     assert 0 < stats["spec_seconds"] <= stats["plan_seconds"]  # the checkpoint reservation is part of planning
     assert stats["pad_seconds"] == stats["replay_call_seconds"] == 0  # no graphs on CPU: nothing staged
 
