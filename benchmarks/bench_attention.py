@@ -18,18 +18,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import cuda_time_ms, release_config, run_metadata, write_result
+from benchmarks.common import KERNEL_ROUNDS, cuda_time_ms, release_config, round_requests, run_metadata, write_result
 from flide_sdk.kernels.fork_attention import (
     fork_attention_reference,
     fork_attention_triton,
 )
-from flide_sdk.layout import PAGE, RequestSpec, Resume, plan_round
+from flide_sdk.layout import PAGE, plan_round
 
-ROUNDS = {
-    "a_one_trunk_64_branches": [(2000, 0, [20] * 64)],
-    "b_32_requests": [(350, 0, [20] * 4)] * 32,
-    "c_resumed_8000_cached": [(500, 8000, [20] * 4)],
-}
+ROUNDS = KERNEL_ROUNDS
 TUNINGS = [  # knobs of fork_attention_triton; the first is the engine's default (since fd37cde's timings)
     {"block_rows": 64, "heads_per_program": 4, "num_warps": 4, "block_keys": 32},
     {"block_rows": 128, "heads_per_program": 1, "num_warps": 8},
@@ -64,16 +60,7 @@ def tuning_name(knobs: dict) -> str:
 
 
 def build_round(spec, heads: int, kv_heads: int, dim: int, device: str = "cuda"):
-    rng = np.random.default_rng(0)
-    requests, pages_used = [], 0
-    for trunk, cached, branches in spec:
-        resume = None
-        if cached:
-            count = -(-cached // PAGE)
-            resume = Resume(0, np.arange(pages_used, pages_used + count))
-            pages_used += count
-        requests.append(RequestSpec.of(rng.integers(0, 100, trunk), [rng.integers(0, 100, b) for b in branches],
-                                    [np.array([1])] * len(branches), start=cached, resume=resume))
+    requests, pages_used = round_requests(spec)
     host = plan_round(requests, 4)
     rnd = host.to(device)
     total = host.num_tokens

@@ -8,6 +8,9 @@ branches of 40, and 64 requests of a 350-token trunk + 4 branches of 20 (short_p
 Inputs are random bf16 [T, C] with the release's conv channels (2 Hk Dk + Hv Dv). Per tuning (tokens and
 channels per program, warps): the median time of a CUDA-graph replay and the effective bandwidth of one
 read and one write of x, next to the H200's 4.8 TB/s; the output must equal the default tuning's.
+Errors (the kernel rounds of issue 4, `KERNEL_ROUNDS`: (a), (b) and (c), whose trunk resumes after 8,000
+cached tokens and so reads its checkpoint's window): the relative error of the bf16 kernel (float32 sums,
+bf16 output) against `indexed_conv_reference` in float32 on the same bf16 inputs, weights and windows.
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import functools
 import numpy as np
 import torch
 
-from benchmarks.common import cuda_time_ms, release_config, run_metadata, write_result
-from flide_sdk.kernels.short_conv import indexed_conv_triton, save_windows_triton
+from benchmarks.common import KERNEL_ROUNDS, cuda_time_ms, release_config, round_requests, run_metadata, write_result
+from flide_sdk.kernels.short_conv import indexed_conv_reference, indexed_conv_triton, save_windows_triton
 from flide_sdk.layout import RequestSpec, Save, plan_round
 
 ROUNDS = {
@@ -40,6 +43,27 @@ def graph_time(fn) -> dict[str, float]:
     with torch.cuda.graph(graph):
         fn()
     return cuda_time_ms(graph.replay, warmup=5, repeat=100)
+
+
+def errors(channels: int, kernel: int) -> dict[str, dict]:
+    """Relative error of the bf16 kernel against the float32 reference on each kernel round."""
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=DEVICE).bfloat16()
+
+    found = {}
+    for name, spec in KERNEL_ROUNDS.items():
+        requests, _ = round_requests(spec)
+        rnd = plan_round(requests, kernel).to(DEVICE)
+        x, weight = randn(rnd.ids.shape[0], channels), randn(channels, kernel)
+        arena = randn(len(spec), kernel - 1, channels)  # request i's checkpoint window in slot i
+        slots = rnd.checkpoint.resume_slots
+        ours = indexed_conv_triton(x, arena, slots, weight, rnd.conv_src).float()
+        reference = indexed_conv_reference(x.float(), arena.float(), slots, weight.float(), rnd.conv_src)
+        found[name] = {"tokens": int(x.shape[0]), "resumed_windows": int(slots.numel()),
+                       "relative_error_bf16_vs_fp32": float((ours - reference).norm() / reference.norm())}
+    return found
 
 
 def main() -> None:
@@ -80,7 +104,7 @@ def main() -> None:
     write_result(f"conv-{args.model_size}", {
         "benchmark": "indexed_conv", "model_size": args.model_size,
         **run_metadata(f"python benchmarks/bench_conv.py --model-size {args.model_size}"),
-        "rounds": results,
+        "rounds": results, "errors": errors(channels, kernel),
     })
 
 

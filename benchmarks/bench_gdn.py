@@ -3,7 +3,9 @@
     PYTHONPATH=$PWD python benchmarks/bench_gdn.py --model-size 0.8B
 
 Rounds (issue 4): (a) one 2,000-token trunk + 64 branches of 20 tokens; (b) 32 requests of a 350-token
-trunk + 4 branches of 20. Inputs are random bf16 q, k, v with the release's GDN shapes, g = -softplus(x - 2)
+trunk + 4 branches of 20; (c) a trunk of 500 new tokens resuming after 8,000 cached ones, from the state the
+float32 reference leaves after a random 8,000-token prefix, + 4 branches of 20 (no fla baseline: errors and
+our time only); and a lone 2,000-token trunk + 1 branch (questions_per_state at Q = 1). Inputs are random bf16 q, k, v with the release's GDN shapes, g = -softplus(x - 2)
 and beta = sigmoid(x) in float32. Reported per round:
 - error: relative error (||delta|| / ||ref||) of our bf16 outputs and of the state rows the round writes,
   against `gated_delta_reference` in float32 on the same (bf16-rounded) inputs, with the default knobs and
@@ -32,16 +34,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import cuda_time_ms, release_config, run_metadata, write_result
+from benchmarks.common import KERNEL_ROUNDS, cuda_time_ms, release_config, round_requests, run_metadata, write_result
 from flide_sdk.capacity import capacity_ladder, choose, pad_round
 from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
-from flide_sdk.layout import RequestSpec, plan_round
+from flide_sdk.layout import RequestSpec, Save, StateRows, plan_round
 
-ROUNDS = {
-    "q1_one_trunk_1_branch": [(2000, [20])],
-    "a_one_trunk_64_branches": [(2000, [20] * 64)],
-    "b_32_requests": [(350, [20] * 4)] * 32,
-}
+ROUNDS = {"q1_one_trunk_1_branch": [(2000, [20], 0)], **KERNEL_ROUNDS}  # q1: questions_per_state at Q = 1
 KNOB_CHOICES = {  # first value = the kernel's default
     "sub_block": [16, 32, 64],
     "prep_warps": [4, 8],
@@ -58,30 +56,47 @@ REPEAT = 100
 DEVICE = "cuda"
 
 
-def build_round(spec, k_heads: int, v_heads: int, dk: int, dv: int):
-    """The round on the device, random inputs, fla's cu_seqlens (one sequence per segment, stream order),
-    the stream rows of the trunks and the sequence index of each trunk."""
-    rng = np.random.default_rng(0)
-    requests = [RequestSpec.of(rng.integers(0, 100, trunk), [rng.integers(0, 100, b) for b in branches],
-                            [np.array([1])] * len(branches)) for trunk, branches in spec]
-    host = plan_round(requests, CONV_KERNEL)
-    rnd = host.to(DEVICE)
-    total = host.num_tokens
-    gen = torch.Generator(device=DEVICE).manual_seed(0)
+def random_inputs(total: int, k_heads: int, v_heads: int, dk: int, dv: int, seed: int = 0) -> dict:
+    """bf16 q, k, v and float32 g = -softplus(x - 2), beta = sigmoid(x) for `total` tokens."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen, device=DEVICE)
 
-    inputs = {
+    return {
         "q": randn(total, k_heads, dk).bfloat16(), "k": randn(total, k_heads, dk).bfloat16(),
         "v": randn(total, v_heads, dv).bfloat16(),
         "g": -F.softplus(randn(total, v_heads) - 2.0), "beta": torch.sigmoid(randn(total, v_heads)),
     }
-    lengths = [n for trunk, branches in spec for n in (trunk, *branches)]
+
+
+def build_round(spec, k_heads: int, v_heads: int, dk: int, dv: int):
+    """The round on the device, random inputs, fla's cu_seqlens (one sequence per segment, stream order),
+    the stream rows of the trunks and the sequence index of each trunk."""
+    host = plan_round(round_requests(spec)[0], CONV_KERNEL)
+    rnd = host.to(DEVICE)
+    inputs = random_inputs(host.num_tokens, k_heads, v_heads, dk, dv)
+    lengths = [n for trunk, branches, _ in spec for n in (trunk, *branches)]
     cu_seqlens = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.long, device=DEVICE)
     trunk_rows = torch.from_numpy(np.flatnonzero(host.seg_lo == host.key_lo)).to(DEVICE)
-    trunk_sequences = np.cumsum([0] + [1 + len(branches) for _, branches in spec])[:-1]
+    trunk_sequences = np.cumsum([0] + [1 + len(branches) for _, branches, _ in spec])[:-1]
     return host, rnd, inputs, cu_seqlens, trunk_rows, torch.from_numpy(trunk_sequences).to(DEVICE)
+
+
+def write_resumed_states(spec, states: torch.Tensor, k_heads: int, v_heads: int, dk: int, dv: int) -> None:
+    """Into `states`, the state each resumed trunk of the round resumes from: the float32 reference over a
+    random prefix as long as its cached tokens, saved into its slot's row (the round's state rows)."""
+    requests = round_requests(spec)[0]
+    rows = StateRows.compact(requests)
+    for request in requests:
+        if request.resume is None:
+            continue
+        cached = request.start
+        prefix = RequestSpec.of(np.zeros(cached, np.int64), [np.zeros(1, np.int64)], [np.array([1])],
+                                save=Save(cached, request.resume.slot, np.arange(cached)))
+        plan = plan_round([prefix], CONV_KERNEL, rows).to(DEVICE).delta
+        x = random_inputs(cached + 1, k_heads, v_heads, dk, dv, seed=1 + request.resume.slot)
+        gated_delta_reference(x["q"].float(), x["k"].float(), x["v"].float(), x["g"], x["beta"], plan, states)
 
 
 def padded_run(host, inputs: dict, states: torch.Tensor, max_prompt_tokens: int) -> tuple[int, Callable] | None:
@@ -180,6 +195,7 @@ def main() -> None:
         host, rnd, x, cu_seqlens, trunk_rows, trunk_sequences = build_round(spec, k_heads, v_heads, dk, dv)
         plan = rnd.delta
         states = torch.zeros(plan.num_rows, v_heads, dk, dv, device=DEVICE)
+        write_resumed_states(spec, states, k_heads, v_heads, dk, dv)
         reference_states = states.clone()
         reference = gated_delta_reference(x["q"].float(), x["k"].float(), x["v"].float(), x["g"], x["beta"], plan,
                                           reference_states)
@@ -223,7 +239,10 @@ def main() -> None:
             entry.setdefault("variants", {})[json.dumps(knobs)] = variant
         # ratios compare CUDA-graph replays when both capture, else eager runs
         mode = "graph" if "median_ms" in entry["ours"]["graph"] else "eager"
-        run_fla, fla_missing = fla_baseline(x, v_heads // k_heads, cu_seqlens)
+        if any(cached for _, _, cached in spec):
+            run_fla, fla_missing = None, "a resumed trunk: fla is timed on the rounds that start from zero states"
+        else:
+            run_fla, fla_missing = fla_baseline(x, v_heads // k_heads, cu_seqlens)
         if run_fla is None:
             entry["fla"] = {"error": fla_missing}
         else:

@@ -62,6 +62,34 @@ def build_random_checkpoint(model_size: str, target: Path, seed: int = 0) -> Pat
     return target
 
 
+# The kernel benchmarks' rounds (issue 4), requests as (trunk tokens, branch tokens, cached tokens the trunk
+# resumes after): (a) one 2,000-token trunk + 64 branches of 20; (b) 32 requests of 350 + 4 x 20; (c) 500 new
+# trunk tokens after 8,000 cached + 4 x 20.
+KERNEL_ROUNDS = {
+    "a_one_trunk_64_branches": [(2000, [20] * 64, 0)],
+    "b_32_requests": [(350, [20] * 4, 0)] * 32,
+    "c_resumed_8000_cached": [(500, [20] * 4, 8000)],
+}
+
+
+def round_requests(spec: list[tuple[int, list[int], int]]) -> tuple[list, int]:
+    """The requests of a kernel benchmark round (random ids, one label each) and the KV pages they resume
+    over: request i, if it has cached tokens, resumes from pool slot i and pages of its own, numbered from 0."""
+    from flide_sdk.layout import PAGE, RequestSpec, Resume
+
+    rng = np.random.default_rng(0)
+    requests, pages = [], 0
+    for slot, (trunk, branches, cached) in enumerate(spec):
+        resume = None
+        if cached:
+            count = -(-cached // PAGE)
+            resume = Resume(slot, np.arange(pages, pages + count))
+            pages += count
+        requests.append(RequestSpec.of(rng.integers(0, 100, trunk), [rng.integers(0, 100, b) for b in branches],
+                                       [np.array([1])] * len(branches), start=cached, resume=resume))
+    return requests, pages
+
+
 def run_metadata(command: str) -> dict[str, Any]:
     """Commit, date, GPU, versions: what a committed result must say about where it came from."""
     commit = os.environ.get("FLIDE_COMMIT", "")
