@@ -408,13 +408,15 @@ LEVELS_PER_LAUNCH = 3  # a round's levels (layout.plan_round): one prep and one 
 
 def _level_groups(levels: list[DeltaLevel]) -> list[list[DeltaLevel]]:
     """The levels in groups of LEVELS_PER_LAUNCH, the last group completed with empty levels (no chunk
-    rows, no segments)."""
+    rows, no segments; made only when needed: their zero sizes are a device fill, a graph node of its own)."""
     groups = []
     for first in range(0, len(levels), LEVELS_PER_LAUNCH):
         group = levels[first : first + LEVELS_PER_LAUNCH]
-        empty = DeltaLevel(group[0].chunk_tokens[:0], [], group[0].init_row[:0], group[0].final_row[:0],
-                           group[0].chunk_count[:0], group[0].step_start[:0], torch.zeros_like(group[0].sizes))
-        groups.append(group + [empty] * (LEVELS_PER_LAUNCH - len(group)))
+        if len(group) < LEVELS_PER_LAUNCH:
+            empty = DeltaLevel(group[0].chunk_tokens[:0], [], group[0].init_row[:0], group[0].final_row[:0],
+                               group[0].chunk_count[:0], group[0].step_start[:0], torch.zeros_like(group[0].sizes))
+            group = group + [empty] * (LEVELS_PER_LAUNCH - len(group))
+        groups.append(group)
     return groups
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
+from flide_sdk.kernels.gated_delta import _level_groups, gated_delta_reference, gated_delta_triton
 from flide_sdk.layout import (
     GDN_CHUNK,
     DeltaLevel,
@@ -137,9 +137,12 @@ def test_capped_grids_loop_over_every_row(programs):
 
 
 def test_plans_of_other_level_counts_run_in_groups_of_three():
-    """One prep and one output launch serve three levels; a plan of one level, or of four, runs the same."""
+    """One prep and one output launch serve three levels; a plan of one level, or of four, runs the same.
+    A round's three levels are one group as they are (no empty levels made: a device fill each)."""
     host = plan_round(make_requests(7, [(130, 0, 100), (65, 0, None)], max_branches=3), 4)
     plan = host.to("cpu").delta
+    (group,) = _level_groups(plan.levels)
+    assert all(got is level for got, level in zip(group, plan.levels, strict=True))
     four = DeltaPlan([*plan.levels, plan.levels[1]], plan.num_rows)  # level 1 again: its segments run twice
     check_against_reference(four, host.num_tokens, 7, 1, 16, 16)
     q, k, v, g, beta, states = random_inputs(7, host.num_tokens, plan.num_rows, 1, 16, 16)
