@@ -60,7 +60,20 @@ def kernel_table(engine: fl.Engine, label: str, state: str, questions: dict) -> 
     rows.sort(key=lambda row: -row["ms"])
     return {"round": label, "questions": len(questions), "tokens": host.num_real, "capacity_tokens": capacity.tokens,
             "device_ms_total": sum(row["ms"] for row in rows), "launches": sum(row["calls"] for row in rows),
-            "kernels": rows[:30]}
+            "kernels": rows[:30], "first_launches": launch_order(prof, FIRST_LAUNCHES)}
+
+
+FIRST_LAUNCHES = 80  # about the first three layers: where each small kernel and memset of a replay comes from
+
+
+def launch_order(prof, count: int) -> list[str] | str:
+    """The names of the first `count` device kernels and memsets of the profiled forward, in start order."""
+    try:
+        device = [event for event in prof.events() if getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        device.sort(key=lambda event: event.time_range.start)
+        return [event.name[:60] for event in device[:count]]
+    except Exception as failure:  # noqa: BLE001 - the order is a diagnostic; the table above stands without it
+        return f"{type(failure).__name__}: {failure}"
 
 
 def main() -> None:
