@@ -19,11 +19,12 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-attention gdn fidelity}
 # GDN knob settings timed (with their errors, unpadded and padded as the engine replays them) next to the
-# default by the gdn-options step: the scan's pipeline depth and warps and a wider V tile, untimed with bf16
+# default by the gdn-options step: the scan's pipeline depth and warps, a wider V tile and the chunk row
+# loaded a step ahead (scan_carry_index: a step's tile addresses no longer wait on a load), untimed with bf16
 # storage since the sweeps of 01c9a99 crashed (the scan is the lone round's largest GDN kernel, 1.32 of 2.62
 # ms at 2aee371), and the bf16 WY products (faster, off for fidelity). A non-empty list: with none, the step
 # would write the gdn file.
-GDN_OPTIONS=${GDN_OPTIONS:-'[{"scan_stages": 3}, {"scan_stages": 1}, {"scan_warps": 8}, {"block_v": 64}, {"wy_low_precision": true}]'}
+GDN_OPTIONS=${GDN_OPTIONS:-'[{"scan_stages": 3}, {"scan_stages": 1}, {"scan_warps": 8}, {"block_v": 64}, {"scan_carry_index": true}, {"scan_carry_index": true, "scan_stages": 3}, {"wy_low_precision": true}]'}
 sizes=${SIZES:-0.8B 4B}  # model sizes of the per-size steps
 # An engine benchmark against transformers (with flash-linear-attention) at one model size: JSON and stderr
 # in $OUT, the log gets the stderr tail and the targets line.

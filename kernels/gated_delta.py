@@ -308,7 +308,7 @@ def _state_scan_kernel(
     chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
     stride_sr, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
-    L: tl.constexpr, PREC: tl.constexpr,
+    L: tl.constexpr, PREC: tl.constexpr, CARRY_INDEX: tl.constexpr,
 ):
     """Per (segment, value head, V split): TILES V tiles of BV columns, one after the other; a program
     takes segments pid, pid + P, ... of the level's real segments (`sizes[1]`; sorted longest first, so the
@@ -320,6 +320,8 @@ def _state_scan_kernel(
     `_chunk_output_kernel`, which computes a first chunk's v_new from the init row itself. So a segment of
     one chunk whose final state is discarded (a short branch) needs nothing from the scan and returns at once.
     Everything a step reads is contiguous per (chunk, head), zero on padding rows: no gathers, no masks.
+    A step's chunk row comes from `step_start`; with CARRY_INDEX it is loaded one step ahead and carried, so
+    the addresses of a step's tiles are known when the step starts.
     """
     head = tl.program_id(1)
     heads = tl.num_programs(1)
@@ -333,11 +335,17 @@ def _state_scan_kernel(
                 cols = (tl.program_id(2) * TILES + tile) * BV + tl.arange(0, BV)
                 state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
                 state = tl.load(state_ptrs + init_row * stride_sr)
+                row = tl.load(step_start_ptr, mask=steps > 0, other=0)
                 for j in range(steps):
+                    if CARRY_INDEX:
+                        following = tl.load(step_start_ptr + j + 1, mask=j + 1 < steps, other=0)
+                    else:
+                        row = tl.load(step_start_ptr + j)
                     # the output kernel starts a segment's first chunk from its init row itself
-                    base = (tl.load(step_start_ptr + j) + segment) * heads + head
-                    state = _scan_step(state, base, j > 0, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
-                                       v_new_ptr, h_ptr, cols, DK, DV, L, PREC)
+                    state = _scan_step(state, (row + segment) * heads + head, j > 0, k_rows_ptr, w_ptr, u_ptr,
+                                       k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, cols, DK, DV, L, PREC)
+                    if CARRY_INDEX:
+                        row = following
                 if final_row >= 0:
                     tl.store(state_ptrs + final_row * stride_sr, state)
 
@@ -435,6 +443,7 @@ def gated_delta_triton(
     prep_warps: int = 4,
     scan_warps: int = 4,
     scan_stages: int = 2,
+    scan_carry_index: bool = False,
     out_block_v: int = 128,
     out_warps: int = 4,
     store_dtype: torch.dtype | None = None,
@@ -449,7 +458,8 @@ def gated_delta_triton(
     scan's V tile (`block_v` columns) and V split (`split_v` programs per segment and head, each doing
     Dv / block_v / split_v tiles in turn; default: one tile per program), the prep kernel's sub-block rows
     (16 or 32: block forward substitution through a float32 scratch; 64: exact doubling over the whole
-    chunk in registers, no scratch), the warps of the three kernels, the scan's pipeline depth, and the output kernel's V
+    chunk in registers, no scratch), the warps of the three kernels, the scan's pipeline depth, whether the
+    scan loads each step's chunk row a step ahead (`scan_carry_index`, untimed), and the output kernel's V
     tile (`out_block_v`; default 128, the releases' whole Dv: on the H200 3-6% faster than 64 in rounds a and b,
     equal alone). `store_dtype` (default: the inputs' dtype) is the dtype of the stored W, U, q-k block,
     per-chunk start states and v_new, and so of the product operands of the scan, the output kernel and
@@ -530,7 +540,7 @@ def gated_delta_triton(
                 k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
                 level.chunk_count, level.step_start, level.init_row, level.final_row, level.sizes,
                 states.stride(0), states.stride(1), states.stride(2),
-                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
+                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CARRY_INDEX=scan_carry_index,
                 num_warps=scan_warps, num_stages=scan_stages,
             )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
