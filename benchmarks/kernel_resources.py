@@ -163,6 +163,10 @@ VARIANTS = {
     "bf16 engine": (torch.bfloat16, kernel_ops),
     "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
     "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32)),
+    "bf16, GDN scan_carry_index": (torch.bfloat16, _with("gated_delta", scan_carry_index=True)),
+    "bf16, GDN scan_carry_index, 3 scan stages": (torch.bfloat16, _with("gated_delta", scan_carry_index=True,
+                                                                       scan_stages=3)),
+    "bf16, GDN 3 scan stages": (torch.bfloat16, _with("gated_delta", scan_stages=3)),
     # ForkAttention tilings besides the default (64 rows = 4 heads x 16 tokens, 32-key blocks, 4 warps), each
     # given in full: rows, heads per program, keys per block, warps (and stages where not 2)
     "bf16, attention 128 rows x 1 head, 64 keys, 8 warps (default before fd37cde)": (torch.bfloat16, _with(
