@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 
 import flide_sdk as fl
@@ -42,7 +43,6 @@ from benchmarks.common import (
     token_count,
     write_result,
 )
-from flide_sdk import render
 
 TARGETS_MS = {1: 9.0, 4: 9.0, 16: 11.0, 64: 18.0}  # 0.8B, lone-request median latency
 TARGET_SPEEDUP_AT_64 = 40.0
@@ -147,12 +147,12 @@ def main() -> None:
     parser.add_argument("--state-tokens", type=int, default=None, help="state length (default 2000, tiny 300)")
     parser.add_argument("--baseline-repeat", type=int, default=None, help="default 5, tiny 1")
     parser.add_argument("--no-baseline", action="store_true")
-    parser.add_argument("--encode-pieces", type=int, default=None,
-                        help="pieces a text is tokenized in (render.ENCODE_PIECES, default one per CPU): whether "
-                             "the tokenizer's threads slow the round thread's host stages (results get a suffix)")
+    parser.add_argument("--tokenizer-threads", type=int, default=None,
+                        help="the tokenizer's worker threads (RAYON_NUM_THREADS, set before its first use; default "
+                             "one per CPU): whether they slow the round thread's host stages (results get a suffix)")
     args = parser.parse_args()
-    if args.encode_pieces is not None:
-        render.ENCODE_PIECES = args.encode_pieces
+    if args.tokenizer_threads is not None:
+        os.environ["RAYON_NUM_THREADS"] = str(args.tokenizer_threads)
     repeat = args.repeat or (3 if args.tiny else 30)
     warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 5)
     state_tokens = args.state_tokens or (300 if args.tiny else 2000)
@@ -179,7 +179,7 @@ def main() -> None:
     if 64 in results and "speedup_vs_baseline" in results[64]:
         targets["q64_speedup_vs_baseline"] = target(results[64]["speedup_vs_baseline"], TARGET_SPEEDUP_AT_64, "min")
     name = "questions_per_state-" + ("tiny" if args.tiny else args.model_size)
-    name += "" if args.encode_pieces is None else f"-pieces{args.encode_pieces}"
+    name += "" if args.tokenizer_threads is None else f"-threads{args.tokenizer_threads}"
     write_result(name, {
         "benchmark": "questions_per_state", "model_size": "tiny" if args.tiny else args.model_size,
         **run_metadata(command_line()),
@@ -187,7 +187,7 @@ def main() -> None:
                 "state with its own first line 'Reading copy N.'",
         "settings": {**where, **load_info, "repeat": repeat, "warmup": warmup, "state_tokens": state_tokens,
                      "q_values": q_values, "baseline_repeat": baseline_repeat,
-                     "encode_pieces": render.ENCODE_PIECES,
+                     "tokenizer_threads": os.environ.get("RAYON_NUM_THREADS", "one per CPU"),
                      "latency": "wall time of await engine.ask(...), one request at a time"},
         "tokens": tokens,
         "baseline_info": baseline_info,

@@ -2,7 +2,7 @@
 # Every GPU check and benchmark in one device call (the lent H200 has no internet and a bare image).
 # Usage on the device, from the repository root with .whl/ and .bench-data/ carried:
 #   [SIZES="0.8B 4B"] bash benchmarks/run_gpu.sh [step ...]
-#   steps: attention gdn gdn-options conv fidelity check graphs profile qps qps-pieces launch-path passages agent
+#   steps: attention gdn gdn-options conv fidelity check graphs profile qps qps-threads launch-path passages agent
 #          startup
 #   (default: attention gdn fidelity)
 # JSON results land in $OUT (one file per benchmark) with a combined log. The engine benchmarks (qps passages
@@ -49,10 +49,11 @@ for step in $steps; do
     check) python3 benchmarks/check_kernels.py ;;
     conv) for size in $sizes; do python3 benchmarks/bench_conv.py --model-size $size | tail -c 3000; done ;;
     qps) for size in $sizes; do engine_bench questions_per_state $size; done ;;
-    # Q = 1 with the state tokenized in 1 and 4 pieces (default: one per CPU), no baseline: whether the
-    # tokenizer's threads slow the host stages that follow (plan_cpu_seconds, launch_cpu_seconds)
-    qps-pieces) for pieces in 1 4; do python3 benchmarks/questions_per_state.py --model-size 0.8B --q 1 \
-      --no-baseline --encode-pieces $pieces > /dev/null 2> /tmp/qps-pieces.err; tail -c 600 /tmp/qps-pieces.err; done ;;
+    # Q = 1 with the tokenizer on 1 and 4 worker threads (default: one per CPU), no baseline: whether its threads
+    # slow the host stages that follow (plan_cpu_seconds, launch_cpu_seconds)
+    qps-threads) for threads in 1 4; do python3 benchmarks/questions_per_state.py --model-size 0.8B --q 1 \
+      --no-baseline --tokenizer-threads $threads > /dev/null 2> /tmp/qps-threads.err; tail -c 600 /tmp/qps-threads.err
+      done ;;
     launch-path) python3 benchmarks/launch_path.py --model-size 0.8B > /dev/null 2> /tmp/launch-path.err
       tail -c 600 /tmp/launch-path.err
       python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["median_ms"]))' "$OUT/launch_path-0.8B.json" ;;
