@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 from benchmarks.common import KERNEL_ROUNDS, cuda_time_ms, release_config, round_requests, run_metadata, write_result
 from flide_sdk.capacity import capacity_ladder, choose, pad_round
 from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
-from flide_sdk.layout import RequestSpec, Save, StateRows, plan_round
+from flide_sdk.layout import HostRound, RequestSpec, RoundTensors, Save, StateRows, plan_round
 
 ROUNDS = {"q1_one_trunk_1_branch": [(2000, [20], 0)], **KERNEL_ROUNDS}  # q1: questions_per_state at Q = 1
 KNOB_CHOICES = {  # first value = the kernel's default
@@ -70,23 +71,38 @@ def random_inputs(total: int, k_heads: int, v_heads: int, dk: int, dv: int, seed
     }
 
 
-def build_round(spec, k_heads: int, v_heads: int, dk: int, dv: int):
-    """The round on the device, random inputs, fla's cu_seqlens (one sequence per segment, stream order),
-    the stream rows of the trunks and the sequence index of each trunk."""
-    host = plan_round(round_requests(spec)[0], CONV_KERNEL)
-    rnd = host.to(DEVICE)
-    inputs = random_inputs(host.num_tokens, k_heads, v_heads, dk, dv)
+@dataclass
+class BenchRound:
+    """A benchmark round: its requests, host plan and device tensors, random inputs, fla's cu_seqlens (one
+    sequence per segment, stream order), the stream rows of the trunks and the sequence index of each trunk."""
+
+    requests: list[RequestSpec]
+    host: HostRound
+    rnd: RoundTensors
+    inputs: dict
+    cu_seqlens: torch.Tensor
+    trunk_rows: torch.Tensor
+    trunk_sequences: torch.Tensor
+
+
+def build_round(spec, k_heads: int, v_heads: int, dk: int, dv: int) -> BenchRound:
+    requests = round_requests(spec)[0]
+    host = plan_round(requests, CONV_KERNEL)
     lengths = [n for trunk, branches, _ in spec for n in (trunk, *branches)]
-    cu_seqlens = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.long, device=DEVICE)
-    trunk_rows = torch.from_numpy(np.flatnonzero(host.seg_lo == host.key_lo)).to(DEVICE)
     trunk_sequences = np.cumsum([0] + [1 + len(branches) for _, branches, _ in spec])[:-1]
-    return host, rnd, inputs, cu_seqlens, trunk_rows, torch.from_numpy(trunk_sequences).to(DEVICE)
+    return BenchRound(
+        requests=requests, host=host, rnd=host.to(DEVICE),
+        inputs=random_inputs(host.num_tokens, k_heads, v_heads, dk, dv),
+        cu_seqlens=torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.long, device=DEVICE),
+        trunk_rows=torch.from_numpy(np.flatnonzero(host.seg_lo == host.key_lo)).to(DEVICE),
+        trunk_sequences=torch.from_numpy(trunk_sequences).to(DEVICE),
+    )
 
 
-def write_resumed_states(spec, states: torch.Tensor, k_heads: int, v_heads: int, dk: int, dv: int) -> None:
+def write_resumed_states(requests: list[RequestSpec], states: torch.Tensor, k_heads: int, v_heads: int, dk: int,
+                         dv: int) -> None:
     """Into `states`, the state each resumed trunk of the round resumes from: the float32 reference over a
     random prefix as long as its cached tokens, saved into its slot's row (the round's state rows)."""
-    requests = round_requests(spec)[0]
     rows = StateRows.compact(requests)
     for request in requests:
         if request.resume is None:
@@ -192,10 +208,11 @@ def main() -> None:
     dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
     results = {}
     for name, spec in ROUNDS.items():
-        host, rnd, x, cu_seqlens, trunk_rows, trunk_sequences = build_round(spec, k_heads, v_heads, dk, dv)
-        plan = rnd.delta
+        bench = build_round(spec, k_heads, v_heads, dk, dv)
+        x, trunk_rows = bench.inputs, bench.trunk_rows
+        plan = bench.rnd.delta
         states = torch.zeros(plan.num_rows, v_heads, dk, dv, device=DEVICE)
-        write_resumed_states(spec, states, k_heads, v_heads, dk, dv)
+        write_resumed_states(bench.requests, states, k_heads, v_heads, dk, dv)
         reference_states = states.clone()
         reference = gated_delta_reference(x["q"].float(), x["k"].float(), x["v"].float(), x["g"], x["beta"], plan,
                                           reference_states)
@@ -214,7 +231,7 @@ def main() -> None:
             }
 
         entry = {
-            "tokens": int(x["v"].shape[0]), "sequences": int(cu_seqlens.numel() - 1),
+            "tokens": int(x["v"].shape[0]), "sequences": int(bench.cu_seqlens.numel() - 1),
             "levels": len(plan.levels), "chunks_per_level": [int(level.chunk_tokens.shape[0]) for level in plan.levels],
             "ours": {**errors(), **timed(lambda: run_ours())},
             # the accuracy option: W, U and the q-k block stored in float32, TF32 products in the prep's WY
@@ -223,7 +240,7 @@ def main() -> None:
                 **errors(**PRECISE), **timed(lambda: run_ours(**PRECISE)), "knobs": str(PRECISE),
             },
         }
-        padded = padded_run(host, x, states, text["max_position_embeddings"])
+        padded = padded_run(bench.host, x, states, text["max_position_embeddings"])
         if padded is not None:
             capacity_tokens, run_padded = padded
             unpadded = run_ours()
@@ -242,14 +259,14 @@ def main() -> None:
         if any(cached for _, _, cached in spec):
             run_fla, fla_missing = None, "a resumed trunk: fla is timed on the rounds that start from zero states"
         else:
-            run_fla, fla_missing = fla_baseline(x, v_heads // k_heads, cu_seqlens)
+            run_fla, fla_missing = fla_baseline(x, v_heads // k_heads, bench.cu_seqlens)
         if run_fla is None:
             entry["fla"] = {"error": fla_missing}
         else:
             fla_out, fla_states = run_fla()
             entry["fla"] = {
                 "trunk_output_rel_err": relative_error(fla_out[0][trunk_rows], reference[trunk_rows]),
-                "trunk_state_rel_err": relative_error(fla_states[trunk_sequences], reference_states[1:1 + len(spec)]),
+                "trunk_state_rel_err": relative_error(fla_states[bench.trunk_sequences], reference_states[1:1 + len(spec)]),
                 "qk_heads_repeated_to_value_heads": v_heads != k_heads,
                 **timed(run_fla),
             }

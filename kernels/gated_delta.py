@@ -163,15 +163,22 @@ def _store_row_scaled_product(t, scale, rows_ptr, ok, out_ptr, WIDTH: tl.constex
 
 
 @triton.jit
-def _real_row(step, sizes0_ptr, sizes1_ptr, start1, start2):
+def _real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr):
+    """Where the real chunk rows of levels 0, 0-1 and 0-2 end in the steps `_real_row` maps (each level's
+    `sizes` counts its real rows, which come first in its table); loaded once per program."""
+    end0 = tl.load(sizes0_ptr)
+    end1 = end0 + tl.load(sizes1_ptr)
+    return end0, end1, end1 + tl.load(sizes2_ptr)
+
+
+@triton.jit
+def _real_row(step, end0, end1, start1, start2):
     """(the stacked chunk row, the row within its level, the level) of loop step `step` over the real chunk
-    rows of three levels (each level's `sizes`: its real rows come first in its table, level 1's stacked rows
-    start at start1, level 2's at start2): steps 0 .. n0 - 1 are level 0's, then level 1's, then level 2's.
-    Programs loop over these steps only, so the padding rows of a captured graph's tables cost nothing."""
-    n0 = tl.load(sizes0_ptr)
-    n01 = n0 + tl.load(sizes1_ptr)
-    level = (step >= n0).to(tl.int32) + (step >= n01).to(tl.int32)
-    local = step - tl.where(level == 2, n01, tl.where(level == 1, n0, 0))
+    rows of three levels: steps 0 .. end0 - 1 are level 0's, then level 1's up to end1, then level 2's (level
+    1's stacked rows start at start1, level 2's at start2). Programs loop over these steps only, so the
+    padding rows of a captured graph's tables cost nothing."""
+    level = (step >= end0).to(tl.int32) + (step >= end1).to(tl.int32)
+    local = step - tl.where(level == 2, end1, tl.where(level == 1, end0, 0))
     return tl.where(level == 2, start2, tl.where(level == 1, start1, 0)) + local, local, level
 
 
@@ -179,12 +186,6 @@ def _real_row(step, sizes0_ptr, sizes1_ptr, start1, start2):
 def _of_level(level, first_ptr, second_ptr, third_ptr):
     """The pointer of `level` (0, 1 or 2) among three levels' pointers."""
     return tl.where(level == 2, third_ptr, tl.where(level == 1, second_ptr, first_ptr))
-
-
-@triton.jit
-def _real_rows(sizes0_ptr, sizes1_ptr, sizes2_ptr):
-    """The real chunk rows of three levels together (the loop bound of `_real_row`'s steps)."""
-    return tl.load(sizes0_ptr) + tl.load(sizes1_ptr) + tl.load(sizes2_ptr)
 
 
 @triton.jit
@@ -211,8 +212,9 @@ def _chunk_prep_kernel(
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     row, col = i[:, None], i[None, :]
-    for step in range(tl.program_id(1), _real_rows(sizes0_ptr, sizes1_ptr, sizes2_ptr), tl.num_programs(1)):
-        chunk, local, level = _real_row(step, sizes0_ptr, sizes1_ptr, start1, start2)
+    end0, end1, end2 = _real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
+    for step in range(tl.program_id(1), end2, tl.num_programs(1)):
+        chunk, local, level = _real_row(step, end0, end1, start1, start2)
         row_ptr = _of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
         base = chunk * tl.num_programs(0) + head
         scratch = system_ptr + base * L * L
@@ -373,8 +375,9 @@ def _chunk_output_kernel(
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     cols = tl.program_id(2) * BV + tl.arange(0, BV)
-    for step in range(tl.program_id(1), _real_rows(sizes0_ptr, sizes1_ptr, sizes2_ptr), tl.num_programs(1)):
-        chunk, local, level = _real_row(step, sizes0_ptr, sizes1_ptr, start1, start2)
+    end0, end1, end2 = _real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
+    for step in range(tl.program_id(1), end2, tl.num_programs(1)):
+        chunk, local, level = _real_row(step, end0, end1, start1, start2)
         row_ptr = _of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
         base = chunk * tl.num_programs(0) + head
         tok = tl.load(row_ptr + i)
