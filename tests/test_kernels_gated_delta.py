@@ -1,12 +1,13 @@
 """The forked Gated DeltaNet Triton kernels (run by the interpreter on CPU) against their torch reference.
 
-Rounds come from `plan_round`: trunks of 1, 63, 64, 65 and 130 tokens with 1..16 branches, GQA with
-Hv = 2 Hk, requests resuming from nonzero state rows, trunks split at a save point, and levels padded to a
-larger capacity (rows past each level's sizes holding garbage). Outputs and the whole state table must match
-in float32 (relative error <= 1e-5), and within 16-bit rounding when W, U, the q-k block, the chunk start states and v_new are stored in float16
-(the interpreter cannot run bfloat16 tensors through tl.dot, so the 16-bit storage path is checked in float16).
-The two paths of the prep's W and U products are both covered with 16-bit storage: TF32 (the default)
-and in the storage dtype (`wy_low_precision`, WY_LOW).
+Rounds come from `plan_round`: trunks of 1, 63, 64, 65 and 130 tokens with 1..16 branches, GQA with Hv = 2 Hk,
+requests resuming from nonzero state rows, trunks split at a save point, and levels padded to a larger
+capacity (rows past each level's sizes holding garbage). Outputs and the whole state table must match in
+float32 (relative error <= 1e-5), and within 16-bit rounding when W, U, the q-k block, the chunk start states
+and v_new are stored in float16 (the interpreter cannot run bfloat16 tensors through tl.dot, so the 16-bit
+storage path is checked in float16).
+The two paths of the prep's W and U products are both covered with 16-bit storage: TF32 (the default) and in
+the storage dtype (`wy_low_precision`, WY_LOW).
 """
 
 from __future__ import annotations
