@@ -45,7 +45,8 @@ for step in $steps; do
       --no-sweep --variants "$GDN_OPTIONS"; done ;;
     graphs) for size in $sizes; do python3 benchmarks/check_graphs.py --model-size $size | tail -c 3000; done ;;
     profile) for size in $sizes; do python3 benchmarks/profile_round.py --model-size $size | tail -c 3000; done ;;
-    fidelity) python3 benchmarks/fidelity.py --model-size 0.8B ;;
+    fidelity) for size in $sizes; do  # the float32 engine's CUDA exactness check at 0.8B only (eager, slow)
+        python3 benchmarks/fidelity.py --model-size $size $([ "$size" = 0.8B ] || echo --no-engine-fp32); done ;;
     check) python3 benchmarks/check_kernels.py ;;
     conv) for size in $sizes; do python3 benchmarks/bench_conv.py --model-size $size | tail -c 3000; done ;;
     qps) for size in $sizes; do engine_bench questions_per_state $size; done ;;
