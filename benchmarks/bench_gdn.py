@@ -20,6 +20,9 @@ and beta = sigmoid(x) in float32. Reported per round:
   the capacity the engine's graph ladder picks (16,384 tokens and 64 requests at most), its output on the
   real tokens against the unpadded run's; the engine's GDN time includes this padding;
 - knob settings given with --variants: errors, and times unpadded and padded as the engine replays them;
+  with --isolate each setting runs in a process of its own next to the default (only ours, no FLA), so
+  one that faults on the device (as a sweep of 01c9a99 and the variants of e29605c did: an illegal memory
+  access) is recorded as failed and the others still run;
 - a greedy sweep of our tuning knobs (one knob at a time, keeping the best) unless --no-sweep.
 fla is imported here only: it is the baseline, not a dependency of the package.
 """
@@ -28,6 +31,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -193,6 +199,40 @@ def fla_baseline(inputs: dict, group: int, cu_seqlens: torch.Tensor) -> tuple[Ca
     return run, None
 
 
+def isolated_variants(model_size: str, variants: list[dict]) -> None:
+    """Each knob setting timed by a child process of this script (--variants-only), next to the default in
+    that process; a child that fails is recorded with the end of its error output."""
+    rounds: dict[str, dict] = {}
+    failed: dict[str, dict] = {}
+    child_env = {key: value for key, value in os.environ.items() if key != "OUT"}
+    metadata = None
+    for knobs in variants:
+        key = json.dumps(knobs)
+        command = [sys.executable, __file__, "--model-size", model_size, "--no-sweep", "--variants-only",
+                   "--variants", json.dumps([knobs])]
+        child = subprocess.run(command, check=False, capture_output=True, text=True, env=child_env)
+        if child.returncode != 0 or "{" not in child.stdout:
+            failed[key] = {"exit_status": child.returncode, "stderr_tail": child.stderr[-1500:]}
+            print(f"variant {key} failed: {child.stderr[-600:]}", file=sys.stderr, flush=True)
+            continue
+        result = json.loads(child.stdout[child.stdout.index("{"):])
+        metadata = metadata or {name: result[name] for name in ("k_heads", "v_heads", "dk", "dv")}
+        for name, entry in result["rounds"].items():
+            merged = rounds.setdefault(name, {key_: entry[key_] for key_ in ("tokens", "sequences", "chunks_per_level")})
+            variant = entry["variants"][key]
+            variant["default_in_this_process"] = {
+                "graph_ms": entry["ours"]["graph"].get("median_ms"),
+                "padded_graph_ms": entry.get("ours_padded_as_the_engine", {}).get("graph", {}).get("median_ms"),
+            }
+            merged.setdefault("variants", {})[key] = variant
+        print(f"variant {key}: done", file=sys.stderr, flush=True)
+    command = f"python benchmarks/bench_gdn.py --model-size {model_size} --isolate --variants '{json.dumps(variants)}'"
+    write_result(f"gdn-options-{model_size}", {
+        "benchmark": "gated_delta", "model_size": model_size, **(metadata or {}), **run_metadata(command),
+        "isolated": True, "rounds": rounds, "failed_variants": failed,
+    })
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-size", default="0.8B")
@@ -202,7 +242,13 @@ def main() -> None:
     parser.add_argument("--variants", type=json.loads, default=[],
                         help='JSON list of knob settings timed (with their errors) next to the default, e.g. '
                              '\'[{"sub_block": 64}, {"prep_warps": 8}]\'')
+    parser.add_argument("--isolate", action="store_true", help="each variant in a process of its own")
+    parser.add_argument("--variants-only", action="store_true",
+                        help="time the default and the variants only (no float32 storage, no FLA, no sweep)")
     args = parser.parse_args()
+    if args.isolate and args.variants:
+        isolated_variants(args.model_size, args.variants)
+        return
     text = release_config(args.model_size)["text_config"]
     k_heads, v_heads = text["linear_num_key_heads"], text["linear_num_value_heads"]
     dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
@@ -234,12 +280,13 @@ def main() -> None:
             "tokens": int(x["v"].shape[0]), "sequences": int(bench.cu_seqlens.numel() - 1),
             "levels": len(plan.levels), "chunks_per_level": [int(level.chunk_tokens.shape[0]) for level in plan.levels],
             "ours": {**errors(), **timed(lambda: run_ours())},
+        }
+        if not args.variants_only:
             # the accuracy option: W, U and the q-k block stored in float32, TF32 products in the prep's WY
             # form and in the scan
-            "ours_float32_storage": {
+            entry["ours_float32_storage"] = {
                 **errors(**PRECISE), **timed(lambda: run_ours(**PRECISE)), "knobs": str(PRECISE),
-            },
-        }
+            }
         padded = padded_run(bench.host, x, states, text["max_position_embeddings"])
         if padded is not None:
             capacity_tokens, run_padded = padded
@@ -256,7 +303,9 @@ def main() -> None:
             entry.setdefault("variants", {})[json.dumps(knobs)] = variant
         # ratios compare CUDA-graph replays when both capture, else eager runs
         mode = "graph" if "median_ms" in entry["ours"]["graph"] else "eager"
-        if any(cached for _, _, cached in spec):
+        if args.variants_only:
+            run_fla, fla_missing = None, "not run (--variants-only)"
+        elif any(cached for _, _, cached in spec):
             run_fla, fla_missing = None, "a resumed trunk: fla is timed on the rounds that start from zero states"
         else:
             run_fla, fla_missing = fla_baseline(x, v_heads // k_heads, bench.cu_seqlens)
@@ -273,12 +322,13 @@ def main() -> None:
             mode = mode if "median_ms" in entry["fla"]["graph"] else "eager"
             entry["ratio_ours_over_fla"] = entry["ours"][mode]["median_ms"] / entry["fla"][mode]["median_ms"]
         entry["ratio_mode"] = mode
-        if not args.no_sweep:
+        if not (args.no_sweep or args.variants_only):
             entry["sweep"] = sweep(run_ours, mode, PRECISE if args.sweep_float32_storage else {})
             if run_fla is not None:
                 entry["ratio_best_over_fla"] = entry["sweep"]["best_ms"] / entry["fla"][mode]["median_ms"]
         results[name] = entry
-    flags = " --no-sweep" * args.no_sweep + " --sweep-float32-storage" * args.sweep_float32_storage
+    flags = (" --no-sweep" * args.no_sweep + " --sweep-float32-storage" * args.sweep_float32_storage
+             + " --variants-only" * args.variants_only)
     if args.variants:
         flags += f" --variants '{json.dumps(args.variants)}'"
     command = f"python benchmarks/bench_gdn.py --model-size {args.model_size}{flags}"

@@ -163,9 +163,10 @@ VARIANTS = {
     "bf16 engine": (torch.bfloat16, kernel_ops),
     "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
     "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32)),
-    "bf16, GDN scan_carry_index": (torch.bfloat16, _with("gated_delta", scan_carry_index=True)),
-    "bf16, GDN scan_carry_index, 3 scan stages": (torch.bfloat16, _with("gated_delta", scan_carry_index=True,
-                                                                       scan_stages=3)),
+    "bf16, GDN scan_prefetch 1 (the row)": (torch.bfloat16, _with("gated_delta", scan_prefetch=1)),
+    "bf16, GDN scan_prefetch 1, 3 scan stages": (torch.bfloat16, _with("gated_delta", scan_prefetch=1, scan_stages=3)),
+    "bf16, GDN scan_prefetch 2 (row and tiles)": (torch.bfloat16, _with("gated_delta", scan_prefetch=2)),
+    "bf16, GDN scan_prefetch 2, 1 scan stage": (torch.bfloat16, _with("gated_delta", scan_prefetch=2, scan_stages=1)),
     "bf16, GDN 3 scan stages": (torch.bfloat16, _with("gated_delta", scan_stages=3)),
     # ForkAttention tilings besides the default (64 rows = 4 heads x 16 tokens, 32-key blocks, 4 warps), each
     # given in full: rows, heads per program, keys per block, warps (and stages where not 2)
@@ -189,10 +190,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-size", default="0.8B")
     parser.add_argument("--tokens", type=int, default=300, help="trunk tokens of the recorded round")
+    parser.add_argument("--only", default="", help="the variants whose name contains this (default: all)")
     args = parser.parse_args()
     seen: dict[tuple, dict] = {}
     rows = []
     for variant, (dtype, ops_variant) in VARIANTS.items():
+        if args.only not in variant:
+            continue
         for kernel, launch_args, meta in recorded_round(args.model_size, args.tokens, ops_variant, dtype):
             signature, constexprs, attrs, options = specialise(kernel, launch_args, meta)
             key = (kernel.fn.__name__, tuple(signature.items()), tuple(sorted(constexprs.items())),
@@ -207,7 +211,8 @@ def main() -> None:
                 print(f"{variant:40s} {kernel.fn.__name__:26s} warps {options['num_warps']} stages "
                       f"{options['num_stages']}: {seen[key]['registers']} regs, spills "
                       f"{seen[key]['spill_store_bytes']} B, shared {seen[key]['shared_bytes']} B{flag}", flush=True)
-    command = f"python benchmarks/kernel_resources.py --model-size {args.model_size} --tokens {args.tokens}"
+    command = f"python benchmarks/kernel_resources.py --model-size {args.model_size} --tokens {args.tokens}" + (
+        f" --only '{args.only}'" if args.only else "")
     write_result(f"kernel_resources-{args.model_size}", {
         "benchmark": "kernel_resources", "model_size": args.model_size, "target": "sm_90 (H200)",
         "compiled_with_triton": triton.__version__, **run_metadata(command),

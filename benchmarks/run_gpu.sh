@@ -19,12 +19,12 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-attention gdn fidelity}
 # GDN knob settings timed (with their errors, unpadded and padded as the engine replays them) next to the
-# default by the gdn-options step: the scan's pipeline depth and warps, a wider V tile and the chunk row
-# loaded a step ahead (scan_carry_index: a step's tile addresses no longer wait on a load), untimed with bf16
-# storage since the sweeps of 01c9a99 crashed (the scan is the lone round's largest GDN kernel, 1.32 of 2.62
-# ms at 2aee371), and the bf16 WY products (faster, off for fidelity). A non-empty list: with none, the step
-# would write the gdn file.
-GDN_OPTIONS=${GDN_OPTIONS:-'[{"scan_stages": 3}, {"scan_stages": 1}, {"scan_warps": 8}, {"block_v": 64}, {"scan_carry_index": true}, {"scan_carry_index": true, "scan_stages": 3}, {"wy_low_precision": true}]'}
+# default by the gdn-options step, each in a process of its own (bench_gdn --isolate: the variants of e29605c
+# died together of an illegal memory access, the first being 3 scan stages): what the scan loads a step
+# ahead (scan_prefetch 1: the chunk row; 2: the row and its tiles, carried in registers), with 1 and 3
+# pipeline stages and 8 warps. The scan is the lone round's largest GDN kernel (1.34 of 2.65 ms at e29605c),
+# about 2.3 us per sequential chunk step.
+GDN_OPTIONS=${GDN_OPTIONS:-'[{"scan_prefetch": 1}, {"scan_prefetch": 2}, {"scan_prefetch": 2, "scan_stages": 1}, {"scan_prefetch": 2, "scan_warps": 8}, {"scan_prefetch": 1, "scan_stages": 3}, {"scan_stages": 3}]'}
 sizes=${SIZES:-0.8B 4B}  # model sizes of the per-size steps
 # An engine benchmark against transformers (with flash-linear-attention) at one model size: JSON and stderr
 # in $OUT, the log gets the stderr tail and the targets line.
@@ -42,7 +42,7 @@ for step in $steps; do
     attention) for size in 0.8B 4B; do python3 benchmarks/bench_attention.py --model-size $size; done ;;
     gdn) for size in $sizes; do PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size $size --no-sweep; done ;;
     gdn-options) for size in $sizes; do PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size $size \
-      --no-sweep --variants "$GDN_OPTIONS"; done ;;
+      --no-sweep --isolate --variants "$GDN_OPTIONS"; done ;;
     graphs) for size in $sizes; do python3 benchmarks/check_graphs.py --model-size $size | tail -c 3000; done ;;
     profile) for size in $sizes; do python3 benchmarks/profile_round.py --model-size $size | tail -c 3000; done ;;
     fidelity) for size in $sizes; do  # the float32 engine's CUDA exactness check at 0.8B only (eager, slow)

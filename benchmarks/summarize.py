@@ -48,10 +48,19 @@ def _kernel_rounds(data: dict[str, Any]) -> list[str]:
                        if isinstance(value, dict) and "median_ms" in value.get("graph", {})}
             timings |= {f"{name} unpadded/padded": f"{v['graph']['median_ms']:.4g}/"
                         f"{v.get('padded_as_the_engine', {}).get('median_ms', float('nan')):.4g}"
+                        + _default_alongside(v)
                         for name, v in rnd.get("variants", {}).items() if "median_ms" in v["graph"]}
         lines.append(f"  {name}: " + ", ".join(f"{key} {value if isinstance(value, str) else f'{value:.4g}'}"
                                                for key, value in timings.items()))
     return lines
+
+
+def _default_alongside(variant: dict[str, Any]) -> str:
+    """The default's times from the variant's own process (bench_gdn --isolate), if it ran in one."""
+    default = variant.get("default_in_this_process")
+    if not default:
+        return ""
+    return f" (default {default['graph_ms']:.4g}/{default['padded_graph_ms'] or float('nan'):.4g})"
 
 
 def summarize(path: Path) -> list[str]:
@@ -66,6 +75,8 @@ def summarize(path: Path) -> list[str]:
         lines += _profile(data)
     elif isinstance(rounds, dict):
         lines += _kernel_rounds(data)
+    lines += [f"  variant {name} FAILED (exit status {failure['exit_status']})"
+              for name, failure in data.get("failed_variants", {}).items()]
     return lines
 
 

@@ -284,11 +284,10 @@ def _chunk_prep_kernel(
 
 
 @triton.jit
-def _scan_step(state, base, store_outputs, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, cols,
-               DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr):
-    """One chunk (row `base` of the [chunk * head] tables) of the scan: stores the state at its start and
-    v_new = U - W S when `store_outputs`, returns the state at its end. Products take their operands in the
-    storage dtype of W and U."""
+def _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols,
+                DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr):
+    """What one chunk (row `base` of the [chunk * head] tables) of the scan reads: K, W, the U tile, the
+    k gates and the chunk's decay."""
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     k = tl.load(k_rows_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
@@ -296,6 +295,17 @@ def _scan_step(state, base, store_outputs, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr,
     u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
     k_gate = tl.load(k_gate_ptr + base * L + i)
     decay = tl.load(decay_ptr + base)
+    return k, w, u, k_gate, decay
+
+
+@triton.jit
+def _scan_step(state, base, store_outputs, k, w, u, k_gate, decay, v_new_ptr, h_ptr, cols,
+               DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr):
+    """One chunk of the scan from its tiles (`_scan_tiles` of row `base`): stores the state at its start and
+    v_new = U - W S when `store_outputs`, returns the state at its end. Products take their operands in the
+    storage dtype of W and U."""
+    i = tl.arange(0, L)
+    dk = tl.arange(0, DK)
     v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
     if store_outputs:
         tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], state.to(h_ptr.dtype.element_ty))
@@ -310,7 +320,7 @@ def _state_scan_kernel(
     chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
     stride_sr, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
-    L: tl.constexpr, PREC: tl.constexpr, CARRY_INDEX: tl.constexpr,
+    L: tl.constexpr, PREC: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """Per (segment, value head, V split): TILES V tiles of BV columns, one after the other; a program
     takes segments pid, pid + P, ... of the level's real segments (`sizes[1]`; sorted longest first, so the
@@ -322,8 +332,9 @@ def _state_scan_kernel(
     `_chunk_output_kernel`, which computes a first chunk's v_new from the init row itself. So a segment of
     one chunk whose final state is discarded (a short branch) needs nothing from the scan and returns at once.
     Everything a step reads is contiguous per (chunk, head), zero on padding rows: no gathers, no masks.
-    A step's chunk row comes from `step_start`; with CARRY_INDEX it is loaded one step ahead and carried, so
-    the addresses of a step's tiles are known when the step starts.
+    A step's chunk row comes from `step_start`. PREFETCH 1 loads it one step ahead and carries it, so the
+    addresses of a step's tiles are known when the step starts; PREFETCH 2 also loads the next step's tiles
+    before this step's products and carries them in registers, so a step waits on no load issued in it.
     """
     head = tl.program_id(1)
     heads = tl.num_programs(1)
@@ -338,15 +349,27 @@ def _state_scan_kernel(
                 state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
                 state = tl.load(state_ptrs + init_row * stride_sr)
                 row = tl.load(step_start_ptr, mask=steps > 0, other=0)
+                if PREFETCH == 2:
+                    k, w, u, k_gate, decay = _scan_tiles((row + segment) * heads + head, k_rows_ptr, w_ptr, u_ptr,
+                                                         k_gate_ptr, decay_ptr, cols, DK, DV, L)
                 for j in range(steps):
-                    if CARRY_INDEX:
+                    if PREFETCH > 0:
+                        # past the last step: row 0 + segment, a real row of the level (each segment has one)
                         following = tl.load(step_start_ptr + j + 1, mask=j + 1 < steps, other=0)
                     else:
                         row = tl.load(step_start_ptr + j)
+                    base = (row + segment) * heads + head
+                    if PREFETCH == 2:
+                        k_now, w_now, u_now, k_gate_now, decay_now = k, w, u, k_gate, decay
+                        k, w, u, k_gate, decay = _scan_tiles((following + segment) * heads + head, k_rows_ptr,
+                                                             w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L)
+                    else:
+                        k_now, w_now, u_now, k_gate_now, decay_now = _scan_tiles(
+                            base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L)
                     # the output kernel starts a segment's first chunk from its init row itself
-                    state = _scan_step(state, (row + segment) * heads + head, j > 0, k_rows_ptr, w_ptr, u_ptr,
-                                       k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, cols, DK, DV, L, PREC)
-                    if CARRY_INDEX:
+                    state = _scan_step(state, base, j > 0, k_now, w_now, u_now, k_gate_now, decay_now, v_new_ptr,
+                                       h_ptr, cols, DK, DV, L, PREC)
+                    if PREFETCH > 0:
                         row = following
                 if final_row >= 0:
                     tl.store(state_ptrs + final_row * stride_sr, state)
@@ -446,7 +469,7 @@ def gated_delta_triton(
     prep_warps: int = 4,
     scan_warps: int = 4,
     scan_stages: int = 2,
-    scan_carry_index: bool = False,
+    scan_prefetch: int = 0,
     out_block_v: int = 128,
     out_warps: int = 4,
     store_dtype: torch.dtype | None = None,
@@ -461,10 +484,10 @@ def gated_delta_triton(
     scan's V tile (`block_v` columns) and V split (`split_v` programs per segment and head, each doing
     Dv / block_v / split_v tiles in turn; default: one tile per program), the prep kernel's sub-block rows
     (16 or 32: block forward substitution through a float32 scratch; 64: exact doubling over the whole
-    chunk in registers, no scratch), the warps of the three kernels, the scan's pipeline depth, whether the
-    scan loads each step's chunk row a step ahead (`scan_carry_index`, untimed), and the output kernel's V
-    tile (`out_block_v`; default 128, the releases' whole Dv: on the H200 3-6% faster than 64 in rounds a and b,
-    equal alone). `store_dtype` (default: the inputs' dtype) is the dtype of the stored W, U, q-k block,
+    chunk in registers, no scratch), the warps of the three kernels, the scan's pipeline depth, what the
+    scan loads a step ahead (`scan_prefetch`: 0 nothing, 1 the chunk row, 2 the row and the tiles), and the
+    output kernel's V tile (`out_block_v`; default 128, the releases' whole Dv: on the H200 3-6% faster than
+    64 in rounds a and b, equal alone). `store_dtype` (default: the inputs' dtype) is the dtype of the stored W, U, q-k block,
     per-chunk start states and v_new, and so of the product operands of the scan, the output kernel and
     (16-bit storage) the prep's W = T (beta K exp(cum)) and U = T (beta V): float32 trades time (TF32
     products, twice the traffic) for accuracy with 16-bit inputs. `wy_low_precision` (16-bit storage only)
@@ -491,6 +514,8 @@ def gated_delta_triton(
     scan_programs = default_programs if scan_programs is None else scan_programs
     if chunk_programs < 1 or scan_programs < 1:
         raise ValueError("chunk_programs and scan_programs must be positive")
+    if scan_prefetch not in (0, 1, 2):
+        raise ValueError(f"scan_prefetch = {scan_prefetch} must be 0, 1 or 2")
     if sub_block < 16 or sub_block & (sub_block - 1) or GDN_CHUNK % sub_block:
         raise ValueError(f"sub_block = {sub_block} must be a power of two in [16, {GDN_CHUNK}]")
     min_tile = 32 if q.is_cuda else 16
@@ -543,7 +568,7 @@ def gated_delta_triton(
                 k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
                 level.chunk_count, level.step_start, level.init_row, level.final_row, level.sizes,
                 states.stride(0), states.stride(1), states.stride(2),
-                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CARRY_INDEX=scan_carry_index,
+                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, PREFETCH=scan_prefetch,
                 num_warps=scan_warps, num_stages=scan_stages,
             )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](

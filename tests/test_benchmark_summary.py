@@ -29,3 +29,16 @@ def test_summary_reports_targets_fidelity_and_profiles(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "lone: 2043 tokens, 9.07 ms, 611 launches; _state_scan_kernel 1.58" in printed
     assert printed.index("fidelity.json") < printed.index("profile.json") < printed.index("qps.json")
+
+
+def test_summary_reports_isolated_gdn_variants_beside_their_default_and_the_failed_ones(tmp_path):
+    options = {"commit": "abc1234", "rounds": {"lone": {"tokens": 2020, "variants": {
+        '{"scan_prefetch": 2}': {"graph": {"median_ms": 0.12}, "padded_as_the_engine": {"median_ms": 0.13},
+                                 "default_in_this_process": {"graph_ms": 0.141, "padded_graph_ms": 0.153}}}}},
+               "failed_variants": {'{"scan_stages": 3}': {"exit_status": 1, "stderr_tail": "illegal memory access"}}}
+    (tmp_path / "gdn-options.json").write_text(json.dumps(options))
+    assert summarize(tmp_path / "gdn-options.json") == [
+        "gdn-options.json (commit abc1234)",
+        '  lone: {"scan_prefetch": 2} unpadded/padded 0.12/0.13 (default 0.141/0.153)',
+        '  variant {"scan_stages": 3} FAILED (exit status 1)',
+    ]
