@@ -30,7 +30,7 @@ import torch
 
 from flide_sdk.capacity import capacity_ladder
 from flide_sdk.errors import EngineClosedError, QueueFullError
-from flide_sdk.graphs import GraphRunner, Launch
+from flide_sdk.graphs import BUFFERS, GraphRunner, Launch
 from flide_sdk.history import BLOCK, Trunk
 from flide_sdk.layout import Branches, HostRound, RequestSpec, Resume, Save, plan_round
 from flide_sdk.models.checkpoint import load_model
@@ -178,8 +178,10 @@ class Engine:
             self.max_round_questions = ladder[-1].questions
             self._stats.update(graphs_captured=report.graphs, capture_seconds=report.seconds,
                                graph_memory_bytes=report.memory_bytes)
+        # rounds in flight at once: one per staging/readback buffer of the graphs (a buffer and its events
+        # are reused by the round after next, launched once this one is finished)
         self._loop = RoundLoop(self._select, self._launch, self._finish, max_round_tokens,
-                               round_deadline_ms / 1000.0, max_pending)
+                               round_deadline_ms / 1000.0, max_pending, depth=BUFFERS)
 
     @classmethod
     def load(

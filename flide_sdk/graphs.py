@@ -52,6 +52,7 @@ class _Captured:
     graph: torch.cuda.CUDAGraph
     probabilities: torch.Tensor  # the graph's output [questions, labels]
     host_views: list[dict[str, np.ndarray]]  # per pinned staging buffer
+    copies: list[tuple[torch.Tensor, torch.Tensor]]  # per staging buffer: (device, pinned) heads it copies
 
 
 class Launch:
@@ -109,6 +110,9 @@ class GraphRunner:
         self._staging = [torch.zeros(elements, dtype=torch.int64).pin_memory() for _ in range(BUFFERS)]
         self._readback = [torch.zeros(readback, dtype=torch.float32).pin_memory() for _ in range(BUFFERS)]
         self._copied: list[torch.cuda.Event | None] = [None] * BUFFERS
+        # per buffer: staged, copied in, replayed, read back; reused by the round after next, which starts
+        # only after this round's copy (`_copied`) and the engine's wait for it (its readback buffer too)
+        self._events = [[torch.cuda.Event(enable_timing=True) for _ in range(4)] for _ in range(BUFFERS)]
         self._next = 0
         self._layouts = layouts
         self._captured: dict[Capacity, _Captured] = {}
@@ -140,7 +144,8 @@ class GraphRunner:
             with torch.cuda.graph(graph, pool=pool):
                 probabilities = self.model(rnd, self.ops, self.caches)
             host_views = [layout.views(buffer.numpy()) for buffer in self._staging]
-            self._captured[capacity] = _Captured(layout, graph, probabilities, host_views)
+            copies = [(self._device_buffer[: layout.elements], buffer[: layout.elements]) for buffer in self._staging]
+            self._captured[capacity] = _Captured(layout, graph, probabilities, host_views, copies)
         torch.cuda.synchronize(self.device)
         report = CaptureReport(len(self._captured), time.perf_counter() - started,
                                torch.cuda.memory_reserved(self.device) - reserved)
@@ -162,10 +167,10 @@ class GraphRunner:
         freed = time.perf_counter()
         pad_into(host, capacity, captured.host_views[buffer], self.window_sink, self.kv_sink, self.rows.zero)
         padded = time.perf_counter()
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-        elements = captured.layout.elements
+        events = self._events[buffer]
+        device_head, pinned_head = captured.copies[buffer]
         events[0].record()
-        self._device_buffer[:elements].copy_(self._staging[buffer][:elements], non_blocking=True)
+        device_head.copy_(pinned_head, non_blocking=True)
         events[1].record()
         self._copied[buffer] = events[1]
         issued = time.perf_counter()
