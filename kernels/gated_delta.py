@@ -317,7 +317,7 @@ def _scan_step(state, base, store_outputs, k, w, u, k_gate, decay, v_new_ptr, h_
 @triton.jit
 def _state_scan_kernel(
     k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
-    chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr, sizes_ptr, more_than, at_most,
+    chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
     stride_sr, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
     L: tl.constexpr, PREC: tl.constexpr, PREFETCH: tl.constexpr,
@@ -336,15 +336,11 @@ def _state_scan_kernel(
     A step's chunk row comes from `step_start`. PREFETCH 1 loads it one step ahead and carries it, so the
     addresses of a step's tiles are known when the step starts; PREFETCH 2 also loads the next step's tiles
     before this step's products and carries them in registers, so a step waits on no load issued in it.
-    A launch runs the level only if its real segments number more than `more_than` and at most `at_most`
-    (two launches of different settings can share a level's shapes that way).
     """
     head = tl.program_id(0)
     heads = tl.num_programs(0)
     dk = tl.arange(0, DK)
-    segments = tl.load(sizes_ptr + 1)
-    segments = tl.where((segments > more_than) & (segments <= at_most), segments, 0)
-    for segment in range(tl.program_id(2), segments, tl.num_programs(2)):
+    for segment in range(tl.program_id(2), tl.load(sizes_ptr + 1), tl.num_programs(2)):
         steps = tl.load(chunk_count_ptr + segment)
         final_row = tl.load(final_row_ptr + segment)
         if (steps > 1) | (final_row >= 0):
@@ -434,8 +430,6 @@ def _chunk_output_kernel(
 
 
 PROGRAMS_PER_SM = 4  # the default cap of a launch's programs, per multiprocessor
-ALL_SEGMENTS = 1 << 40  # a scan launch's segment bound that every level meets
-LATENCY_SCAN_WARPS = 8  # the scan of a level of few segments (`latency_segments`)
 
 
 @functools.cache
@@ -477,7 +471,6 @@ def gated_delta_triton(
     scan_warps: int = 4,
     scan_stages: int = 2,
     scan_prefetch: int = 0,
-    latency_segments: int | None = None,
     out_block_v: int = 128,
     out_warps: int = 4,
     store_dtype: torch.dtype | None = None,
@@ -502,18 +495,16 @@ def gated_delta_triton(
     takes the prep's W and U products in the storage dtype (T rounded to it) instead of TF32: 6-10% faster
     GDN on the H200 (gdn-options at 7117ef9), but with it on by default the 0.8B engine's mean total variation
     to float32 (0.0256) was worse than transformers' bf16 (0.0245) (fidelity at 0f00d29), so it is off.
-    `latency_segments` (default with 16-bit storage on CUDA: as many as give each of their programs a
-    multiprocessor, 2 for 0.8B on the H200, 1 for 4B; else 0, off): a round's trunk level with at most
-    this many real segments is scanned by a launch of its own, with the next step's tiles prefetched
-    (`scan_prefetch` 2) and 8 warps; on the H200 (gdn-options at 9b251a9) that setting took 0.141 against
-    0.155 ms per layer for a lone 2,000-token ask padded as the engine replays it, but 12% longer than the
-    default on round b's 32 trunks, so the usual launch keeps the levels of more segments (each launch
-    returns at once on the other's). `chunk_programs` and `scan_programs` cap the programs of each launch
-    of the chunk kernels and of the scan
+    `chunk_programs` and `scan_programs` cap the programs of each launch of the chunk kernels and of the scan
     (default: PROGRAMS_PER_SM per multiprocessor; at least one per head and V split or tile): programs loop
     over the real rows and segments past the cap. Padding rows are not visited at all: when programs
     stepped over them (one dependent load each), a lone 2,000-token ask padded as the engine replays it
     took 1.35x the unpadded GDN time on the H200, whatever the caps (bench_gdn at e139c25 and fd37cde).
+    The scan's grid puts segments last, so a graph's programs with a segment to scan start first: a lone
+    2,000-token ask padded as the engine replays it took 0.145 ms per layer with it, 0.155 without
+    (gdn-options at ddb9232 and 9b251a9). Timed and not made default (gdn-options at ddb9232): a trunk level
+    of at most 2 segments scanned by a launch of its own with `scan_prefetch` 2 and 8 warps (1.5% faster
+    alone, 2.6% on round a, 1.3% and 5% slower on rounds b and c, one more launch per layer).
     On CUDA the V tiles must be at least 32 columns: compiled for the H200 with 16-column tiles, the scan
     returned non-finite values (benchmarks/results, check-gdn-bf16); the interpreter is not affected.
     """
@@ -538,11 +529,6 @@ def gated_delta_triton(
     split = min(split_v or dv, dv // max(bv, 1))
     if bv < min_tile or bv & (bv - 1) or split < 1 or dv % (bv * split):
         raise ValueError(f"block_v = {bv} and split_v = {split} do not tile Dv = {dv}")
-    if latency_segments is None:  # 16-bit storage: as many trunks as have a multiprocessor per program
-        latency_segments = (_multiprocessors(q.device) // (v_heads * split)
-                            if q.is_cuda and (store_dtype or q.dtype).itemsize == 2 else 0)
-    if latency_segments < 0:
-        raise ValueError(f"latency_segments = {latency_segments} must be >= 0")
     obv = min(out_block_v, dv)
     if obv < min_tile or obv & (obv - 1):
         raise ValueError(f"out_block_v = {obv} does not tile Dv = {dv}")
@@ -582,23 +568,15 @@ def gated_delta_triton(
         # v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
         h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
         v_new = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
-        for index, (level, first, size, count) in enumerate(zip(levels, (0, start1, start2), table_rows,
-                                                                table_segments)):
+        for level, first, size, count in zip(levels, (0, start1, start2), table_rows, table_segments):
             rows = slice(first, first + size)
-            # the trunks' level of a round of at most `latency_segments` trunks: its own launch, tiles
-            # prefetched, 8 warps; the usual launch takes the level when it has more
-            few = min(latency_segments, count) if index == 0 else 0
-            launches = [(few, 0, few, 2, LATENCY_SCAN_WARPS)] if few else []
-            launches.append((min(count, max(1, scan_programs // (v_heads * split))), few, ALL_SEGMENTS,
-                             scan_prefetch, scan_warps))
-            for grid_segments, more_than, at_most, prefetch, warps in launches:
-                _state_scan_kernel[(v_heads, split, grid_segments)](
-                    k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
-                    level.chunk_count, level.step_start, level.init_row, level.final_row, level.sizes,
-                    more_than, at_most, states.stride(0), states.stride(1), states.stride(2),
-                    DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, PREFETCH=prefetch,
-                    num_warps=warps, num_stages=scan_stages,
-                )
+            _state_scan_kernel[(v_heads, split, min(count, max(1, scan_programs // (v_heads * split))))](
+                k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
+                level.chunk_count, level.step_start, level.init_row, level.final_row, level.sizes,
+                states.stride(0), states.stride(1), states.stride(2),
+                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, PREFETCH=scan_prefetch,
+                num_warps=scan_warps, num_stages=scan_stages,
+            )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
             q, a, q_gate, w, u, v_new, h, states, out, *tokens,
             *(level.chunk_count for level in levels), *(level.init_row for level in levels), *sizes,

@@ -98,11 +98,9 @@ def test_triton_matches_reference_on_a_random_round():
 @pytest.mark.parametrize(
     "knobs",
     [{"block_v": 16, "split_v": 1}, {"block_v": 16}, {"out_block_v": 16}, {"sub_block": 32}, {"sub_block": 64},
-     {"scan_prefetch": 1}, {"scan_prefetch": 2}, {"scan_prefetch": 2, "block_v": 16, "split_v": 1},
-     {"latency_segments": 2}, {"latency_segments": 1}],
+     {"scan_prefetch": 1}, {"scan_prefetch": 2}, {"scan_prefetch": 2, "block_v": 16, "split_v": 1}],
     ids=["two-tiles-per-program", "two-programs", "two-output-tiles", "sub-block-32", "sub-block-64",
-         "scan-prefetched-row", "scan-prefetched-tiles", "scan-prefetched-tiles-two-per-program",
-         "trunks-in-the-latency-launch", "trunks-past-the-latency-launch"],
+         "scan-prefetched-row", "scan-prefetched-tiles", "scan-prefetched-tiles-two-per-program"],
 )
 def test_triton_matches_reference_with_gqa_and_tiling(knobs):
     host = plan_round(make_requests(2, [(64, 0, None), (130, 0, None)], max_branches=2), 4)
