@@ -19,6 +19,8 @@ and beta = sigmoid(x) in float32. Reported per round:
 - ours on the round padded as the engine replays it (`ours_padded_as_the_engine`): inputs and plan padded to
   the capacity the engine's graph ladder picks (16,384 tokens and 64 requests at most), its output on the
   real tokens against the unpadded run's; the engine's GDN time includes this padding;
+- kernels: per-kernel device time of ours and of fla's chunk pipeline (torch.profiler, per call, eager),
+  so the kernel that trails its counterpart shows;
 - knob settings given with --variants: errors, and times unpadded and padded as the engine replays them;
   with --isolate each setting runs in a process of its own next to the default (only ours, no FLA), so
   one that faults on the device (as a sweep of 01c9a99 and the variants of e29605c did: an illegal memory
@@ -41,7 +43,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import KERNEL_ROUNDS, cuda_time_ms, release_config, round_requests, run_metadata, write_result
+from benchmarks.common import (
+    KERNEL_ROUNDS,
+    cuda_time_ms,
+    device_kernels,
+    release_config,
+    round_requests,
+    run_metadata,
+    write_result,
+)
 from flide_sdk.capacity import capacity_ladder, choose, pad_round
 from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
 from flide_sdk.layout import HostRound, RequestSpec, RoundTensors, Save, StateRows, plan_round
@@ -320,6 +330,8 @@ def main() -> None:
                 **timed(run_fla),
             }
             mode = mode if "median_ms" in entry["fla"]["graph"] else "eager"
+            entry["kernels"] = {"ours": device_kernels(run_ours, repeat=10)[0],
+                                "fla": device_kernels(run_fla, repeat=10)[0]}
             entry["ratio_ours_over_fla"] = entry["ours"][mode]["median_ms"] / entry["fla"][mode]["median_ms"]
         entry["ratio_mode"] = mode
         if not (args.no_sweep or args.variants_only):

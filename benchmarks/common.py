@@ -158,6 +158,27 @@ def cuda_time_ms(fn, warmup: int = 5, repeat: int = 30) -> dict[str, float]:
     return {"median_ms": times[len(times) // 2], "p90_ms": times[int(0.9 * (len(times) - 1))]}
 
 
+def device_kernels(fn, repeat: int = 1, warmup: int = 3):
+    """Device kernels (and memsets) of `repeat` calls of `fn` under torch.profiler, after `warmup` calls:
+    ({"kernel", "calls", "ms"} per name, ms and calls per call of `fn`, longest first; the profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeat):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
+        if device_us > 0:
+            rows.append({"kernel": event.key[:120], "calls": event.count / repeat, "ms": device_us / 1000 / repeat})
+    rows.sort(key=lambda row: -row["ms"])
+    return rows, prof
+
+
 def wall_time_ms(fn, warmup: int = 2, repeat: int = 10) -> dict[str, float]:
     """Median and p90 wall-clock latency of `fn()` (which must finish its own work) in milliseconds."""
     for _ in range(warmup):

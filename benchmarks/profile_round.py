@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 import flide_sdk as fl
 from benchmarks.common import (
     build_random_checkpoint,
+    device_kernels,
     race_requests,
     run_metadata,
     write_result,
@@ -46,18 +46,7 @@ def kernel_table(engine: fl.Engine, label: str, state: str, questions: dict) -> 
     capacity = choose(ladder, host)
     padded = pad_round(host, capacity, pool.window_sink, pool.kv_sink, pool.state_rows.zero)
     rnd = padded.to("cuda")
-    for _ in range(3):
-        engine.model(rnd, engine.ops, engine._caches)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        engine.model(rnd, engine.ops, engine._caches)
-        torch.cuda.synchronize()
-    rows = []
-    for event in prof.key_averages():
-        device_us = getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
-        if device_us > 0:
-            rows.append({"kernel": event.key[:120], "calls": event.count, "ms": device_us / 1000})
-    rows.sort(key=lambda row: -row["ms"])
+    rows, prof = device_kernels(lambda: engine.model(rnd, engine.ops, engine._caches))
     return {"round": label, "questions": len(questions), "tokens": host.num_real, "capacity_tokens": capacity.tokens,
             "device_ms_total": sum(row["ms"] for row in rows), "launches": sum(row["calls"] for row in rows),
             "kernels": rows[:30], "first_launches": launch_order(prof, FIRST_LAUNCHES)}

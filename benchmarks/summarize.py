@@ -52,6 +52,8 @@ def _kernel_rounds(data: dict[str, Any]) -> list[str]:
                         for name, v in rnd.get("variants", {}).items() if "median_ms" in v["graph"]}
         lines.append(f"  {name}: " + ", ".join(f"{key} {value if isinstance(value, str) else f'{value:.4g}'}"
                                                for key, value in timings.items()))
+        lines += [f"    {who} kernels: " + ", ".join(f"{row['kernel'][:28]} {row['ms']:.4g}" for row in rows[:5])
+                  for who, rows in rnd.get("kernels", {}).items()]
     return lines
 
 

@@ -42,3 +42,17 @@ def test_summary_reports_isolated_gdn_variants_beside_their_default_and_the_fail
         '  lone: {"scan_prefetch": 2} unpadded/padded 0.12/0.13 (default 0.141/0.153)',
         '  variant {"scan_stages": 3} FAILED (exit status 1)',
     ]
+
+
+def test_summary_lists_the_longest_kernels_of_ours_and_the_baseline(tmp_path):
+    gdn = {"commit": "abc1234", "rounds": {"lone": {"ours": {"graph": {"median_ms": 0.142}}, "kernels": {
+        "ours": [{"kernel": "_state_scan_kernel", "calls": 3, "ms": 0.062}, {"kernel": "_chunk_prep_kernel", "calls": 1,
+                                                                              "ms": 0.046}],
+        "fla": [{"kernel": "chunk_gated_delta_rule_fwd_kernel_h", "calls": 1, "ms": 0.04}]}}}}
+    (tmp_path / "gdn.json").write_text(json.dumps(gdn))
+    assert summarize(tmp_path / "gdn.json") == [
+        "gdn.json (commit abc1234)",
+        "  lone: ours 0.142",
+        "    ours kernels: _state_scan_kernel 0.062, _chunk_prep_kernel 0.046",
+        "    fla kernels: chunk_gated_delta_rule_fwd_k 0.04",
+    ]
