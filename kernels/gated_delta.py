@@ -486,11 +486,12 @@ def gated_delta_triton(
     Dv / block_v / split_v tiles in turn; default: one tile per program), the prep kernel's sub-block rows
     (16 or 32: block forward substitution through a float32 scratch; 64: exact doubling over the whole
     chunk in registers, no scratch), the warps of the three kernels, the scan's pipeline depth, what the
-    scan loads a step ahead (`scan_prefetch`: 0 nothing, 1 the chunk row, 2 the row and the tiles), and the
-    output kernel's V tile (`out_block_v`; default 128, the releases' whole Dv: on the H200 3-6% faster than
-    64 in rounds a and b, equal alone). `store_dtype` (default: the inputs' dtype) is the dtype of the stored W, U, q-k block,
-    per-chunk start states and v_new, and so of the product operands of the scan, the output kernel and
-    (16-bit storage) the prep's W = T (beta K exp(cum)) and U = T (beta V): float32 trades time (TF32
+    scan loads a step ahead (`scan_prefetch`: 0 nothing, 1 the chunk row, 2 the row and the tiles; on the
+    H200 at 9b251a9 none was more than 2% faster with 4 warps, and 2 with 8 warps 9% faster alone but 12%
+    slower on round b), and the output kernel's V tile (`out_block_v`; default 128, the releases' whole Dv:
+    on the H200 3-6% faster than 64 in rounds a and b, equal alone). `store_dtype` (default: the inputs'
+    dtype) is the dtype of the stored W, U, q-k block, per-chunk start states and v_new, and so of the
+    product operands of the scan, the output kernel and (16-bit storage) the prep's W = T (beta K exp(cum)) and U = T (beta V): float32 trades time (TF32
     products, twice the traffic) for accuracy with 16-bit inputs. `wy_low_precision` (16-bit storage only)
     takes the prep's W and U products in the storage dtype (T rounded to it) instead of TF32: 6-10% faster
     GDN on the H200 (gdn-options at 7117ef9), but with it on by default the 0.8B engine's mean total variation
