@@ -491,11 +491,12 @@ def gated_delta_triton(
     slower on round b), and the output kernel's V tile (`out_block_v`; default 128, the releases' whole Dv:
     on the H200 3-6% faster than 64 in rounds a and b, equal alone). `store_dtype` (default: the inputs'
     dtype) is the dtype of the stored W, U, q-k block, per-chunk start states and v_new, and so of the
-    product operands of the scan, the output kernel and (16-bit storage) the prep's W = T (beta K exp(cum)) and U = T (beta V): float32 trades time (TF32
-    products, twice the traffic) for accuracy with 16-bit inputs. `wy_low_precision` (16-bit storage only)
-    takes the prep's W and U products in the storage dtype (T rounded to it) instead of TF32: 6-10% faster
-    GDN on the H200 (gdn-options at 7117ef9), but with it on by default the 0.8B engine's mean total variation
-    to float32 (0.0256) was worse than transformers' bf16 (0.0245) (fidelity at 0f00d29), so it is off.
+    product operands of the scan, the output kernel and (16-bit storage) the prep's W = T (beta K exp(cum))
+    and U = T (beta V): float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit
+    inputs. `wy_low_precision` (16-bit storage only) takes the prep's W and U products in the storage dtype (T
+    rounded to it) instead of TF32: 6-10% faster GDN on the H200 (gdn-options at 7117ef9), but with it on by
+    default the 0.8B engine's mean total variation to float32 (0.0256) was worse than transformers' bf16
+    (0.0245) (fidelity at 0f00d29), so it is off.
     `chunk_programs` and `scan_programs` cap the programs of each launch of the chunk kernels and of the scan
     (default: PROGRAMS_PER_SM per multiprocessor; at least one per head and V split or tile): programs loop
     over the real rows and segments past the cap. Padding rows are not visited at all: when programs
