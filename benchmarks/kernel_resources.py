@@ -167,6 +167,7 @@ VARIANTS = {
     "bf16, GDN scan_prefetch 1, 3 scan stages": (torch.bfloat16, _with("gated_delta", scan_prefetch=1, scan_stages=3)),
     "bf16, GDN scan_prefetch 2 (row and tiles)": (torch.bfloat16, _with("gated_delta", scan_prefetch=2)),
     "bf16, GDN scan_prefetch 2, 1 scan stage": (torch.bfloat16, _with("gated_delta", scan_prefetch=2, scan_stages=1)),
+    "bf16, conv taps_together": (torch.bfloat16, _with("indexed_conv", taps_together=True)),
     "bf16, GDN 3 scan stages": (torch.bfloat16, _with("gated_delta", scan_stages=3)),
     # ForkAttention tilings besides the default (64 rows = 4 heads x 16 tokens, 32-key blocks, 4 warps), each
     # given in full: rows, heads per program, keys per block, warps (and stages where not 2)

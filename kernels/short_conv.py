@@ -62,17 +62,18 @@ def save_windows_reference(
 @triton.jit
 def _table_rows(x_ptr, cache_ptr, resume_ptr, index, ok, chans, chan_ok, total,
                 stride_x, stride_cs, stride_ck, WINDOW: tl.constexpr):
-    """Rows `index` [B] of the virtual table at channels `chans` ([B, BC], zero where not `ok`).
+    """Rows `index` of the virtual table at channels `chans`, zero where not `ok`: `index` and `ok` have a
+    trailing axis of 1 and `chans` and `chan_ok` leading ones ([B, 1] and [1, BC] give [B, BC]).
 
-    Each row's address is resolved first ([B] pointers into x or into the window arena), then one load
-    reads every row: one pointer tile per call keeps the registers (and spills) of a program low.
+    Each row's address is resolved first (pointers into x or into the window arena), then one load reads
+    every row: one pointer tile per call keeps the registers (and spills) of a program low.
     """
     in_window = (index > total) & ok
     j = tl.where(in_window, index - 1 - total, 0)
     slot = tl.load(resume_ptr + j // WINDOW, mask=in_window, other=0)
     row = tl.where(in_window, cache_ptr + slot * stride_cs + (j % WINDOW) * stride_ck,
                    x_ptr + tl.maximum(index - 1, 0) * stride_x)
-    return tl.load(row[:, None] + chans[None, :], mask=((index >= 1) & ok)[:, None] & chan_ok[None, :], other=0.0)
+    return tl.load(row + chans, mask=(index >= 1) & ok & chan_ok, other=0.0)
 
 
 @triton.jit
@@ -89,10 +90,37 @@ def _indexed_conv_kernel(
     acc = tl.zeros((BT, BC), tl.float32)
     for tap in tl.static_range(TAPS):
         index = tl.load(src_ptr + tokens * stride_src + tap, mask=token_ok, other=0)
-        rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index, token_ok, chans, chan_ok, total,
-                           stride_x, stride_cs, stride_ck, TAPS - 1)
+        rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index[:, None], token_ok[:, None], chans[None, :],
+                           chan_ok[None, :], total, stride_x, stride_cs, stride_ck, TAPS - 1)
         weight = tl.load(weight_ptr + chans * stride_weight + tap, mask=chan_ok, other=0.0).to(tl.float32)
         acc += rows.to(tl.float32) * weight[None, :]
+    out = acc * tl.sigmoid(acc)
+    tl.store(out_ptr + tokens[:, None] * stride_out + chans[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=token_ok[:, None] & chan_ok[None, :])
+
+
+@triton.jit
+def _indexed_conv_taps_kernel(
+    x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
+    stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
+    TAPS: tl.constexpr, TAPS_P2: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+):
+    """`_indexed_conv_kernel` with every tap at once: the weights [TAPS, BC] first, then the indices [BT, TAPS]
+    and the rows [BT, TAPS, BC] in one load each, summed over the taps. Per tap, the other kernel's chain
+    (index, rows, then the weights through shared memory and a barrier) runs one tap after the other."""
+    tokens = tl.program_id(0) * BT + tl.arange(0, BT)
+    chans = tl.program_id(1) * BC + tl.arange(0, BC)
+    taps = tl.arange(0, TAPS_P2)
+    token_ok = tokens < total
+    chan_ok = chans < channels
+    tap_ok = taps < TAPS
+    weight = tl.load(weight_ptr + chans[None, :] * stride_weight + taps[:, None],
+                     mask=tap_ok[:, None] & chan_ok[None, :], other=0.0).to(tl.float32)
+    index_ok = token_ok[:, None] & tap_ok[None, :]
+    index = tl.load(src_ptr + tokens[:, None] * stride_src + taps[None, :], mask=index_ok, other=0)
+    rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index[:, :, None], index_ok[:, :, None],
+                       chans[None, None, :], chan_ok[None, None, :], total, stride_x, stride_cs, stride_ck, TAPS - 1)
+    acc = tl.sum(rows.to(tl.float32) * weight[None, :, :], axis=1)
     out = acc * tl.sigmoid(acc)
     tl.store(out_ptr + tokens[:, None] * stride_out + chans[None, :], out.to(out_ptr.dtype.element_ty),
              mask=token_ok[:, None] & chan_ok[None, :])
@@ -110,8 +138,8 @@ def _save_windows_kernel(
     taps = tl.arange(0, BW)
     tap_ok = taps < WINDOW
     index = tl.load(src_ptr + save * stride_src + taps, mask=tap_ok, other=0)
-    rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index, tap_ok, chans, chan_ok, total,
-                       stride_x, stride_cs, stride_ck, WINDOW)
+    rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index[:, None], tap_ok[:, None], chans[None, :],
+                       chan_ok[None, :], total, stride_x, stride_cs, stride_ck, WINDOW)
     slot = tl.load(save_slots_ptr + save)
     tl.store(cache_ptr + slot * stride_cs + taps[:, None] * stride_ck + chans[None, :],
              rows.to(cache_ptr.dtype.element_ty), mask=tap_ok[:, None] & chan_ok[None, :])
@@ -127,20 +155,25 @@ def _arena_slots(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torc
 
 def indexed_conv_triton(
     x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, weight: torch.Tensor, src: torch.Tensor,
-    *, block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4,
+    *, block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4, taps_together: bool = False,
 ) -> torch.Tensor:
     """The Triton kernel behind the same contract as `indexed_conv_reference` (sum in float32).
 
-    The keyword arguments are tuning knobs (tokens and channels per program, powers of two; warps)."""
+    The keyword arguments are tuning knobs (tokens and channels per program, powers of two; warps) and
+    `taps_together` (`_indexed_conv_taps_kernel`: every tap's rows in one load; untimed on the H200 yet:
+    compiled for sm_90, the default kernel's PTX has a barrier between consecutive taps' loads)."""
     resume_slots = _arena_slots(x, window_cache, resume_slots)
     total, channels = x.shape
     out = torch.empty_like(x)
     grid = (triton.cdiv(total, block_t), triton.cdiv(channels, block_c))
-    _indexed_conv_kernel[grid](
-        x, window_cache, resume_slots, weight, src, out, total, channels,
-        x.stride(0), window_cache.stride(0), window_cache.stride(1), weight.stride(0), src.stride(0), out.stride(0),
-        TAPS=src.shape[1], BT=block_t, BC=block_c, num_warps=num_warps,
-    )
+    arguments = (x, window_cache, resume_slots, weight, src, out, total, channels, x.stride(0),
+                 window_cache.stride(0), window_cache.stride(1), weight.stride(0), src.stride(0), out.stride(0))
+    taps = src.shape[1]
+    if taps_together:
+        _indexed_conv_taps_kernel[grid](*arguments, TAPS=taps, TAPS_P2=triton.next_power_of_2(taps), BT=block_t,
+                                        BC=block_c, num_warps=num_warps)
+    else:
+        _indexed_conv_kernel[grid](*arguments, TAPS=taps, BT=block_t, BC=block_c, num_warps=num_warps)
     return out
 
 
