@@ -60,20 +60,18 @@ def save_windows_reference(
 
 
 @triton.jit
-def _table_rows(x_ptr, cache_ptr, resume_ptr, index, ok, chans, chan_ok, total,
-                stride_x, stride_cs, stride_ck, WINDOW: tl.constexpr):
-    """Rows `index` of the virtual table at channels `chans`, zero where not `ok`: `index` and `ok` have a
-    trailing axis of 1 and `chans` and `chan_ok` leading ones ([B, 1] and [1, BC] give [B, BC]).
-
-    Each row's address is resolved first (pointers into x or into the window arena), then one load reads
-    every row: one pointer tile per call keeps the registers (and spills) of a program low.
-    """
+def _table_row_pointers(x_ptr, cache_ptr, resume_ptr, index, ok, total, stride_x, stride_cs, stride_ck,
+                        WINDOW: tl.constexpr):
+    """Where rows `index` (any shape) of the virtual table start, and whether each is read (not the zero row,
+    and `ok`). The caller adds the channels and loads every row at once: resolving the addresses in the
+    index's own shape first keeps them from being repeated per channel, and one pointer tile per load keeps
+    the registers (and spills) of a program low."""
     in_window = (index > total) & ok
     j = tl.where(in_window, index - 1 - total, 0)
     slot = tl.load(resume_ptr + j // WINDOW, mask=in_window, other=0)
     row = tl.where(in_window, cache_ptr + slot * stride_cs + (j % WINDOW) * stride_ck,
                    x_ptr + tl.maximum(index - 1, 0) * stride_x)
-    return tl.load(row + chans, mask=(index >= 1) & ok & chan_ok, other=0.0)
+    return row, (index >= 1) & ok
 
 
 @triton.jit
@@ -90,8 +88,9 @@ def _indexed_conv_kernel(
     acc = tl.zeros((BT, BC), tl.float32)
     for tap in tl.static_range(TAPS):
         index = tl.load(src_ptr + tokens * stride_src + tap, mask=token_ok, other=0)
-        rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index[:, None], token_ok[:, None], chans[None, :],
-                           chan_ok[None, :], total, stride_x, stride_cs, stride_ck, TAPS - 1)
+        row, read = _table_row_pointers(x_ptr, cache_ptr, resume_ptr, index, token_ok, total,
+                                        stride_x, stride_cs, stride_ck, TAPS - 1)
+        rows = tl.load(row[:, None] + chans[None, :], mask=read[:, None] & chan_ok[None, :], other=0.0)
         weight = tl.load(weight_ptr + chans * stride_weight + tap, mask=chan_ok, other=0.0).to(tl.float32)
         acc += rows.to(tl.float32) * weight[None, :]
     out = acc * tl.sigmoid(acc)
@@ -118,8 +117,9 @@ def _indexed_conv_taps_kernel(
                      mask=tap_ok[:, None] & chan_ok[None, :], other=0.0).to(tl.float32)
     index_ok = token_ok[:, None] & tap_ok[None, :]
     index = tl.load(src_ptr + tokens[:, None] * stride_src + taps[None, :], mask=index_ok, other=0)
-    rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index[:, :, None], index_ok[:, :, None],
-                       chans[None, None, :], chan_ok[None, None, :], total, stride_x, stride_cs, stride_ck, TAPS - 1)
+    row, read = _table_row_pointers(x_ptr, cache_ptr, resume_ptr, index, index_ok, total,
+                                    stride_x, stride_cs, stride_ck, TAPS - 1)
+    rows = tl.load(row[:, :, None] + chans[None, None, :], mask=read[:, :, None] & chan_ok[None, None, :], other=0.0)
     acc = tl.sum(rows.to(tl.float32) * weight[None, :, :], axis=1)
     out = acc * tl.sigmoid(acc)
     tl.store(out_ptr + tokens[:, None] * stride_out + chans[None, :], out.to(out_ptr.dtype.element_ty),
@@ -138,8 +138,9 @@ def _save_windows_kernel(
     taps = tl.arange(0, BW)
     tap_ok = taps < WINDOW
     index = tl.load(src_ptr + save * stride_src + taps, mask=tap_ok, other=0)
-    rows = _table_rows(x_ptr, cache_ptr, resume_ptr, index[:, None], tap_ok[:, None], chans[None, :],
-                       chan_ok[None, :], total, stride_x, stride_cs, stride_ck, WINDOW)
+    row, read = _table_row_pointers(x_ptr, cache_ptr, resume_ptr, index, tap_ok, total,
+                                    stride_x, stride_cs, stride_ck, WINDOW)
+    rows = tl.load(row[:, None] + chans[None, :], mask=read[:, None] & chan_ok[None, :], other=0.0)
     slot = tl.load(save_slots_ptr + save)
     tl.store(cache_ptr + slot * stride_cs + taps[:, None] * stride_ck + chans[None, :],
              rows.to(cache_ptr.dtype.element_ty), mask=tap_ok[:, None] & chan_ok[None, :])
