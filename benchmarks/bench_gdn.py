@@ -2,11 +2,11 @@
 
     PYTHONPATH=$PWD python benchmarks/bench_gdn.py --model-size 0.8B
 
-Rounds (issue 4): (a) one 2,000-token trunk + 64 branches of 20 tokens; (b) 32 requests of a 350-token
-trunk + 4 branches of 20; (c) a trunk of 500 new tokens resuming after 8,000 cached ones, from the state the
-float32 reference leaves after a random 8,000-token prefix, + 4 branches of 20 (no fla baseline: errors and
-our time only); and a lone 2,000-token trunk + 1 branch (questions_per_state at Q = 1). Inputs are random bf16 q, k, v with the release's GDN shapes, g = -softplus(x - 2)
-and beta = sigmoid(x) in float32. Reported per round:
+Rounds (issue 4): (a) one 2,000-token trunk + 64 branches of 20 tokens; (b) 32 requests of a 350-token trunk +
+4 branches of 20; (c) a trunk of 500 new tokens resuming after 8,000 cached ones, from the state the float32
+reference leaves after a random 8,000-token prefix, + 4 branches of 20 (no fla baseline: errors and our time
+only); and a lone 2,000-token trunk + 1 branch (questions_per_state at Q = 1). Inputs are random bf16 q, k, v
+with the release's GDN shapes, g = -softplus(x - 2) and beta = sigmoid(x) in float32. Reported per round:
 - error: relative error (||delta|| / ||ref||) of our bf16 outputs and of the state rows the round writes,
   against `gated_delta_reference` in float32 on the same (bf16-rounded) inputs, with the default knobs and
   with the accuracy option (W, U and the q-k block stored in float32);

@@ -261,7 +261,8 @@ def fork_attention_triton(
     group = heads // kv_heads
     wide = q.dtype == torch.float32
     if heads_per_program is None:
-        heads_per_program = 1 if wide else max(h for h in (1, 2, 4) if h <= HEADS_PER_PROGRAM and group % h == 0)
+        heads_per_program = 1 if wide else max(1 << p for p in range(HEADS_PER_PROGRAM.bit_length())
+                                                if group % (1 << p) == 0)
     block_keys = block_keys or (WIDE_BLOCK_KEYS if wide else BLOCK_KEYS)
     if block_keys < 16 or PAGE % block_keys:
         raise ValueError(f"block_keys={block_keys} must be at least 16 and divide the page size {PAGE}")

@@ -24,7 +24,7 @@ rows. Only the state recurrence is sequential:
   A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
   16-row sub-blocks (through a float32 scratch), and stores W = T (beta K exp(cum)), U = T (beta V), the
   causal q-k block q K^T * Gamma and the per-row gate factors.
-- `_state_scan_kernel`, per (segment, value head, V split), one launch per level: keeps a [Dk, BV] slice
+- `_state_scan_kernel`, per (value head, V split, segment), one launch per level: keeps a [Dk, BV] slice
   of S in registers from `init_row` through the segment's chunks (chunk j is row `step_start[j] + segment`),
   stores per chunk past the first the state at its start S_j and v_new = U - W S_j, updates
   S <- exp(g_last) S + (K exp(g_last - cum))^T v_new, and writes the final slice to `final_row`.
