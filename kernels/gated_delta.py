@@ -284,15 +284,26 @@ def _chunk_prep_kernel(
 
 
 @triton.jit
+def _tile(rows, cols, row_stride, TRANSPOSED: tl.constexpr):
+    """Offsets of the [rows, cols] tile of a row-major matrix (`row_stride` apart), or with TRANSPOSED of
+    its transpose [cols, rows]: the scan's transposed form reads and writes the same memory layouts."""
+    if TRANSPOSED:
+        offsets = rows[None, :] * row_stride + cols[:, None]
+    else:
+        offsets = rows[:, None] * row_stride + cols[None, :]
+    return offsets
+
+
+@triton.jit
 def _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols,
-                DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr):
-    """What one chunk (row `base` of the [chunk * head] tables) of the scan reads: K, W, the U tile, the
-    k gates and the chunk's decay."""
+                DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """What one chunk (row `base` of the [chunk * head] tables) of the scan reads: K, W, the U tile
+    (transposed, [BV, L], with TRANSPOSED), the k gates and the chunk's decay."""
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     k = tl.load(k_rows_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
     w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
-    u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
+    u = tl.load(u_ptr + base * L * DV + _tile(i, cols, DV, TRANSPOSED))
     k_gate = tl.load(k_gate_ptr + base * L + i)
     decay = tl.load(decay_ptr + base)
     return k, w, u, k_gate, decay
@@ -300,18 +311,28 @@ def _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols,
 
 @triton.jit
 def _scan_step(state, base, store_outputs, k, w, u, k_gate, decay, v_new_ptr, h_ptr, cols,
-               DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr):
+               DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr, TRANSPOSED: tl.constexpr):
     """One chunk of the scan from its tiles (`_scan_tiles` of row `base`): stores the state at its start and
     v_new = U - W S when `store_outputs`, returns the state at its end. Products take their operands in the
-    storage dtype of W and U."""
+    storage dtype of W and U. With TRANSPOSED the state is S^T [BV, DK] and the step computes
+    v_new^T = U^T - S^T W^T and S^T <- decay S^T + (v_new^T * k gates) K: the state and the update are the
+    left operands, which stay in registers (M = BV rows: mma.sync on sm_90, no shared-memory round trip)."""
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
-    v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
+    if TRANSPOSED:
+        v_new = u.to(tl.float32) - tl.dot(state.to(w.dtype), tl.trans(w), input_precision=PREC)
+        update = (v_new * k_gate[None, :]).to(w.dtype)
+    else:
+        v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
+        update = (k_gate[:, None] * v_new).to(w.dtype)
     if store_outputs:
-        tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], state.to(h_ptr.dtype.element_ty))
-        tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :], v_new.to(v_new_ptr.dtype.element_ty))
-    update = (k_gate[:, None] * v_new).to(w.dtype)
-    return state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
+        tl.store(h_ptr + base * DK * DV + _tile(dk, cols, DV, TRANSPOSED), state.to(h_ptr.dtype.element_ty))
+        tl.store(v_new_ptr + base * L * DV + _tile(i, cols, DV, TRANSPOSED), v_new.to(v_new_ptr.dtype.element_ty))
+    if TRANSPOSED:
+        state = state * decay + tl.dot(update, k.to(w.dtype), input_precision=PREC)
+    else:
+        state = state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
+    return state
 
 
 @triton.jit
@@ -320,7 +341,7 @@ def _state_scan_kernel(
     chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
     stride_sr, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
-    L: tl.constexpr, PREC: tl.constexpr, PREFETCH: tl.constexpr,
+    L: tl.constexpr, PREC: tl.constexpr, PREFETCH: tl.constexpr, TRANSPOSED: tl.constexpr,
 ):
     """Per (value head, V split, segment): TILES V tiles of BV columns, one after the other; a program
     takes segments pid, pid + P, ... of the level's real segments (`sizes[1]`; sorted longest first, so the
@@ -347,12 +368,12 @@ def _state_scan_kernel(
             init_row = tl.load(init_row_ptr + segment)
             for tile in range(TILES):
                 cols = (tl.program_id(1) * TILES + tile) * BV + tl.arange(0, BV)
-                state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
+                state_ptrs = states_ptr + head * stride_sh + _tile(dk, cols, stride_sk, TRANSPOSED)
                 state = tl.load(state_ptrs + init_row * stride_sr)
                 row = tl.load(step_start_ptr, mask=steps > 0, other=0)
                 if PREFETCH == 2:
                     k, w, u, k_gate, decay = _scan_tiles((row + segment) * heads + head, k_rows_ptr, w_ptr, u_ptr,
-                                                         k_gate_ptr, decay_ptr, cols, DK, DV, L)
+                                                         k_gate_ptr, decay_ptr, cols, DK, DV, L, TRANSPOSED)
                 for j in range(steps):
                     if PREFETCH > 0:
                         # past the last step: row 0 + segment, a real row of the level (each segment has one)
@@ -363,13 +384,14 @@ def _state_scan_kernel(
                     if PREFETCH == 2:
                         k_now, w_now, u_now, k_gate_now, decay_now = k, w, u, k_gate, decay
                         k, w, u, k_gate, decay = _scan_tiles((following + segment) * heads + head, k_rows_ptr,
-                                                             w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L)
+                                                             w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L,
+                                                             TRANSPOSED)
                     else:
                         k_now, w_now, u_now, k_gate_now, decay_now = _scan_tiles(
-                            base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L)
+                            base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L, TRANSPOSED)
                     # the output kernel starts a segment's first chunk from its init row itself
                     state = _scan_step(state, base, j > 0, k_now, w_now, u_now, k_gate_now, decay_now, v_new_ptr,
-                                       h_ptr, cols, DK, DV, L, PREC)
+                                       h_ptr, cols, DK, DV, L, PREC, TRANSPOSED)
                     if PREFETCH > 0:
                         row = following
                 if final_row >= 0:
@@ -471,6 +493,7 @@ def gated_delta_triton(
     scan_warps: int = 4,
     scan_stages: int = 2,
     scan_prefetch: int = 0,
+    scan_transposed: bool = False,
     out_block_v: int = 128,
     out_warps: int = 4,
     store_dtype: torch.dtype | None = None,
@@ -528,8 +551,9 @@ def gated_delta_triton(
         raise ValueError(f"sub_block = {sub_block} must be a power of two in [16, {GDN_CHUNK}]")
     min_tile = 32 if q.is_cuda else 16
     bv = min(block_v, dv)
+    scan_min_tile = 16 if scan_transposed else min_tile
     split = min(split_v or dv, dv // max(bv, 1))
-    if bv < min_tile or bv & (bv - 1) or split < 1 or dv % (bv * split):
+    if bv < scan_min_tile or bv & (bv - 1) or split < 1 or dv % (bv * split):
         raise ValueError(f"block_v = {bv} and split_v = {split} do not tile Dv = {dv}")
     obv = min(out_block_v, dv)
     if obv < min_tile or obv & (obv - 1):
@@ -577,6 +601,7 @@ def gated_delta_triton(
                 level.chunk_count, level.step_start, level.init_row, level.final_row, level.sizes,
                 states.stride(0), states.stride(1), states.stride(2),
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, PREFETCH=scan_prefetch,
+                TRANSPOSED=scan_transposed,
                 num_warps=scan_warps, num_stages=scan_stages,
             )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](

@@ -98,9 +98,12 @@ def test_triton_matches_reference_on_a_random_round():
 @pytest.mark.parametrize(
     "knobs",
     [{"block_v": 16, "split_v": 1}, {"block_v": 16}, {"out_block_v": 16}, {"sub_block": 32}, {"sub_block": 64},
-     {"scan_prefetch": 1}, {"scan_prefetch": 2}, {"scan_prefetch": 2, "block_v": 16, "split_v": 1}],
+     {"scan_prefetch": 1}, {"scan_prefetch": 2}, {"scan_prefetch": 2, "block_v": 16, "split_v": 1},
+     {"scan_transposed": True}, {"scan_transposed": True, "block_v": 16, "split_v": 1},
+     {"scan_transposed": True, "scan_prefetch": 2}],
     ids=["two-tiles-per-program", "two-programs", "two-output-tiles", "sub-block-32", "sub-block-64",
-         "scan-prefetched-row", "scan-prefetched-tiles", "scan-prefetched-tiles-two-per-program"],
+         "scan-prefetched-row", "scan-prefetched-tiles", "scan-prefetched-tiles-two-per-program",
+         "scan-transposed", "scan-transposed-two-tiles-per-program", "scan-transposed-prefetched-tiles"],
 )
 def test_triton_matches_reference_with_gqa_and_tiling(knobs):
     host = plan_round(make_requests(2, [(64, 0, None), (130, 0, None)], max_branches=2), 4)
