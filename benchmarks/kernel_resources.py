@@ -163,16 +163,8 @@ VARIANTS = {
     "bf16 engine": (torch.bfloat16, kernel_ops),
     "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
     "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32)),
-    "bf16, GDN scan_prefetch 1 (the row)": (torch.bfloat16, _with("gated_delta", scan_prefetch=1)),
-    "bf16, GDN scan_prefetch 1, 3 scan stages": (torch.bfloat16, _with("gated_delta", scan_prefetch=1, scan_stages=3)),
-    "bf16, GDN scan_prefetch 2 (row and tiles)": (torch.bfloat16, _with("gated_delta", scan_prefetch=2)),
-    "bf16, GDN scan_prefetch 2, 1 scan stage": (torch.bfloat16, _with("gated_delta", scan_prefetch=2, scan_stages=1)),
     "bf16, conv taps_together": (torch.bfloat16, _with("indexed_conv", taps_together=True)),
-    "bf16, GDN 3 scan stages": (torch.bfloat16, _with("gated_delta", scan_stages=3)),
-    "bf16, GDN scan_transposed": (torch.bfloat16, _with("gated_delta", scan_transposed=True)),
-    "bf16, GDN scan_transposed, 16-column tiles": (torch.bfloat16, _with("gated_delta", scan_transposed=True,
-                                                                          block_v=16)),
-    "bf16, GDN scan_transposed, 2 warps": (torch.bfloat16, _with("gated_delta", scan_transposed=True, scan_warps=2)),
+    "bf16, GDN 2 scan stages": (torch.bfloat16, _with("gated_delta", scan_stages=2)),
     # ForkAttention tilings besides the default (64 rows = 4 heads x 16 tokens, 32-key blocks, 4 warps), each
     # given in full: rows, heads per program, keys per block, warps (and stages where not 2)
     "bf16, attention 128 rows x 1 head, 64 keys, 8 warps (default before fd37cde)": (torch.bfloat16, _with(

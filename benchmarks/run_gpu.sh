@@ -20,11 +20,10 @@ export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-attention gdn fidelity}
 # GDN knob settings timed (with their errors, unpadded and padded as the engine replays them) next to the
 # default by the gdn-options step, each in a process of its own (bench_gdn --isolate: the variants of e29605c
-# died together of an illegal memory access, the first being 3 scan stages): what the scan loads a step
-# ahead (scan_prefetch 1: the chunk row; 2: the row and its tiles, carried in registers), with 1 and 3
-# pipeline stages and 8 warps. The scan is the lone round's largest GDN kernel (1.34 of 2.65 ms at e29605c),
-# about 2.3 us per sequential chunk step.
-GDN_OPTIONS=${GDN_OPTIONS:-'[{"scan_prefetch": 1}, {"scan_prefetch": 2}, {"scan_prefetch": 2, "scan_stages": 1}, {"scan_prefetch": 2, "scan_warps": 8}, {"scan_prefetch": 1, "scan_stages": 3}, {"scan_stages": 3}]'}
+# died together of an illegal memory access, the first being 3 scan stages): the scan's pipeline depth (its
+# tile loads issued stages - 1 steps ahead since the segment-major chunk table), its warps and V tile, and
+# the output kernel's V tile. The scan is the lone round's largest GDN kernel.
+GDN_OPTIONS=${GDN_OPTIONS:-'[{"scan_stages": 2}, {"scan_stages": 4}, {"scan_warps": 8}, {"block_v": 64}, {"block_v": 64, "scan_warps": 8}, {"out_block_v": 64}]'}
 sizes=${SIZES:-0.8B 4B}  # model sizes of the per-size steps
 # An engine benchmark against transformers (with flash-linear-attention) at one model size: JSON and stderr
 # in $OUT, the log gets the stderr tail and the targets line.

@@ -69,9 +69,8 @@ class Capacity:
         }
         for index, (chunks, segments) in enumerate(zip(self.chunks, self.segments)):
             shapes[f"level{index}.chunk_tokens"] = (chunks, GDN_CHUNK)
-            shapes[f"level{index}.step_start"] = (chunks,)
             shapes[f"level{index}.sizes"] = (2,)
-            for name in ("init_row", "final_row", "chunk_count"):
+            for name in ("init_row", "final_row", "chunk_count", "step_base"):
                 shapes[f"level{index}.{name}"] = (segments,)
         return shapes
 
@@ -169,7 +168,7 @@ def pad_into(host: HostRound, capacity: Capacity, out: dict[str, np.ndarray], wi
         prefix = f"level{index}."
         chunks = put(prefix + "chunk_tokens", level.chunk_tokens, total)[: len(level.chunk_tokens)]
         chunks[chunks == real] = total  # padding positions of real chunks read the padded tail instead
-        put(prefix + "step_start", level.step_start, 0)
+        put(prefix + "step_base", level.step_base, 0)
         put(prefix + "init_row", level.init_row, zero_row)
         put(prefix + "final_row", level.final_row, DISCARD_ROW)
         put(prefix + "chunk_count", level.chunk_count, 0)

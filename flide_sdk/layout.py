@@ -19,8 +19,9 @@ token t sees its request's cached history, the keys [key_lo, ctx_hi) (the trunk,
 Gated DeltaNet runs level by level: trunks up to their save point, trunk remainders, then branches, each
 segment starting from a row of the state arena (`StateRows`: the pool's slots, an always-zero row and a
 few scratch rows for trunk states, so resuming and saving move no state at all). Within a level, segments
-are sorted by chunk count, longest first, and chunks are stored step-major, so at scan step j the active
-segments are exactly the first `active[j]`. The short convolution reads each token's predecessors through
+are sorted by chunk count, longest first, so at scan step j the active segments are exactly the first
+`active[j]`; the segments' first chunks are the level's first rows, then each segment's later chunks follow
+one segment after the other (`step_base`). The short convolution reads each token's predecessors through
 `conv_src`, rows of the table [zero row, stream tokens, resumed conv windows], so a branch's first tokens
 read its trunk's last tokens and a resumed trunk reads its saved window. Keys and values are saved per
 token through `kv_slots` (a pool position, or the pool's sink slot for tokens that are not saved).
@@ -165,7 +166,7 @@ class DeltaLevel:
     init_row: torch.Tensor  # [num_segments] state row each segment starts from
     final_row: torch.Tensor  # [num_segments] row its final state is written to (DISCARD_ROW: none)
     chunk_count: torch.Tensor  # [num_segments] chunks (scan steps) of each segment
-    step_start: torch.Tensor  # [num_steps] first chunk row of step j: segment s's chunk j is row step_start[j] + s
+    step_base: torch.Tensor  # [num_segments] segment s's chunk 0 is row s, its chunk j > 0 row step_base[s] + j
     sizes: torch.Tensor  # [2] the level's chunk rows and segments; a captured graph's tables are padded past them
 
 
@@ -211,7 +212,7 @@ class HostLevel:
     init_row: np.ndarray
     final_row: np.ndarray
     chunk_count: np.ndarray
-    step_start: np.ndarray
+    step_base: np.ndarray
     sizes: np.ndarray  # [len(chunk_tokens), len(init_row)]: what padding a round keeps (capacity.pad_into)
 
 
@@ -267,7 +268,7 @@ class HostRound:
         """The `RoundTensors` view of device tensors named as in `arrays()` (the host lists come from self)."""
         levels = [
             DeltaLevel(t[f"level{i}.chunk_tokens"], level.active, t[f"level{i}.init_row"], t[f"level{i}.final_row"],
-                       t[f"level{i}.chunk_count"], t[f"level{i}.step_start"], t[f"level{i}.sizes"])
+                       t[f"level{i}.chunk_count"], t[f"level{i}.step_base"], t[f"level{i}.sizes"])
             for i, level in enumerate(self.levels)
         ]
         attention = AttentionPlan(
@@ -288,7 +289,7 @@ class HostRound:
 DEVICE_FIELDS = ("ids", "positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "history_len", "page_offset",
                  "pages", "conv_src", "resume_slots", "save_slots", "save_window_src", "kv_slots", "readout_rows",
                  "label_ids")
-LEVEL_FIELDS = ("chunk_tokens", "init_row", "final_row", "chunk_count", "step_start", "sizes")
+LEVEL_FIELDS = ("chunk_tokens", "init_row", "final_row", "chunk_count", "step_base", "sizes")
 
 
 def plan_round(
@@ -432,7 +433,10 @@ def _offsets(counts: np.ndarray) -> np.ndarray:
 
 def _plan_level(start: np.ndarray, length: np.ndarray, init_row: np.ndarray, final_row: np.ndarray,
                 pad_index: int) -> HostLevel:
-    """Chunk table of one level: segments longest first, chunks step-major (vectorised)."""
+    """Chunk table of one level (vectorised): segments longest first; the segments' first chunks come first
+    (row s: segment s's chunk 0, what a level's step 0 reads), then each segment's later chunks in order, one
+    segment after the other, so a segment's chunks past its first are consecutive rows (`step_base`): the
+    scan's tile addresses are then affine in the step and its loads can be issued steps ahead."""
     if len(length) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return HostLevel(np.zeros((0, GDN_CHUNK), dtype=np.int64), [], empty, empty, empty, empty, np.zeros(2, np.int64))
@@ -441,16 +445,19 @@ def _plan_level(start: np.ndarray, length: np.ndarray, init_row: np.ndarray, fin
         chunk_tokens = np.arange(int(start[0]), int(start[0]) + steps * GDN_CHUNK, dtype=np.int64).reshape(steps, -1)
         chunk_tokens[-1, tokens - (steps - 1) * GDN_CHUNK :] = pad_index
         return HostLevel(chunk_tokens, [1] * steps, init_row.copy(), final_row.copy(), np.array([steps], dtype=np.int64),
-                         np.arange(steps, dtype=np.int64), np.array([steps, 1], dtype=np.int64))
+                         np.zeros(1, dtype=np.int64), np.array([steps, 1], dtype=np.int64))
     order = np.argsort(-length, kind="stable")
     start, length, init_row, final_row = start[order], length[order], init_row[order], final_row[order]
-    counts = -(-length // GDN_CHUNK)  # non-increasing
+    counts = (-(-length // GDN_CHUNK)).astype(np.int64, copy=False)  # non-increasing
     active = (counts[None, :] > np.arange(counts[0])[:, None]).sum(axis=1)
-    step_start = _offsets(active)
-    step = np.repeat(np.arange(len(active), dtype=np.int64), active)  # chunk rows in step-major order
-    segment = np.arange(len(step)) - step_start[step]
-    chunk_tokens = (start[segment] + step * GDN_CHUNK)[:, None] + np.arange(GDN_CHUNK)[None, :]
+    firsts = int(active[0]) if len(active) else 0  # segments with a chunk: the first rows
+    later = np.maximum(counts - 1, 0)
+    step_base = firsts + _offsets(later) - 1
+    later_segment = np.repeat(np.arange(len(counts), dtype=np.int64), later)
+    later_rows = np.arange(firsts, firsts + len(later_segment), dtype=np.int64)
+    segment = np.concatenate([np.arange(firsts, dtype=np.int64), later_segment])
+    chunk = np.concatenate([np.zeros(firsts, dtype=np.int64), later_rows - step_base[later_segment]])
+    chunk_tokens = (start[segment] + chunk * GDN_CHUNK)[:, None] + np.arange(GDN_CHUNK)[None, :]
     chunk_tokens = np.where(chunk_tokens < (start + length)[segment, None], chunk_tokens, pad_index)
-    counts = counts.astype(np.int64, copy=False)
     sizes = np.array([len(chunk_tokens), len(init_row)], dtype=np.int64)
-    return HostLevel(chunk_tokens, active.tolist(), init_row, final_row, counts, step_start, sizes)
+    return HostLevel(chunk_tokens, active.tolist(), init_row, final_row, counts, step_base, sizes)

@@ -25,7 +25,8 @@ rows. Only the state recurrence is sequential:
   16-row sub-blocks (through a float32 scratch), and stores W = T (beta K exp(cum)), U = T (beta V), the
   causal q-k block q K^T * Gamma and the per-row gate factors.
 - `_state_scan_kernel`, per (value head, V split, segment), one launch per level: keeps a [Dk, BV] slice
-  of S in registers from `init_row` through the segment's chunks (chunk j is row `step_start[j] + segment`),
+  of S in registers from `init_row` through the segment's chunks (chunk 0 is row `segment`, chunk j > 0 row
+  `step_base[segment] + j`),
   stores per chunk past the first the state at its start S_j and v_new = U - W S_j, updates
   S <- exp(g_last) S + (K exp(g_last - cum))^T v_new, and writes the final slice to `final_row`.
   Segments of at most one chunk and no final row are skipped.
@@ -113,14 +114,13 @@ def _run_level(qf, kf, vf, gf, bf, level, states, out) -> None:
 
     state = states[level.init_row].clone()  # [S, H, Dk, Dv]
     outputs = torch.empty_like(u)
-    row = 0
-    for count in level.active:
-        c = slice(row, row + count)
+    for step, count in enumerate(level.active):
+        # the rows of the active segments' chunk `step`: their first chunks are rows 0.., later ones step_base + step
+        c = level.step_base[:count] + step if step else torch.arange(count, device=idx.device)
         s = state[:count]
         v_new = u[c] - w[c] @ s
         outputs[c] = q_decayed[c] @ s + intra[c] @ v_new
         state[:count] = s * chunk_decay[c] + k_to_end[c].transpose(-1, -2) @ v_new
-        row += count
     keep = level.final_row >= 0
     states[level.final_row[keep]] = state[keep]
     out[idx.reshape(-1)] = outputs.permute(0, 2, 1, 3).reshape(-1, *out.shape[1:])
@@ -284,26 +284,15 @@ def _chunk_prep_kernel(
 
 
 @triton.jit
-def _tile(rows, cols, row_stride, TRANSPOSED: tl.constexpr):
-    """Offsets of the [rows, cols] tile of a row-major matrix (`row_stride` apart), or with TRANSPOSED of
-    its transpose [cols, rows]: the scan's transposed form reads and writes the same memory layouts."""
-    if TRANSPOSED:
-        offsets = rows[None, :] * row_stride + cols[:, None]
-    else:
-        offsets = rows[:, None] * row_stride + cols[None, :]
-    return offsets
-
-
-@triton.jit
 def _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols,
-                DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, TRANSPOSED: tl.constexpr):
-    """What one chunk (row `base` of the [chunk * head] tables) of the scan reads: K, W, the U tile
-    (transposed, [BV, L], with TRANSPOSED), the k gates and the chunk's decay."""
+                DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr):
+    """What one chunk (row `base` of the [chunk * head] tables) of the scan reads: K, W, the U tile, the
+    k gates and the chunk's decay."""
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     k = tl.load(k_rows_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
     w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
-    u = tl.load(u_ptr + base * L * DV + _tile(i, cols, DV, TRANSPOSED))
+    u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
     k_gate = tl.load(k_gate_ptr + base * L + i)
     decay = tl.load(decay_ptr + base)
     return k, w, u, k_gate, decay
@@ -311,37 +300,27 @@ def _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols,
 
 @triton.jit
 def _scan_step(state, base, store_outputs, k, w, u, k_gate, decay, v_new_ptr, h_ptr, cols,
-               DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr, TRANSPOSED: tl.constexpr):
+               DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr):
     """One chunk of the scan from its tiles (`_scan_tiles` of row `base`): stores the state at its start and
     v_new = U - W S when `store_outputs`, returns the state at its end. Products take their operands in the
-    storage dtype of W and U. With TRANSPOSED the state is S^T [BV, DK] and the step computes
-    v_new^T = U^T - S^T W^T and S^T <- decay S^T + (v_new^T * k gates) K: the state and the update are the
-    left operands, which stay in registers (M = BV rows: mma.sync on sm_90, no shared-memory round trip)."""
+    storage dtype of W and U."""
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
-    if TRANSPOSED:
-        v_new = u.to(tl.float32) - tl.dot(state.to(w.dtype), tl.trans(w), input_precision=PREC)
-        update = (v_new * k_gate[None, :]).to(w.dtype)
-    else:
-        v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
-        update = (k_gate[:, None] * v_new).to(w.dtype)
+    v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
     if store_outputs:
-        tl.store(h_ptr + base * DK * DV + _tile(dk, cols, DV, TRANSPOSED), state.to(h_ptr.dtype.element_ty))
-        tl.store(v_new_ptr + base * L * DV + _tile(i, cols, DV, TRANSPOSED), v_new.to(v_new_ptr.dtype.element_ty))
-    if TRANSPOSED:
-        state = state * decay + tl.dot(update, k.to(w.dtype), input_precision=PREC)
-    else:
-        state = state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
-    return state
+        tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], state.to(h_ptr.dtype.element_ty))
+        tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :], v_new.to(v_new_ptr.dtype.element_ty))
+    update = (k_gate[:, None] * v_new).to(w.dtype)
+    return state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
 
 
 @triton.jit
 def _state_scan_kernel(
     k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
-    chunk_count_ptr, step_start_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
+    chunk_count_ptr, step_base_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
     stride_sr, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
-    L: tl.constexpr, PREC: tl.constexpr, PREFETCH: tl.constexpr, TRANSPOSED: tl.constexpr,
+    L: tl.constexpr, PREC: tl.constexpr,
 ):
     """Per (value head, V split, segment): TILES V tiles of BV columns, one after the other; a program
     takes segments pid, pid + P, ... of the level's real segments (`sizes[1]`; sorted longest first, so the
@@ -354,9 +333,9 @@ def _state_scan_kernel(
     `_chunk_output_kernel`, which computes a first chunk's v_new from the init row itself. So a segment of
     one chunk whose final state is discarded (a short branch) needs nothing from the scan and returns at once.
     Everything a step reads is contiguous per (chunk, head), zero on padding rows: no gathers, no masks.
-    A step's chunk row comes from `step_start`. PREFETCH 1 loads it one step ahead and carries it, so the
-    addresses of a step's tiles are known when the step starts; PREFETCH 2 also loads the next step's tiles
-    before this step's products and carries them in registers, so a step waits on no load issued in it.
+    A segment's chunk j is row `segment` for j = 0 and `step_base[segment] + j` after it: the addresses are
+    arithmetic in j (no load in the loop decides them), so the compiler's pipeline issues a step's tile loads
+    (num_stages - 1) steps ahead.
     """
     head = tl.program_id(0)
     heads = tl.num_programs(0)
@@ -366,34 +345,18 @@ def _state_scan_kernel(
         final_row = tl.load(final_row_ptr + segment)
         if (steps > 1) | (final_row >= 0):
             init_row = tl.load(init_row_ptr + segment)
+            step_base = tl.load(step_base_ptr + segment)
             for tile in range(TILES):
                 cols = (tl.program_id(1) * TILES + tile) * BV + tl.arange(0, BV)
-                state_ptrs = states_ptr + head * stride_sh + _tile(dk, cols, stride_sk, TRANSPOSED)
+                state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
                 state = tl.load(state_ptrs + init_row * stride_sr)
-                row = tl.load(step_start_ptr, mask=steps > 0, other=0)
-                if PREFETCH == 2:
-                    k, w, u, k_gate, decay = _scan_tiles((row + segment) * heads + head, k_rows_ptr, w_ptr, u_ptr,
-                                                         k_gate_ptr, decay_ptr, cols, DK, DV, L, TRANSPOSED)
                 for j in range(steps):
-                    if PREFETCH > 0:
-                        # past the last step: row 0 + segment, a real row of the level (each segment has one)
-                        following = tl.load(step_start_ptr + j + 1, mask=j + 1 < steps, other=0)
-                    else:
-                        row = tl.load(step_start_ptr + j)
-                    base = (row + segment) * heads + head
-                    if PREFETCH == 2:
-                        k_now, w_now, u_now, k_gate_now, decay_now = k, w, u, k_gate, decay
-                        k, w, u, k_gate, decay = _scan_tiles((following + segment) * heads + head, k_rows_ptr,
-                                                             w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L,
-                                                             TRANSPOSED)
-                    else:
-                        k_now, w_now, u_now, k_gate_now, decay_now = _scan_tiles(
-                            base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L, TRANSPOSED)
+                    base = (tl.where(j == 0, segment, step_base + j)) * heads + head
+                    k, w, u, k_gate, decay = _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
+                                                         cols, DK, DV, L)
                     # the output kernel starts a segment's first chunk from its init row itself
-                    state = _scan_step(state, base, j > 0, k_now, w_now, u_now, k_gate_now, decay_now, v_new_ptr,
-                                       h_ptr, cols, DK, DV, L, PREC, TRANSPOSED)
-                    if PREFETCH > 0:
-                        row = following
+                    state = _scan_step(state, base, j > 0, k, w, u, k_gate, decay, v_new_ptr, h_ptr, cols,
+                                       DK, DV, L, PREC)
                 if final_row >= 0:
                     tl.store(state_ptrs + final_row * stride_sr, state)
 
@@ -471,7 +434,7 @@ def _level_groups(levels: list[DeltaLevel]) -> list[list[DeltaLevel]]:
         group = levels[first : first + LEVELS_PER_LAUNCH]
         if len(group) < LEVELS_PER_LAUNCH:
             empty = DeltaLevel(group[0].chunk_tokens[:0], [], group[0].init_row[:0], group[0].final_row[:0],
-                               group[0].chunk_count[:0], group[0].step_start[:0], torch.zeros_like(group[0].sizes))
+                               group[0].chunk_count[:0], group[0].step_base[:0], torch.zeros_like(group[0].sizes))
             group = group + [empty] * (LEVELS_PER_LAUNCH - len(group))
         groups.append(group)
     return groups
@@ -491,9 +454,7 @@ def gated_delta_triton(
     sub_block: int = 16,
     prep_warps: int = 4,
     scan_warps: int = 4,
-    scan_stages: int = 2,
-    scan_prefetch: int = 0,
-    scan_transposed: bool = False,
+    scan_stages: int = 3,
     out_block_v: int = 128,
     out_warps: int = 4,
     store_dtype: torch.dtype | None = None,
@@ -508,10 +469,8 @@ def gated_delta_triton(
     scan's V tile (`block_v` columns) and V split (`split_v` programs per segment and head, each doing
     Dv / block_v / split_v tiles in turn; default: one tile per program), the prep kernel's sub-block rows
     (16 or 32: block forward substitution through a float32 scratch; 64: exact doubling over the whole
-    chunk in registers, no scratch), the warps of the three kernels, the scan's pipeline depth, what the
-    scan loads a step ahead (`scan_prefetch`: 0 nothing, 1 the chunk row, 2 the row and the tiles; on the
-    H200 at 9b251a9 none was more than 2% faster with 4 warps, and 2 with 8 warps 9% faster alone but 12%
-    slower on round b), and the output kernel's V tile (`out_block_v`; default 128, the releases' whole Dv:
+    chunk in registers, no scratch), the warps of the three kernels, the scan's pipeline depth (`scan_stages`:
+    its tile loads are issued scan_stages - 1 steps ahead), and the output kernel's V tile (`out_block_v`; default 128, the releases' whole Dv:
     on the H200 3-6% faster than 64 in rounds a and b, equal alone). `store_dtype` (default: the inputs'
     dtype) is the dtype of the stored W, U, q-k block, per-chunk start states and v_new, and so of the
     product operands of the scan, the output kernel and (16-bit storage) the prep's W = T (beta K exp(cum))
@@ -527,9 +486,7 @@ def gated_delta_triton(
     took 1.35x the unpadded GDN time on the H200, whatever the caps (bench_gdn at e139c25 and fd37cde).
     The scan's grid puts segments last, so a graph's programs with a segment to scan start first: a lone
     2,000-token ask padded as the engine replays it took 0.145 ms per layer with it, 0.155 without
-    (gdn-options at ddb9232 and 9b251a9). Timed and not made default (gdn-options at ddb9232): a trunk level
-    of at most 2 segments scanned by a launch of its own with `scan_prefetch` 2 and 8 warps (1.5% faster
-    alone, 2.6% on round a, 1.3% and 5% slower on rounds b and c, one more launch per layer).
+    (gdn-options at ddb9232 and 9b251a9).
     On CUDA the V tiles must be at least 32 columns: compiled for the H200 with 16-column tiles, the scan
     returned non-finite values (benchmarks/results, check-gdn-bf16); the interpreter is not affected.
     """
@@ -545,15 +502,12 @@ def gated_delta_triton(
     scan_programs = default_programs if scan_programs is None else scan_programs
     if chunk_programs < 1 or scan_programs < 1:
         raise ValueError("chunk_programs and scan_programs must be positive")
-    if scan_prefetch not in (0, 1, 2):
-        raise ValueError(f"scan_prefetch = {scan_prefetch} must be 0, 1 or 2")
     if sub_block < 16 or sub_block & (sub_block - 1) or GDN_CHUNK % sub_block:
         raise ValueError(f"sub_block = {sub_block} must be a power of two in [16, {GDN_CHUNK}]")
     min_tile = 32 if q.is_cuda else 16
     bv = min(block_v, dv)
-    scan_min_tile = 16 if scan_transposed else min_tile
     split = min(split_v or dv, dv // max(bv, 1))
-    if bv < scan_min_tile or bv & (bv - 1) or split < 1 or dv % (bv * split):
+    if bv < min_tile or bv & (bv - 1) or split < 1 or dv % (bv * split):
         raise ValueError(f"block_v = {bv} and split_v = {split} do not tile Dv = {dv}")
     obv = min(out_block_v, dv)
     if obv < min_tile or obv & (obv - 1):
@@ -598,10 +552,9 @@ def gated_delta_triton(
             rows = slice(first, first + size)
             _state_scan_kernel[(v_heads, split, min(count, max(1, scan_programs // (v_heads * split))))](
                 k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
-                level.chunk_count, level.step_start, level.init_row, level.final_row, level.sizes,
+                level.chunk_count, level.step_base, level.init_row, level.final_row, level.sizes,
                 states.stride(0), states.stride(1), states.stride(2),
-                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, PREFETCH=scan_prefetch,
-                TRANSPOSED=scan_transposed,
+                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
                 num_warps=scan_warps, num_stages=scan_stages,
             )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](

@@ -116,10 +116,12 @@ def slow_layout(requests: list[RequestSpec]) -> dict:
 
 
 def level_segments(level) -> set:
-    """(start, length, init row, final row) of each segment, read back from the step-major chunk table."""
+    """(start, length, init row, final row) of each segment, read back from the chunk table (a segment's
+    chunk 0 is row k, its chunk j > 0 row step_base[k] + j)."""
     found = set()
     for k in range(len(level.init_row)):
-        tokens = np.concatenate([level.chunk_tokens[level.step_start[j] + k] for j in range(level.chunk_count[k])])
+        rows = [k] + [level.step_base[k] + j for j in range(1, level.chunk_count[k])]
+        tokens = np.concatenate([level.chunk_tokens[row] for row in rows])
         real = tokens[tokens < PAD_INDEX[0]]
         assert np.array_equal(real, np.arange(real[0], real[0] + len(real))), "a segment's chunks are contiguous"
         assert (tokens[len(real):] == PAD_INDEX[0]).all(), "padding only at a segment's end"
