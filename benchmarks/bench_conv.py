@@ -6,14 +6,11 @@ window save, on the rounds the end-to-end benchmarks run.
 Rounds: one 2,000-token trunk + 1 branch of 40 tokens (questions_per_state, Q = 1), the same trunk + 64
 branches of 40, and 64 requests of a 350-token trunk + 4 branches of 20 (short_passages at 64 clients).
 Inputs are random bf16 [T, C] with the release's conv channels (2 Hk Dk + Hv Dv). Per tuning (tokens and
-channels per program, warps, and the kernel: tap by tap, or every tap in one load, `taps_together`): the
-median time of a CUDA-graph replay and the effective bandwidth of one read and one write of x, next to the
-H200's 4.8 TB/s; the output must equal the default tuning's (taps together: within rounding, the taps are
-summed in another order).
+channels per program, warps): the median time of a CUDA-graph replay and the effective bandwidth of one read
+and one write of x, next to the H200's 4.8 TB/s; the output must equal the default tuning's.
 Errors (the kernel rounds of issue 4, `KERNEL_ROUNDS`: (a), (b) and (c), whose trunk resumes after 8,000
 cached tokens and so reads its checkpoint's window): the relative error of the bf16 kernel (float32 sums,
-bf16 output) against `indexed_conv_reference` in float32 on the same bf16 inputs, weights and windows, for
-both kernels.
+bf16 output) against `indexed_conv_reference` in float32 on the same bf16 inputs, weights and windows.
 """
 
 from __future__ import annotations
@@ -33,11 +30,8 @@ ROUNDS = {
     "one_trunk_64_branches": [(2000, [40] * 64)],
     "passages_64_requests": [(350, [20] * 4)] * 64,
 }
-# (tokens, channels per program, warps, every tap in one load); first: the default (best or within 2% on the
-# H200, 7117ef9); the taps-together kernel (`taps_together`) is untimed yet
-TUNINGS = [(16, 128, 4, False), (32, 128, 4, False), (32, 128, 8, False), (32, 64, 4, False), (8, 256, 4, False),
-           (16, 256, 8, False), (64, 128, 8, False), (16, 128, 4, True), (8, 128, 4, True), (16, 64, 4, True),
-           (32, 128, 8, True)]
+# (tokens, channels per program, warps); first: the default (best or within 2% on the H200, 7117ef9 and cca1c70)
+TUNINGS = [(16, 128, 4), (32, 128, 4), (32, 128, 8), (32, 64, 4), (8, 256, 4), (16, 256, 8), (64, 128, 8)]
 PEAK_BYTES_PER_S = 4.8e12
 DEVICE = "cuda"
 
@@ -67,9 +61,8 @@ def errors(channels: int, kernel: int) -> dict[str, dict]:
         slots = rnd.checkpoint.resume_slots
         reference = indexed_conv_reference(x.float(), arena.float(), slots, weight.float(), rnd.conv_src)
         found[name] = {"tokens": int(x.shape[0]), "resumed_windows": int(slots.numel())}
-        for key, together in (("relative_error_bf16_vs_fp32", False), ("taps_together_relative_error", True)):
-            ours = indexed_conv_triton(x, arena, slots, weight, rnd.conv_src, taps_together=together).float()
-            found[name][key] = float((ours - reference).norm() / reference.norm())
+        ours = indexed_conv_triton(x, arena, slots, weight, rnd.conv_src).float()
+        found[name]["relative_error_bf16_vs_fp32"] = float((ours - reference).norm() / reference.norm())
     return found
 
 
@@ -96,12 +89,12 @@ def main() -> None:
         reference = indexed_conv_triton(x, arena, plan.resume_slots, weight, rnd.conv_src)
         floor_ms = 1000 * 2 * x.numel() * x.element_size() / PEAK_BYTES_PER_S
         tunings = {}
-        for block_t, block_c, warps, together in TUNINGS:
+        for block_t, block_c, warps in TUNINGS:
             run = functools.partial(indexed_conv_triton, x, arena, plan.resume_slots, weight, rnd.conv_src,
-                                    block_t=block_t, block_c=block_c, num_warps=warps, taps_together=together)
+                                    block_t=block_t, block_c=block_c, num_warps=warps)
             got = run()
             timing = graph_time(run)
-            tunings[f"t{block_t}_c{block_c}_w{warps}" + "_taps" * together] = {
+            tunings[f"t{block_t}_c{block_c}_w{warps}"] = {
                 **timing, "equal_to_default": bool(torch.equal(got, reference)),
                 "max_abs_diff_vs_default": float((got.float() - reference.float()).abs().max()),
                 "floor_fraction": floor_ms / timing["median_ms"]}

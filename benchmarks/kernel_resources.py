@@ -163,7 +163,6 @@ VARIANTS = {
     "bf16 engine": (torch.bfloat16, kernel_ops),
     "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
     "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32)),
-    "bf16, conv taps_together": (torch.bfloat16, _with("indexed_conv", taps_together=True)),
     "bf16, GDN 2 scan stages": (torch.bfloat16, _with("gated_delta", scan_stages=2)),
     # ForkAttention tilings besides the default (64 rows = 4 heads x 16 tokens, 32-key blocks, 4 warps), each
     # given in full: rows, heads per program, keys per block, warps (and stages where not 2)

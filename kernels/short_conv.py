@@ -12,8 +12,10 @@ A checkpoint's window is the K-1 conv inputs before its save point: `save_window
 r, the table rows save_src[r] into the arena's slot save_slots[r] (one launch on CUDA). A round never saves
 into a slot it resumes from, so the reads and writes of one launch never meet.
 `*_reference` are the definitions (torch); `*_triton` the kernels (one pass each, SiLU fused in the conv).
-Timed slower on the H200 on 2026-11-30 (7117ef9, 20-80% in every round) and removed: loading each tap's
-stream row before its index arrives (speculative loads).
+Timed slower on the H200 on 2026-11-30 and removed: loading each tap's stream row before its index arrives
+(speculative loads; 20-80% slower in every round at 7117ef9), and a kernel loading every tap's indices and
+rows at once (one dependent load chain instead of one per tap; at its best tuning 2% slower in the lone and
+64-branch rounds and equal in 64 passages, at cca1c70: `2026-11-30-bench_conv-0.8B.json`).
 """
 
 from __future__ import annotations
@@ -105,32 +107,6 @@ def _indexed_conv_kernel(
 
 
 @triton.jit
-def _indexed_conv_taps_kernel(
-    x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
-    stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
-    TAPS: tl.constexpr, TAPS_P2: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-):
-    """`_indexed_conv_kernel` with every tap at once: the weights [TAPS, BC] first, then the indices [BT, TAPS]
-    and the rows [BT, TAPS, BC] in one load each, summed over the taps. Per tap, the other kernel's chain
-    (index, rows, then the weights through shared memory and a barrier) runs one tap after the other."""
-    tokens = tl.program_id(0) * BT + tl.arange(0, BT)
-    chans = tl.program_id(1) * BC + tl.arange(0, BC)
-    taps = tl.arange(0, TAPS_P2)
-    token_ok = tokens < total
-    chan_ok = chans < channels
-    tap_ok = taps < TAPS
-    weight = tl.load(weight_ptr + chans[None, :] * stride_weight + taps[:, None],
-                     mask=tap_ok[:, None] & chan_ok[None, :], other=0.0).to(tl.float32)
-    index_ok = token_ok[:, None] & tap_ok[None, :]
-    index = tl.load(src_ptr + tokens[:, None] * stride_src + taps[None, :], mask=index_ok, other=0)
-    row, read = _table_row_pointers(x_ptr, cache_ptr, resume_ptr, index, index_ok, total,
-                                    stride_x, stride_cs, stride_ck, TAPS - 1)
-    rows = tl.load(row[:, :, None] + chans[None, None, :], mask=read[:, :, None] & chan_ok[None, None, :], other=0.0)
-    acc = tl.sum(rows.to(tl.float32) * weight[None, :, :], axis=1)
-    _store_silu(acc, out_ptr, tokens, chans, token_ok, chan_ok, stride_out)
-
-
-@triton.jit
 def _save_windows_kernel(
     x_ptr, cache_ptr, resume_ptr, save_slots_ptr, src_ptr, total, channels,
     stride_x, stride_cs, stride_ck, stride_src,
@@ -160,25 +136,18 @@ def _arena_slots(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torc
 
 def indexed_conv_triton(
     x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, weight: torch.Tensor, src: torch.Tensor,
-    *, block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4, taps_together: bool = False,
+    *, block_t: int = BLOCK_T, block_c: int = BLOCK_C, num_warps: int = 4,
 ) -> torch.Tensor:
     """The Triton kernel behind the same contract as `indexed_conv_reference` (sum in float32).
 
-    The keyword arguments are tuning knobs (tokens and channels per program, powers of two; warps) and
-    `taps_together` (`_indexed_conv_taps_kernel`: every tap's rows in one load; untimed on the H200 yet:
-    compiled for sm_90, the default kernel's PTX has a barrier between consecutive taps' loads)."""
+    The keyword arguments are tuning knobs (tokens and channels per program, powers of two; warps)."""
     resume_slots = _arena_slots(x, window_cache, resume_slots)
     total, channels = x.shape
     out = torch.empty_like(x)
     grid = (triton.cdiv(total, block_t), triton.cdiv(channels, block_c))
     arguments = (x, window_cache, resume_slots, weight, src, out, total, channels, x.stride(0),
                  window_cache.stride(0), window_cache.stride(1), weight.stride(0), src.stride(0), out.stride(0))
-    taps = src.shape[1]
-    if taps_together:
-        _indexed_conv_taps_kernel[grid](*arguments, TAPS=taps, TAPS_P2=triton.next_power_of_2(taps), BT=block_t,
-                                        BC=block_c, num_warps=num_warps)
-    else:
-        _indexed_conv_kernel[grid](*arguments, TAPS=taps, BT=block_t, BC=block_c, num_warps=num_warps)
+    _indexed_conv_kernel[grid](*arguments, TAPS=src.shape[1], BT=block_t, BC=block_c, num_warps=num_warps)
     return out
 
 

@@ -32,8 +32,7 @@ def resumed_round():
     return plan_round(requests, 4).to("cpu")
 
 
-@pytest.mark.parametrize("taps_together", [False, True], ids=["tap-by-tap", "taps-together"])
-def test_triton_conv_matches_reference_with_resumed_windows(taps_together):
+def test_triton_conv_matches_reference_with_resumed_windows():
     rnd = resumed_round()
     assert rnd.checkpoint.resume_slots.tolist() == [3, 1]
     x = torch.randn(rnd.ids.shape[0], CHANNELS)
@@ -41,29 +40,28 @@ def test_triton_conv_matches_reference_with_resumed_windows(taps_together):
     weight = torch.randn(CHANNELS, 4)
     resume = rnd.checkpoint.resume_slots
     expected = indexed_conv_reference(x, arena, resume, weight, rnd.conv_src)
-    got = indexed_conv_triton(x, arena, resume, weight, rnd.conv_src, taps_together=taps_together)
+    got = indexed_conv_triton(x, arena, resume, weight, rnd.conv_src)
     assert float((got - expected).norm() / expected.norm()) <= 1e-5
     # the resumed slots' windows are really read: changing them changes exactly the resumed trunks' first
     # tokens; changing any other slot changes nothing
     changed_arena = arena.clone()
     changed_arena[resume] += 1.0
-    changed = indexed_conv_triton(x, changed_arena, resume, weight, rnd.conv_src, taps_together=taps_together)
+    changed = indexed_conv_triton(x, changed_arena, resume, weight, rnd.conv_src)
     touched = (changed - got).abs().amax(dim=1) > 0
     assert touched.any() and bool((touched == (rnd.conv_src > x.shape[0]).any(dim=1)).all())
     other = arena.clone()
     other[[0, 2, 4]] += 1.0
-    assert torch.equal(indexed_conv_triton(x, other, resume, weight, rnd.conv_src, taps_together=taps_together), got)
+    assert torch.equal(indexed_conv_triton(x, other, resume, weight, rnd.conv_src), got)
 
 
-@pytest.mark.parametrize(("taps", "taps_together"), [(4, False), (4, True), (3, True)],
-                         ids=["tap-by-tap", "taps-together", "taps-together-3-of-4-lanes"])
-def test_triton_conv_without_resumes_reads_no_window(taps, taps_together):
+@pytest.mark.parametrize("taps", [4, 3])
+def test_triton_conv_without_resumes_reads_no_window(taps):
     rnd = plan_round([RequestSpec.of(np.arange(9), [np.arange(3)], [np.array([1])])], taps).to("cpu")
     x, weight = torch.randn(rnd.ids.shape[0], CHANNELS), torch.randn(CHANNELS, taps)
     empty = torch.zeros(0, dtype=torch.int64)
     arena = torch.zeros(0, taps - 1, CHANNELS)
     expected = indexed_conv_reference(x, arena, empty, weight, rnd.conv_src)
-    got = indexed_conv_triton(x, arena, empty, weight, rnd.conv_src, taps_together=taps_together)
+    got = indexed_conv_triton(x, arena, empty, weight, rnd.conv_src)
     assert float((got - expected).norm() / expected.norm()) <= 1e-5
 
 
