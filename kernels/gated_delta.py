@@ -42,7 +42,9 @@ them, with T and their scaled rows, in the 16-bit storage dtype (as flash-linear
 error 0.0035 against 0.0031, 6-10% faster), off because the engine's end-to-end fidelity with it fell behind
 transformers' bf16. Float32 inputs keep float32 with IEEE products.
 Timed slower on the H200 on 2026-11-30 (7117ef9, benchmarks/README.md) and removed: a chunk-pair scan
-(half the sequential steps), the W and U products in a second launch, and capped prep registers.
+(half the sequential steps), the W and U products in a second launch, and capped prep registers; and (d3f5770)
+a transposed scan step carrying S^T as the left operand of both products (mma.sync from registers): no
+faster at 32 columns, 15% slower on 32 requests at 16.
 """
 
 from __future__ import annotations
@@ -470,7 +472,9 @@ def gated_delta_triton(
     Dv / block_v / split_v tiles in turn; default: one tile per program), the prep kernel's sub-block rows
     (16 or 32: block forward substitution through a float32 scratch; 64: exact doubling over the whole
     chunk in registers, no scratch), the warps of the three kernels, the scan's pipeline depth (`scan_stages`:
-    its tile loads are issued scan_stages - 1 steps ahead), and the output kernel's V tile (`out_block_v`; default 128, the releases' whole Dv:
+    its tile loads are issued scan_stages - 1 steps ahead; 3: on the H200 the scan took 0.050 ms per layer on
+    a lone 2,000-token trunk, against 0.061 when its chunk rows came from a table and no load went ahead,
+    bench_gdn at cb0e20c and cca1c70; 2 and 4 were slower in gdn-options at e5e9f41), and the output kernel's V tile (`out_block_v`; default 128, the releases' whole Dv:
     on the H200 3-6% faster than 64 in rounds a and b, equal alone). `store_dtype` (default: the inputs'
     dtype) is the dtype of the stored W, U, q-k block, per-chunk start states and v_new, and so of the
     product operands of the scan, the output kernel and (16-bit storage) the prep's W = T (beta K exp(cum))
