@@ -353,7 +353,7 @@ def _state_scan_kernel(
                 state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
                 state = tl.load(state_ptrs + init_row * stride_sr)
                 for j in range(steps):
-                    base = (tl.where(j == 0, segment, step_base + j)) * heads + head
+                    base = tl.where(j == 0, segment, step_base + j) * heads + head
                     k, w, u, k_gate, decay = _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
                                                          cols, DK, DV, L)
                     # the output kernel starts a segment's first chunk from its init row itself
@@ -474,8 +474,9 @@ def gated_delta_triton(
     chunk in registers, no scratch), the warps of the three kernels, the scan's pipeline depth (`scan_stages`:
     its tile loads are issued scan_stages - 1 steps ahead; 3: on the H200 the scan took 0.050 ms per layer on
     a lone 2,000-token trunk, against 0.061 when its chunk rows came from a table and no load went ahead,
-    bench_gdn at cb0e20c and cca1c70; 2 and 4 were slower in gdn-options at e5e9f41), and the output kernel's V tile (`out_block_v`; default 128, the releases' whole Dv:
-    on the H200 3-6% faster than 64 in rounds a and b, equal alone). `store_dtype` (default: the inputs'
+    bench_gdn at cb0e20c and cca1c70; 2 and 4 were slower in gdn-options at e5e9f41), and the output
+    kernel's V tile (`out_block_v`; default 128, the releases' whole Dv: on the H200 3-6% faster than 64 in
+    rounds a and b, equal alone). `store_dtype` (default: the inputs'
     dtype) is the dtype of the stored W, U, q-k block, per-chunk start states and v_new, and so of the
     product operands of the scan, the output kernel and (16-bit storage) the prep's W = T (beta K exp(cum))
     and U = T (beta V): float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit
