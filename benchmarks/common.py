@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -177,6 +177,18 @@ def device_kernels(fn, repeat: int = 1, warmup: int = 3):
             rows.append({"kernel": event.key[:120], "calls": event.count / repeat, "ms": device_us / 1000 / repeat})
     rows.sort(key=lambda row: -row["ms"])
     return rows, prof
+
+
+def median_ms(fn: Callable[[Any], Any], repeat: int, setup: Callable[[int], Any] = lambda i: i,
+              warmup: int = 5) -> float:
+    """Median wall time of `fn(setup(i))` in milliseconds, `setup` not timed (i counts calls)."""
+    times = []
+    for i in range(warmup + repeat):
+        argument = setup(i)
+        started = time.perf_counter_ns()
+        fn(argument)
+        times.append(time.perf_counter_ns() - started)
+    return float(np.median(times[warmup:])) / 1e6
 
 
 def wall_time_ms(fn, warmup: int = 2, repeat: int = 10) -> dict[str, float]:

@@ -34,7 +34,6 @@ import gc
 import json
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,6 +45,7 @@ from benchmarks.common import (
     command_line,
     cut_tokens,
     data_path,
+    median_ms,
     quality_records,
     race_requests,
     run_metadata,
@@ -65,18 +65,6 @@ MAX_ROUND_TOKENS, MAX_ROUND_REQUESTS = 16384, 64  # the CUDA engine's defaults
 # the 0.8B pool on an H200 (40% of free memory): about 700 checkpoint slots and 52,000 KV pages
 SLOTS, KV_PAGES = 700, 52_000
 ROWS = StateRows(zero=SLOTS, scratch=SLOTS + 1, scratch_count=MAX_ROUND_REQUESTS)
-
-
-def median_ms(fn: Callable[[Any], Any], repeat: int, setup: Callable[[int], Any] = lambda i: i,
-              warmup: int = 5) -> float:
-    """Median wall time of `fn(setup(i))` in milliseconds, `setup` not timed (i counts calls)."""
-    times = []
-    for i in range(warmup + repeat):
-        argument = setup(i)
-        started = time.perf_counter_ns()
-        fn(argument)
-        times.append(time.perf_counter_ns() - started)
-    return float(np.median(times[warmup:])) / 1e6
 
 
 def real_engine_parts() -> tuple[Renderer, int, Engine]:

@@ -16,11 +16,10 @@ import argparse
 import os
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 
-from benchmarks.common import command_line, run_metadata, write_result
+from benchmarks.common import command_line, median_ms, run_metadata, write_result
 
 
 def numpy_work() -> np.ndarray:
@@ -35,17 +34,6 @@ def spin(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
-
-
-def median_ms(before: Callable[[], None], repeat: int) -> float:
-    """Median wall time of `numpy_work` right after `before()`."""
-    times = []
-    for _ in range(repeat):
-        before()
-        started = time.perf_counter()
-        numpy_work()
-        times.append(time.perf_counter() - started)
-    return float(np.median(times)) * 1e3
 
 
 def wake_us(repeat: int, gap: float = 0.005) -> dict[str, float]:
@@ -79,10 +67,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=200)
     args = parser.parse_args()
     repeat = args.repeat
-    work = {"back_to_back_ms": median_ms(lambda: None, repeat)}
+    work = {"back_to_back_ms": median_ms(lambda _: numpy_work(), repeat)}
     for gap_ms in (1, 3, 10):
-        work[f"after_sleep_{gap_ms}ms_ms"] = median_ms(lambda g=gap_ms: time.sleep(g / 1e3), repeat)
-        work[f"after_spin_{gap_ms}ms_ms"] = median_ms(lambda g=gap_ms: spin(g / 1e3), repeat)
+        work[f"after_sleep_{gap_ms}ms_ms"] = median_ms(lambda _: numpy_work(), repeat,
+                                                       lambda _, g=gap_ms: time.sleep(g / 1e3))
+        work[f"after_spin_{gap_ms}ms_ms"] = median_ms(lambda _: numpy_work(), repeat, lambda _, g=gap_ms: spin(g / 1e3))
     write_result("host_wake", {
         "benchmark": "host_wake", **run_metadata(command_line()), "cpus": os.cpu_count(),
         "settings": {"repeat": repeat, "statistic": "median on this host's CPU"},

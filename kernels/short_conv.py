@@ -77,14 +77,6 @@ def _table_row_pointers(x_ptr, cache_ptr, resume_ptr, index, ok, total, stride_x
 
 
 @triton.jit
-def _store_silu(acc, out_ptr, tokens, chans, token_ok, chan_ok, stride_out):
-    """silu(acc) [BT, BC] into the output rows `tokens` at channels `chans`."""
-    out = acc * tl.sigmoid(acc)
-    tl.store(out_ptr + tokens[:, None] * stride_out + chans[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=token_ok[:, None] & chan_ok[None, :])
-
-
-@triton.jit
 def _indexed_conv_kernel(
     x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
     stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
@@ -103,7 +95,9 @@ def _indexed_conv_kernel(
         rows = tl.load(row[:, None] + chans[None, :], mask=read[:, None] & chan_ok[None, :], other=0.0)
         weight = tl.load(weight_ptr + chans * stride_weight + tap, mask=chan_ok, other=0.0).to(tl.float32)
         acc += rows.to(tl.float32) * weight[None, :]
-    _store_silu(acc, out_ptr, tokens, chans, token_ok, chan_ok, stride_out)
+    out = acc * tl.sigmoid(acc)
+    tl.store(out_ptr + tokens[:, None] * stride_out + chans[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=token_ok[:, None] & chan_ok[None, :])
 
 
 @triton.jit
