@@ -27,10 +27,12 @@ from flide_sdk.layout import (
     HostRound,
 )
 
-# steps of at most 1.33x above 512 tokens, and at most 1.17x from 1,536 to 6,144 tokens, where a lone ask
-# about a 2,000-token state with 1 to 64 questions lands (its padding is computed by every token-wise kernel)
-TOKEN_LADDER = (128, 256, 384, 512, 640, 768, 1024, 1280, 1536, 1792, 2048, 2304, 2560, 2816, 3072, 3584, 4096,
-                4608, 5120, 5632, 6144, 7168, 8192, 10240, 12288, 14336, 16384)
+# steps of at most 1.33x above 512 tokens, and of 128 tokens (at most 1.08x) from 1,536 to 3,072 tokens, where
+# a lone ask about a 2,000-token state with 1 to 16 questions lands (its padding is computed by every token-wise
+# kernel: on the H200 a lone 0.8B round replays in about 3.8 us per token, bench questions_per_state at cb0e20c,
+# so the 256-token steps this range had cost Q = 4 and Q = 16 about 0.5 ms each)
+TOKEN_LADDER = (128, 256, 384, 512, 640, 768, 1024, 1280, 1536, 1664, 1792, 1920, 2048, 2176, 2304, 2432, 2560,
+                2688, 2816, 2944, 3072, 3584, 4096, 4608, 5120, 5632, 6144, 7168, 8192, 10240, 12288, 14336, 16384)
 LABELS = 32  # label columns of a graph (a question has at most 26 options: letters)
 TOKENS_PER_REQUEST = 64  # requests capacity = T / this (at least MIN_REQUESTS)
 TOKENS_PER_QUESTION = 16  # questions capacity = T / this (at least MIN_QUESTIONS)
