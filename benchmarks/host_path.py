@@ -7,13 +7,15 @@ of the data copy) and the real 0.8B config for the conv kernel and the model len
 engine is the tiny random one (rendering, preparing and planning never look at weights). Each number is the
 median over `--repeat` runs, in milliseconds:
 
-- tokenize: `renderer.trunk(state)` of a unique ~2,000-token QuALITY state (a numbered first line);
+- tokenize: `renderer.trunk(state)` of a unique ~2,000-token QuALITY state (a numbered first line), through
+  the word encoder (`word_cache`, the single-threaded fast path that takes whitelisted texts);
 - tokenize_after_idle_ms: the same after 10 ms of sleep before each call (the gap a lone ask leaves while
   the GPU runs its round): in the engine the host stages take about twice what this script measures them at;
   this separates a cold host (caches, the tokenizer's sleeping threads) from contention inside the engine;
-- tokenize_by_piece_chars: the same, and `renderer.trunk` of a RACE passage (~250 tokens), with the text
-  cut into pieces of a fixed 512 characters (the earlier rule) and of 128 or 64 to 512 characters, about one
-  per CPU (`render.ENCODE_PIECE_CHARS`; the default is 128 to 512): how finely to cut for this host's threads;
+- tokenize_by_piece_chars: the same, and `renderer.trunk` of a RACE passage (~250 tokens), through the word
+  encoder (`word_encoder`) and, with it off (the path of texts it declines), with the text cut into pieces of
+  a fixed 512 characters (the earlier rule) and of 128 or 64 to 512 characters, about one per CPU
+  (`render.ENCODE_PIECE_CHARS`; the default is 128 to 512): how finely to cut for this host's threads;
 - render_questions: the branches of 1 and 64 yes/no questions (`common.STORY_QUESTIONS`), asked again and
   again as in `questions_per_state.py`; `_cold`: 64 questions never seen before;
 - prepare: `engine.prepare(trunk, questions)`, the queued form of an ask (validation, rendering, branches);
@@ -163,8 +165,11 @@ def main() -> None:
             "select_race64_ms": median_ms(admit, repeat // 4, queued),
         }
         passages = [f"Passage {i}.\n{text}" for i in range(repeat // 8 + 1) for text, _ in race]
-        ask["tokenize_by_piece_chars"] = {}
+        ask["tokenize_by_piece_chars"] = {"word_encoder": {
+            "state_ms": median_ms(lambda i: renderer.trunk(states[i]), repeat),
+            "race_passage_ms": median_ms(lambda i: renderer.trunk(passages[i]), repeat)}}
         default_chars = render.ENCODE_PIECE_CHARS
+        renderer.words.enabled = False
         try:
             for chars in ((512, 512), (128, 512), (64, 512)):
                 render.ENCODE_PIECE_CHARS = chars
@@ -173,6 +178,7 @@ def main() -> None:
                     "race_passage_ms": median_ms(lambda i: renderer.trunk(passages[i]), repeat)}
         finally:
             render.ENCODE_PIECE_CHARS = default_chars
+            renderer.words.enabled = True
         ask["cpus"] = render.ENCODE_PIECES
         ask["ask_host_ms"] = {q: ask["tokenize_ms"] + ask["prepare_ms"][q] for q in nouls}
         stager = Stager(conv_kernel, renderer.max_prompt_tokens)

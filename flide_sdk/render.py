@@ -7,6 +7,10 @@ one token, the first of the reply. The trunk of a request is the template head +
 branch is the question text + template tail, so `trunk + branch` is exactly the tokenizer's ids of the
 whole prompt. That holds because the split falls where the Qwen3.5 pre-tokenizer always splits (after a
 newline, before a letter or digit, see `history`); `Renderer` refuses any other pre-tokenizer.
+
+A state is tokenized on the lone request's critical path: `Renderer.encode_cut` first asks the single-
+threaded `word_cache.WordEncoder` (a regex split and a piece -> ids cache, exact on the characters it
+accepts), and only for other texts cuts the text into pieces the tokenizer encodes on its threads.
 """
 
 from __future__ import annotations
@@ -42,11 +46,12 @@ from flide_sdk.history import (
     Trunk,
 )
 from flide_sdk.questions import Choice, Content, Noul, Question, Score
+from flide_sdk.word_cache import WordEncoder
 
 LETTERS = tuple(string.ascii_uppercase)
-# a text is encoded in about one piece per CPU (the tokenizer's thread pool), in parallel, each piece 128 to 512
-# characters: a short text (a passage, a step's messages) still spreads over the threads, a long one is not
-# cut into more pieces than the threads need (each piece costs host time of its own)
+# a text the word encoder declines is encoded in about one piece per CPU (the tokenizer's thread pool), in
+# parallel, each piece 128 to 512 characters: a short text (a passage, a step's messages) still spreads over
+# the threads, a long one is not cut into more pieces than the threads need (each piece costs host time of its own)
 ENCODE_PIECES = os.cpu_count() or 1
 ENCODE_PIECE_CHARS = (128, 512)
 QUESTION_CACHE = 4096  # rendered questions (and branch texts) kept, least recently used dropped first
@@ -218,6 +223,7 @@ class Renderer:
         self.max_prompt_tokens = max_prompt_tokens
         added = [token.content for token in tokenizer.get_added_tokens_decoder().values()]
         self.boundaries = BoundaryFinder(added)
+        self.words = WordEncoder(tokenizer)  # the fast path of `encode_cut` (`words.enabled`: whether it runs)
         # least recently used first: rendered questions by `content_key`, branch ids by branch text
         self._questions: OrderedDict[tuple, RenderedQuestion] = OrderedDict()
         self._branches: OrderedDict[str, np.ndarray] = OrderedDict()
@@ -237,8 +243,19 @@ class Renderer:
 
     def encode_cut(self, text: str, cut: int) -> tuple[np.ndarray, int]:
         """Token ids of `text`, and how many of them encode `text[:cut]` (`cut`: 0, or a stable boundary of
-        `text`). The text is cut there and, when long, at more stable boundaries, into pieces that the tokenizer
-        encodes in parallel, without offsets (same tokens: BPE never merges across a stable boundary)."""
+        `text`). The text is cut there (same tokens: no regex piece, so no BPE merge, crosses a stable boundary)
+        and both parts go to the word encoder. When it declines either (a character it does not vouch for),
+        the text is cut there and, when long, at more stable boundaries, into pieces that the tokenizer encodes
+        in parallel, without offsets."""
+        if cut:
+            first = self.words.encode(text[:cut])
+            second = None if first is None else self.words.encode(text[cut:])
+            if second is not None:
+                return np.concatenate([first, second]), len(first)
+        else:
+            ids = self.words.encode(text)
+            if ids is not None:
+                return ids, 0
         shortest, longest = ENCODE_PIECE_CHARS
         every = min(longest, max(shortest, len(text) // ENCODE_PIECES))
         cuts = self.boundaries.cuts(text, every) if len(text) >= 2 * every else []

@@ -133,10 +133,12 @@ def test_texts_encode_in_pieces_like_the_whole(tiny_path, monkeypatch, cpus):
     """encode_cut cuts texts at stable boundaries (about one piece per CPU, 128 to 512 characters each) and
     encodes the pieces in parallel; the ids are those of encoding the whole text at once, and at every stable
     boundary a token of the whole text starts, the count encode_cut reports before it (adversarial pieces
-    included), for short texts and long ones, whatever the host's CPU count."""
+    included), for short texts and long ones, whatever the host's CPU count. (The parallel path: the word
+    encoder, which takes most texts first, is off here; test_word_cache compares the two.)"""
     monkeypatch.setattr(render, "ENCODE_PIECES", cpus)
     rng = random.Random(7 + cpus)
     for renderer in renderers(tiny_path):
+        renderer.words.enabled = False
         for trial in range(6):
             text = "".join(rng.choice(PIECES) for _ in range(rng.choice([rng.randint(60, 400), rng.randint(2000, 6000)])))
             cuts = renderer.boundaries.cuts(text, 2048)

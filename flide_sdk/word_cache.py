@@ -1,0 +1,202 @@
+"""A single-threaded, exact fast path for the Qwen3.5 tokenizer: a stdlib regex split and a word -> ids cache.
+
+`WordEncoder.encode(text)` gives the ids that `tokenizer.encode(text, add_special_tokens=False).ids` gives,
+or None when it cannot vouch for them (the caller then asks the tokenizer). It owns the whitelist of
+characters it accepts, the pre-tokenizer pattern rewritten for `re` on that whitelist, the added-token
+split, and the cache of each regex piece's ids. The HF tokenizer runs only for pieces never seen before.
+
+Why it is exact. The Qwen3.5 tokenizer (checked at construction, else `encode` always returns None) extracts
+its added tokens first (leftmost-longest; none strips or needs a whole word, none is normalized), NFC-
+normalizes each segment between them, splits it with a regex (`QWEN_PRETOKENIZER_PATTERN`, pieces isolated),
+maps each piece to byte-level characters and runs BPE (no dropout) inside it; nothing changes ids after. So
+the ids of a text are, per segment, the concatenation over its regex pieces of ids(piece), and ids(piece)
+depends on the piece alone: the tokenizer's ids of the piece by itself, once it splits into just itself.
+What remains is to split as the tokenizer's regex engine (oniguruma) does. On the whitelist W every
+Unicode class the pattern names is a plain, long-stable set (letters, digits, four white-space characters;
+no marks, no character that NFC changes, no long s, which `(?i)` would fold to `s`), so the pattern with
+those sets spelled out, and its case-insensitive contractions spelled `'[sS]`..., splits alike in `re`; a
+text with any character outside W is left to the tokenizer. Tests compare with the tokenizer on fuzz,
+every character of W in context, and the real data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import unicodedata
+from collections.abc import Iterable
+
+import numpy as np
+from tokenizers import Tokenizer, models
+
+from flide_sdk.history import QWEN_PRETOKENIZER_PATTERN
+
+# the whitelist W, as inclusive code point ranges: printable ASCII and \t \n \r (not \v \f: white space
+# whose handling differs between engines' \s); Latin-1 without NBSP (white space) and the soft hyphen
+# (format); Latin Extended-A/B without U+017F (long s); General Punctuation without its spaces, separators
+# and format characters; the euro and trade mark signs
+WHITELIST = (
+    (0x09, 0x0A), (0x0D, 0x0D), (0x20, 0x7E), (0xA1, 0xAC), (0xAE, 0x017E), (0x0180, 0x024F),
+    (0x2010, 0x2027), (0x2030, 0x205E), (0x20AC, 0x20AC), (0x2122, 0x2122),
+)
+WHITE_SPACE = " \t\n\r"
+# the cache is cleared whole when it would pass this many pieces (about 120 bytes each with the dict's share:
+# some 25 MB at most); English prose reaches about 10,000 distinct pieces in 15 QuALITY articles
+MAX_CACHED_PIECES = 200_000
+_CONTRACTIONS = "|".join("'" + "".join(f"[{c.lower()}{c.upper()}]" for c in word)
+                         for word in ("s", "t", "re", "ve", "m", "ll", "d"))
+
+
+def _ranges(chars: Iterable[str]) -> str:
+    """A regex class body for `chars`: code points folded into ranges, ends other than ASCII letters and
+    digits written `\\uXXXX`."""
+    points = sorted({ord(c) for c in chars})
+    body = []
+    for _, run in itertools.groupby(enumerate(points), lambda pair: pair[1] - pair[0]):
+        run = [p for _, p in run]
+        ends = [run[0]] if len(run) == 1 else [run[0], run[-1]]
+        body.append("-".join(chr(p) if chr(p).isascii() and chr(p).isalnum() else f"\\u{p:04x}" for p in ends))
+    return "".join(body)
+
+
+def character_classes() -> tuple[str, str, str]:
+    """Class bodies of W's letters (\\p{L}), digits (\\p{N}) and white space (\\s), checked: every
+    character of W is assigned, NFC-stable, not a mark, and exactly one of letter, digit, space, other."""
+    letters, digits, spaces = [], [], []
+    for low, high in WHITELIST:
+        for point in range(low, high + 1):
+            char = chr(point)
+            kind = unicodedata.category(char)
+            if kind[0] in "MC" and char not in WHITE_SPACE or unicodedata.normalize("NFC", char) != char:
+                raise AssertionError(f"U+{point:04X} ({kind}) does not belong in the whitelist")
+            if char.isspace() != (char in WHITE_SPACE) or (kind[0] == "Z") != (char == " "):
+                raise AssertionError(f"U+{point:04X}: white space not as expected")
+            if char == "\u017f" or char in "\xa0\xad\x85\x0b\x0c":
+                raise AssertionError(f"U+{point:04X} is excluded from the whitelist")
+            if kind[0] == "L":
+                letters.append(char)
+            elif kind[0] == "N":
+                digits.append(char)
+            elif char in WHITE_SPACE:
+                spaces.append(char)
+    return _ranges(letters), _ranges(digits), _ranges(spaces)
+
+
+def whitelist_pattern() -> str:
+    """The pre-tokenizer pattern for `re`, valid on texts of W only (same alternatives, same order)."""
+    letters, digits, space = character_classes()
+    return (
+        f"{_CONTRACTIONS}|[^\\r\\n{letters}{digits}]?[{letters}]+|[{digits}]| ?[^{space}{letters}{digits}]+[\\r\\n]*"
+        f"|[{space}]*[\\r\\n]+|[{space}]+(?![^{space}])|[{space}]+"
+    )
+
+
+def _state(component) -> dict:
+    return {} if component is None else json.loads(component.__getstate__())
+
+
+def supported(tokenizer: Tokenizer) -> bool:
+    """Whether the tokenizer is the one this fast path is exact for (see the module docstring). Reads the
+    components' own state, not `to_str()` (that serializes the whole vocabulary: about a second)."""
+    pre = _state(tokenizer.pre_tokenizer)
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
+    if not steps or [step.get("type") for step in steps] != ["Split", "ByteLevel"]:
+        return False
+    split, byte_level = steps
+    return (
+        split.get("pattern") == {"Regex": QWEN_PRETOKENIZER_PATTERN}
+        and split.get("behavior") == "Isolated"
+        and split.get("invert") is False
+        and byte_level.get("use_regex") is False
+        and byte_level.get("add_prefix_space") is False
+        and _state(tokenizer.normalizer).get("type", "NFC") == "NFC"
+        and _state(tokenizer.post_processor).get("type", "ByteLevel") == "ByteLevel"
+        and isinstance(tokenizer.model, models.BPE)
+        and not tokenizer.model.dropout
+        and tokenizer.truncation is None
+        and tokenizer.padding is None
+        and not getattr(tokenizer, "encode_special_tokens", False)
+    )
+
+
+class WordEncoder:
+    """Exact ids of whitelisted texts from a piece -> ids cache; None for what it does not vouch for.
+
+    Safe to call from several threads: the cache is a dict read and written whole-entry under the GIL; two
+    threads may encode the same new piece, with the same result; a clear only makes pieces miss again."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.enabled = supported(tokenizer)
+        whitelist = (chr(point) for low, high in WHITELIST for point in range(low, high + 1))
+        self._outside = re.compile(f"[^{_ranges(whitelist)}]")
+        self._split = re.compile(whitelist_pattern())
+        decoder = tokenizer.get_added_tokens_decoder()
+        added = {token.content: token_id for token_id, token in decoder.items() if token.content}
+        # added tokens that strip or match whole words only, or are matched after normalization, are not
+        # split here: a text holding any added token is then left to the tokenizer
+        self._plain_added = all(not (t.lstrip or t.rstrip or t.single_word or t.normalized) for t in decoder.values())
+        self._added_ids = {content: np.int64(token_id).tobytes() for content, token_id in added.items()}
+        self._added_first = "".join(sorted({content[0] for content in added}))
+        longest_first = sorted(added, key=len, reverse=True)  # at one position: the longest, as the tokenizer
+        self._added = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")") if added else None
+        self.cache: dict[str, bytes] = dict(self._added_ids)  # piece -> its ids as int64 bytes
+
+    def pieces(self, text: str) -> list[str] | None:
+        """The text's regex pieces, each added token a piece of its own; None if not whitelisted."""
+        if self._outside.search(text) is not None or not unicodedata.is_normalized("NFC", text):
+            return None
+        if self._added is None or not any(c in text for c in self._added_first):
+            return self._split.findall(text)
+        segments = self._added.split(text)  # text, token, text, token, ..., text
+        if len(segments) > 1 and not self._plain_added:
+            return None
+        pieces = self._split.findall(segments[0])
+        for at in range(1, len(segments), 2):
+            pieces.append(segments[at])
+            pieces += self._split.findall(segments[at + 1])
+        return pieces
+
+    def encode(self, text: str) -> np.ndarray | None:
+        """Token ids of `text` (int64, writable), as the tokenizer gives them without special tokens; None
+        when the encoder is disabled or the text holds a character outside the whitelist."""
+        if not self.enabled:
+            return None
+        pieces = self.pieces(text)
+        if pieces is None:
+            return None
+        try:  # each piece's ids are int64 bytes: joined into one buffer, read as the array (no copy)
+            return np.frombuffer(bytearray().join(map(self.cache.__getitem__, pieces)), np.int64)
+        except KeyError:
+            pass
+        table = self._lookup(pieces)
+        if table is None:
+            return None
+        return np.frombuffer(bytearray().join(map(table.__getitem__, pieces)), np.int64)
+
+    def _lookup(self, pieces: list[str]) -> dict[str, bytes] | None:
+        """Ids of each distinct piece: from the cache, the missing ones from the tokenizer in one batch (then
+        cached). None if a missing piece does not split into just itself."""
+        cache = self.cache
+        table = {piece: cache.get(piece) for piece in pieces}
+        missing = [piece for piece, ids in table.items() if ids is None]
+        for piece in missing:
+            if piece in self._added_ids:
+                table[piece] = self._added_ids[piece]
+                continue
+            whole = self._split.match(piece)
+            if whole is None or whole.end() != len(piece):
+                return None
+        missing = [piece for piece in missing if table[piece] is None]
+        if not missing:
+            return table
+        encodings = self.tokenizer.encode_batch_fast(missing, add_special_tokens=False)  # releases the GIL
+        # checked after the tokenizer (other threads fill the cache meanwhile), so the bound holds up to the
+        # pieces of the few texts whose inserts interleave
+        if len(cache) + len(missing) > MAX_CACHED_PIECES:
+            cache.clear()
+            cache.update(self._added_ids)
+        for piece, encoding in zip(missing, encodings):
+            table[piece] = cache[piece] = np.asarray(encoding.ids, np.int64).tobytes()
+        return table

@@ -1,0 +1,271 @@
+"""The word encoder (the fast path of `Renderer.encode_cut`): the tokenizer's exact ids on whitelisted texts,
+for fuzz, every whitelisted character in context and the real data; None for anything else; a bounded cache."""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import json
+import random
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import AddedToken, Tokenizer
+
+from flide_sdk import word_cache
+from flide_sdk.render import Renderer, load_chat_template
+from flide_sdk.word_cache import WHITELIST, WordEncoder, character_classes
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+QWEN35_TOKENIZER = DATA / "tokenizer" / "qwen3.5"
+W = [chr(point) for low, high in WHITELIST for point in range(low, high + 1)]
+TRICKY = [
+    "'", "'s", "'S", "'t", "'T", "'re", "'RE", "'rE", "'Re", "'ve", "'VE", "'vE", "'m", "'M", "'ll", "'LL", "'lL",
+    "'d", "'D", "'x", "''", " '", " ", "  ", "   ", "\t", "\n", "\n\n", "\r\n", "\r", " \n", "  \n\n ", "\t\n",
+    "1", "12", "2024", "¹", "²", "½", "¾", "—", "–", "‘", "’", "“", "”", "…", "•", "‰", "µ", "ª", "º", "×", "÷",
+    "é", "É", "ñ", "ß", "ÿ", "Œ", "ĳ", "ǅ", "ǀ", "ƻ", "ɏ", "€", "™", "¿", "¡", "©", "¨", "´", "the", "The", " the",
+    "don", "x", "Ab", "A", "z", "-", "_", ".", ",", "!!", "?", '"', "(", ")", "[", "]", "{", "}", "\\", "/", "#", "@",
+    "<", ">", "|", "<|", "|>",
+]
+
+
+def added_contents(tokenizer: Tokenizer) -> list[str]:
+    return [token.content for token in tokenizer.get_added_tokens_decoder().values()]
+
+
+def hf_ids(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+    return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+def fuzz_texts(tokenizer: Tokenizer, count: int, seed: int) -> list[str]:
+    """Random texts of W: mostly the tricky pieces, some added tokens glued on, some any character of W."""
+    rng = random.Random(seed)
+    added = added_contents(tokenizer)
+    texts = []
+    for _ in range(count):
+        parts = []
+        for _ in range(rng.randint(1, 24)):
+            roll = rng.random()
+            parts.append(rng.choice(TRICKY) if roll < 0.7 else rng.choice(added) if roll < 0.78 else rng.choice(W))
+        texts.append("".join(parts))
+    return texts
+
+
+def in_contexts(char: str) -> list[str]:
+    return [f"x{char}y", f" {char}{char}1", f"{char}'s", f"\n {char} z\n\n", f"'{char}", f"'{char}{char}x",
+            f"{char}  \n{char}", f"a{char}", f"1{char}2", f"<|im_end|>{char}<think>", f"{char}\r\n "]
+
+
+def tiny_with_extra_tokens(path: Path, **options) -> Tokenizer:
+    """The tiny tokenizer plus added tokens that overlap (leftmost-longest decides) or are plain words."""
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tokenizer.add_tokens([AddedToken(content, normalized=False, **options)
+                          for content in ("[[", "[[ref]]", "ref]]", "quux", "ab", "bcd", " zz")])
+    return tokenizer
+
+
+def tokenizers(tiny_path: Path):
+    yield "tiny", Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
+    yield "tiny+added", tiny_with_extra_tokens(tiny_path)
+    if QWEN35_TOKENIZER.is_dir():
+        yield "qwen3.5", real_tokenizer()
+
+
+_REAL: list[Tokenizer] = []
+
+
+def real_tokenizer() -> Tokenizer:
+    if not _REAL:
+        _REAL.append(Tokenizer.from_file(str(QWEN35_TOKENIZER / "tokenizer.json")))
+    return _REAL[0]
+
+
+def test_whitelist_classes_are_what_the_pattern_expects():
+    letters, digits, spaces = character_classes()
+    assert digits == "0-9\\u00b2-\\u00b3\\u00b9\\u00bc-\\u00be"
+    assert spaces == "\\u0009-\\u000a\\u000d\\u0020"
+    assert "\\u017f" not in letters and "\\u017e-" not in letters  # the long s is not whitelisted
+    for excluded in "\x0b\x0c\x85\xa0\xad\u017f\u2028\u2029\u202f\u205f\u2060\u2000\u200b":
+        assert excluded not in W
+
+
+def test_fast_ids_equal_the_tokenizers(tiny_path):
+    for name, tokenizer in tokenizers(tiny_path):
+        encoder = WordEncoder(tokenizer)
+        assert encoder.enabled, name
+        texts = fuzz_texts(tokenizer, 3000 if name == "qwen3.5" else 1500, seed=len(name))
+        for text, expected in zip(texts, hf_ids(tokenizer, texts)):
+            ids = encoder.encode(text)
+            assert ids is not None and ids.dtype == np.int64 and ids.tolist() == expected, (name, text)
+        check_split(encoder, tokenizer, texts)
+
+
+def test_every_whitelisted_character_in_context(tiny_path):
+    texts = [text for char in W for text in in_contexts(char)]
+    for name, tokenizer in tokenizers(tiny_path):
+        encoder = WordEncoder(tokenizer)
+        for text, expected in zip(texts, hf_ids(tokenizer, texts)):
+            ids = encoder.encode(text)
+            assert ids is not None and ids.tolist() == expected, (name, text)
+        check_split(encoder, tokenizer, texts)
+
+
+def check_split(encoder: WordEncoder, tokenizer: Tokenizer, texts: list[str]) -> None:
+    """The split itself is the tokenizer's, not just the ids (a piece split differently may still give the
+    same ids by chance), and its pieces cover the text."""
+    for text in texts:
+        for segment in encoder._added.split(text)[::2]:
+            hf = [segment[a:b] for _, (a, b) in tokenizer.pre_tokenizer.pre_tokenize_str(segment)]
+            assert encoder._split.findall(segment) == hf, segment
+        assert "".join(encoder.pieces(text)) == text
+
+
+def test_added_tokens_leftmost_longest_and_glued(tiny_path):
+    tokenizer = tiny_with_extra_tokens(tiny_path)
+    encoder = WordEncoder(tokenizer)
+    texts = ["[[ref]]", "x[[ref]", "[[ref]]]]", "abcd", "abcbcd", "aquuxb", "quuxquux", "a zz'szz", "<think>[[ab",
+             "'quux's", "[[[[ref]]]]", "<|im_start|>user\nabc<|im_end|>\n"]
+    for text, expected in zip(texts, hf_ids(tokenizer, texts)):
+        assert encoder.encode(text).tolist() == expected, text
+    ref = tokenizer.token_to_id("[[ref]]")
+    assert encoder.encode("[[ref]]").tolist() == [ref]
+
+
+@pytest.mark.parametrize("option", ["lstrip", "rstrip", "single_word", "normalized"])
+def test_texts_with_unsupported_added_tokens_fall_back(tiny_path, option):
+    tokenizer = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
+    options = {"normalized": False, option: True}
+    tokenizer.add_tokens([AddedToken("quux", **options)])
+    encoder = WordEncoder(tokenizer)
+    assert encoder.encode("a quux b") is None
+    assert encoder.encode("<|im_start|>a") is None  # any added token: one pass cannot mimic the others
+    assert encoder.encode("a qu ux b").tolist() == tokenizer.encode("a qu ux b", add_special_tokens=False).ids
+
+
+@pytest.mark.skipif(not (DATA / "reading").is_dir(), reason="the data copy lives in ../shared/data")
+@pytest.mark.skipif(not QWEN35_TOKENIZER.is_dir(), reason="the real Qwen3.5 tokenizer lives in ../shared/data")
+def test_real_data():
+    tokenizer = real_tokenizer()
+    encoder = WordEncoder(tokenizer)
+    quality = [json.loads(line)["input"] for line in (DATA / "reading/quality/quality.jsonl").open() if line.strip()]
+    race = [json.loads(Path(p).read_text())["article"]
+            for p in sorted(glob.glob(str(DATA / "reading/race/dev/middle/*.txt")))[:40]]
+    trajectories = []
+    for path in sorted(glob.glob(str(DATA / "trajectories/mini-swe-agent/*/*/*.json")))[:8]:
+        messages = json.loads(Path(path).read_text())["messages"]
+        body = ", ".join(json.dumps({"role": m["role"], "content": m.get("content") or ""}, ensure_ascii=False)
+                         for m in messages)
+        trajectories.append("<|im_start|>user\n[" + body[:30_000])
+    head = "<|im_start|>user\n"
+    for name, texts, least in (("quality", quality, 1.0), ("race", race, 1.0), ("trajectories", trajectories, 0)):
+        texts = [head + text + "\n\n" for text in texts]
+        took = 0
+        for text, expected in zip(texts, hf_ids(tokenizer, texts)):
+            ids = encoder.encode(text)
+            if ids is not None:
+                assert ids.tolist() == expected, name
+                took += 1
+            else:
+                assert encoder._outside.search(text), name  # declined only for a character outside W
+        assert texts and took >= least * len(texts), (name, took, len(texts))
+
+
+def test_characters_outside_the_whitelist_are_declined(tiny_path):
+    encoder = WordEncoder(Tokenizer.from_file(str(tiny_path / "tokenizer.json")))
+    assert encoder.encode("plain text, 'quoted' — fine") is not None
+    for char in "\x00\x0b\x0c\x1f\x7f\x85\xa0\xad\u017f\u0250Ω東🙂\u0301\u200b\u2028\u202f\u205f\u2190\u2713\ufeff":
+        for text in (char, f"word{char}", f"a b c {char} d e f" * 3):
+            assert encoder.encode(text) is None, repr(text)
+    assert encoder.encode("e\u0301") is None and encoder.encode("\u00e9") is not None
+
+
+def test_unsupported_tokenizers_disable_it(tiny_path):
+    spec = json.loads(Tokenizer.from_file(str(tiny_path / "tokenizer.json")).to_str())
+
+    def variant(change) -> Tokenizer:
+        edited = json.loads(json.dumps(spec))
+        change(edited)
+        return Tokenizer.from_str(json.dumps(edited))
+
+    def split(s):
+        return s["pre_tokenizer"]["pretokenizers"][0]
+
+    assert WordEncoder(variant(lambda s: None)).enabled
+    assert WordEncoder(variant(lambda s: s.update(normalizer=None))).enabled
+    for change in (
+        lambda s: split(s).update(behavior="MergedWithPrevious"),
+        lambda s: split(s).update(invert=True),
+        lambda s: split(s).update(pattern={"Regex": r"\s+|\S+"}),
+        lambda s: s["pre_tokenizer"]["pretokenizers"][1].update(add_prefix_space=True),
+        lambda s: s.update(normalizer={"type": "NFKC"}),
+        lambda s: s["model"].update(dropout=0.1),
+        lambda s: s.update(truncation={"direction": "Right", "max_length": 8, "strategy": "LongestFirst",
+                                       "stride": 0}),
+    ):
+        encoder = WordEncoder(variant(change))
+        assert not encoder.enabled and encoder.encode("plain text") is None
+
+
+def test_a_piece_that_does_not_split_into_itself_is_not_cached(tiny_path):
+    encoder = WordEncoder(Tokenizer.from_file(str(tiny_path / "tokenizer.json")))
+    assert encoder._lookup(["ab cd"]) is None and "ab cd" not in encoder.cache
+    assert encoder._lookup([" ab"])[" ab"] == encoder.cache[" ab"]
+
+
+def test_cache_is_bounded_and_exact_after_clearing(tiny_path, monkeypatch):
+    monkeypatch.setattr(word_cache, "MAX_CACHED_PIECES", 60)
+    tokenizer = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
+    encoder = WordEncoder(tokenizer)
+    rng = random.Random(3)
+    texts = ["<|im_start|>" + " ".join("".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 6)))
+                                        for _ in range(rng.randint(1, 12))) for _ in range(300)]
+    expected = hf_ids(tokenizer, texts)
+    sizes = []
+    for text, ids in zip(texts, expected):
+        assert encoder.encode(text).tolist() == ids
+        sizes.append(len(encoder.cache))
+    assert max(sizes) <= 60 and any(after < before for before, after in itertools.pairwise(sizes))  # cleared
+
+    # several threads at once, clearing as they go: every result still exact, the cache still bounded
+    failures = []
+
+    def work(offset: int) -> None:
+        for i in range(150):
+            k = (offset * 37 + i) % len(texts)
+            if encoder.encode(texts[k]).tolist() != expected[k]:
+                failures.append(k)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+    assert len(encoder.cache) <= 60 + 4 * 14  # the bound, up to the pieces of texts whose inserts interleave
+
+
+def renderers(tiny_path: Path):
+    yield Renderer.from_checkpoint(tiny_path, 1 << 20)
+    if QWEN35_TOKENIZER.is_dir():
+        yield Renderer(real_tokenizer(), load_chat_template(QWEN35_TOKENIZER), 1 << 20)
+
+
+def test_encode_cut_with_and_without_the_fast_path(tiny_path):
+    rng = random.Random(11)
+    for renderer in renderers(tiny_path):
+        fuzz = fuzz_texts(renderer.tokenizer, 40, seed=5)
+        foreign = [text[: len(text) // 2] + rng.choice("東Ω🙂\xa0") + text[len(text) // 2 :] for text in fuzz[:20]]
+        long = [renderer.head + " ".join(fuzz) * 3 + "\n\n"]
+        for text in fuzz + foreign + long:
+            assert (renderer.words.encode(text) is None) == (text in foreign)
+            for cut in [0, *renderer.boundaries.cuts(text, 23)[:6]]:
+                fast_ids, fast_before = renderer.encode_cut(text, cut)
+                renderer.words.enabled = False
+                try:
+                    ids, before = renderer.encode_cut(text, cut)
+                finally:
+                    renderer.words.enabled = True
+                assert fast_ids.tolist() == ids.tolist() and fast_before == before, (text, cut)
+                assert ids.tolist() == renderer.tokenizer.encode(text, add_special_tokens=False).ids
