@@ -32,7 +32,7 @@ from flide_sdk.capacity import capacity_ladder
 from flide_sdk.errors import EngineClosedError, QueueFullError
 from flide_sdk.graphs import BUFFERS, GraphRunner, Launch
 from flide_sdk.history import BLOCK, Trunk
-from flide_sdk.layout import Branches, HostRound, RequestSpec, Resume, Save, plan_round
+from flide_sdk.layout import PAGE, Branches, HostRound, RequestSpec, Resume, Save, plan_round
 from flide_sdk.models.checkpoint import load_model
 from flide_sdk.models.qwen35 import Qwen35Model
 from flide_sdk.ops import Ops, ops_for
@@ -166,6 +166,7 @@ class Engine:
         self._stats: dict[str, float] = dict.fromkeys(STAT_KEYS, 0)
         self.max_round_requests = max_round_requests
         self.max_round_questions = max_round_tokens  # every question has at least one branch token
+        self.max_round_pages: int | None = None  # history pages the resumed asks of a round read (graphs: a limit)
         self._graphs: GraphRunner | None = None
         if graphs if graphs is not None else device.type == "cuda":
             if device.type != "cuda":
@@ -176,6 +177,7 @@ class Engine:
                                        self.pool.window_sink, self.pool.kv_sink)
             report = self._graphs.capture()
             self.max_round_questions = ladder[-1].questions
+            self.max_round_pages = ladder[-1].pages
             self._stats.update(graphs_captured=report.graphs, capture_seconds=report.seconds,
                                graph_memory_bytes=report.memory_bytes)
         # rounds in flight at once: one per staging/readback buffer of the graphs (a buffer and its events
@@ -338,12 +340,15 @@ class Engine:
         return selected
 
     def _traverse(self, pending: deque[PendingAsk]) -> list[PendingAsk]:
-        capacity = self._loop.max_round_tokens
+        # with graphs a round must fit the largest capacity: one padding token past its real tokens, and the
+        # history pages of its resumed asks (a round of 32 long agent sessions ran eagerly without this check:
+        # compiling the eager shapes stalled every agent for 5 s on the H200, agent_replay at ee6c036)
+        capacity = self._loop.max_round_tokens - (self._graphs is not None)
         selected: list[PendingAsk] = []
         by_trunk: dict[tuple[int, int, int], list[AskPayload]] = {}  # selected asks, indexed for the scan
         by_first_block: dict[int, list[AskPayload]] = {}
         kept: deque[PendingAsk] = deque()
-        tokens = requests = questions = 0
+        tokens = requests = questions = pages = 0
         deferred = 0
         while pending:
             ask = pending.popleft()
@@ -358,8 +363,10 @@ class Engine:
                 continue
             merged = any(payload.same_trunk(other) for other in by_trunk.get(payload.trunk_key, ()))
             cost = payload.branch_tokens + (0 if merged else len(payload.trunk) - payload.resume_length)
+            history = 0 if merged else -(-payload.resume_length // PAGE)
             full = (tokens + cost > capacity or requests + (not merged) > self.max_round_requests
-                    or questions + len(payload.branches) > self.max_round_questions)
+                    or questions + len(payload.branches) > self.max_round_questions
+                    or self.max_round_pages is not None and pages + history > self.max_round_pages)
             if selected and full:
                 kept.append(ask)
                 continue
@@ -374,6 +381,7 @@ class Engine:
             tokens += cost
             requests += not merged
             questions += len(payload.branches)
+            pages += history
         pending.extend(kept)
         if deferred:
             with self._stats_lock:

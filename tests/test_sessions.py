@@ -330,7 +330,7 @@ def _scan_traverse(engine, pending: deque) -> tuple[list, int, int]:
         return ask.trunk.prefix_equals(producer.trunk.buffer, at) and not same(ask, producer)
 
     selected, kept = [], deque()
-    tokens = requests = questions = deferred = merges = 0
+    tokens = requests = questions = pages = deferred = merges = 0
     while pending:
         ask = pending.popleft()
         payload = ask.payload
@@ -341,8 +341,10 @@ def _scan_traverse(engine, pending: deque) -> tuple[list, int, int]:
             continue
         merged = any(same(payload, other.payload) for other in selected)
         cost = payload.branch_tokens + (0 if merged else len(payload.trunk) - payload.resume_length)
+        history = 0 if merged else -(-payload.resume_length // 64)
         full = (tokens + cost > engine._loop.max_round_tokens or requests + (not merged) > engine.max_round_requests
-                or questions + len(payload.branches) > engine.max_round_questions)
+                or questions + len(payload.branches) > engine.max_round_questions
+                or engine.max_round_pages is not None and pages + history > engine.max_round_pages)
         if selected and full:
             kept.append(ask)
             continue
@@ -351,6 +353,7 @@ def _scan_traverse(engine, pending: deque) -> tuple[list, int, int]:
             engine.pool.pin(resume)
         selected.append(ask)
         tokens, requests, questions = tokens + cost, requests + (not merged), questions + len(payload.branches)
+        pages += history
         merges += merged
     pending.extend(kept)
     return selected, deferred, merges
@@ -375,8 +378,10 @@ def test_indexed_admission_matches_the_scan_over_every_selected_ask(engine):
         trunks += [engine.renderer.trunk(base), engine.renderer.trunk(base + growth(rng)),
                    engine.renderer.trunk(f"{index}{growth(rng)}"), engine.renderer.trunk(f"short {index}")]
     exercised = np.zeros(3, dtype=int)  # deferred, merged, left queued for room
-    for limits in ((100_000, 64), (400, 64), (100_000, 3)):
-        engine._loop.max_round_tokens, engine.max_round_requests = limits
+    assert len(resumed._history.snapshot().stable) >= 64  # its asks resume with history pages
+    paged_out = 0
+    for limits in ((100_000, 64, None), (400, 64, None), (100_000, 3, None), (100_000, 64, 3)):
+        engine._loop.max_round_tokens, engine.max_round_requests, engine.max_round_pages = limits
         for _ in range(5):
             rng.shuffle(trunks)
             asks = [engine.prepare(trunk, {"q": QUESTIONS["stuck"]} if i % 3 else QUESTIONS)
@@ -394,7 +399,9 @@ def test_indexed_admission_matches_the_scan_over_every_selected_ask(engine):
             assert [asks.index(a) for a in indexed] == [twins.index(a) for a in scanned]
             assert deferred == expected_deferred
             exercised += [deferred, merges, len(indexed) - deferred]
-    assert exercised.all()
+            if limits[2] is not None:  # only the history pages limit the round
+                paged_out += len(indexed) - deferred
+    assert exercised.all() and paged_out
 
 
 def test_pool_takes_and_frees_pages_in_bulk(tiny_path):
