@@ -323,14 +323,22 @@ class Renderer:
         return {name: rendered[name] for name in questions}
 
     def _branch_ids(self, texts: list[str]) -> list[np.ndarray]:
-        """Token ids of branch texts (read-only, shared): from the cache by text, the rest in one batch."""
+        """Token ids of branch texts (read-only, shared): from the cache by text, the rest from the word encoder
+        (on the H200 host the tokenizer's batch call woke its worker threads for a few short texts) or, for the
+        texts it declines, in one batch."""
         with self._cache_lock:
             found = {text: self._branches[text] for text in texts if text in self._branches}
             for text in found:
                 self._branches.move_to_end(text)
         new = list(dict.fromkeys(text for text in texts if text not in found))
         if new:
-            for text, encoding in zip(new, self.tokenizer.encode_batch_fast(new, add_special_tokens=False)):
+            for text in new:
+                ids = self.words.encode(text)
+                if ids is not None:
+                    ids.flags.writeable = False
+                    found[text] = ids
+            declined = [text for text in new if text not in found]
+            for text, encoding in zip(declined, self.tokenizer.encode_batch_fast(declined, add_special_tokens=False)):
                 ids = np.asarray(encoding.ids, dtype=np.int64)
                 ids.flags.writeable = False
                 found[text] = ids

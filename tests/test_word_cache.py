@@ -269,3 +269,34 @@ def test_encode_cut_with_and_without_the_fast_path(tiny_path):
                     renderer.words.enabled = True
                 assert fast_ids.tolist() == ids.tolist() and fast_before == before, (text, cut)
                 assert ids.tolist() == renderer.tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_branch_ids_take_the_fast_path(tiny_path):
+    """Branch texts (question + template tail, added tokens included) take the word encoder too; only texts it
+    declines go to the tokenizer's batch; either way the ids are the tokenizer's."""
+    import flide_sdk as fl
+
+    class Recording:
+        """The tokenizer, recording the texts its batch call encodes."""
+
+        def __init__(self, tokenizer: Tokenizer) -> None:
+            self.tokenizer, self.batched = tokenizer, []
+
+        def __getattr__(self, name: str):
+            return getattr(self.tokenizer, name)
+
+        def encode_batch_fast(self, texts, **options):
+            self.batched += texts
+            return self.tokenizer.encode_batch_fast(texts, **options)
+
+    for renderer in renderers(tiny_path):
+        tokenizer = renderer.tokenizer
+        fuzz = fuzz_texts(tokenizer, 12, seed=9)
+        questions = {f"q{i}": fl.Noul(f"{text.strip() or 'x'} (case {i})") for i, text in enumerate(fuzz)}
+        questions["foreign"] = fl.Choice("Which 東 one?", {"Ω": None, "b": "🙂"})
+        renderer.tokenizer = recording = Recording(tokenizer)
+        rendered = renderer.render_questions(questions)
+        assert recording.batched == [rendered["foreign"].text + renderer.tail]
+        for question in rendered.values():
+            text = question.text + renderer.tail
+            assert question.ids.tolist() == tokenizer.encode(text, add_special_tokens=False).ids
