@@ -183,7 +183,8 @@ class Engine:
         # rounds in flight at once: one per staging/readback buffer of the graphs (a buffer and its events
         # are reused by the round after next, launched once this one is finished)
         self._loop = RoundLoop(self._select, self._launch, self._finish, max_round_tokens,
-                               round_deadline_ms / 1000.0, max_pending, depth=BUFFERS)
+                               round_deadline_ms / 1000.0, max_pending, depth=BUFFERS,
+                               launch_in_caller=None if self._graphs is None else self._fits_a_graph)
 
     @classmethod
     def load(
@@ -387,6 +388,13 @@ class Engine:
             with self._stats_lock:
                 self._stats["deferred"] += deferred
         return selected
+
+    def _fits_a_graph(self, ask: PendingAsk) -> bool:
+        """Whether `ask` alone fits the largest captured graph even with no checkpoint to resume from (its
+        round then replays a graph: launching it returns at once, so the asking thread may do it)."""
+        payload: AskPayload = ask.payload
+        largest = self._graphs.ladder[-1]
+        return len(payload.trunk) + payload.branch_tokens < largest.tokens and len(payload.branches) <= largest.questions
 
     def _launch(self, batch: list[PendingAsk]) -> InFlight | None:
         """Plan a round, start it on the device, and publish its checkpoints (device work is stream-ordered,

@@ -168,3 +168,78 @@ async def test_internal_round_loop_error_fails_asks_instead_of_hanging(tiny_path
     assert engine.closed
     with pytest.raises(fl.EngineClosedError):
         await engine.ask("state", {"q": fl.Noul("ok?")})
+
+
+def _launch_threads(engine) -> list[str]:
+    """Turns on launching in the caller for every ask (CPU engines launch eagerly, so it is off by default)
+    and records the thread each round is launched on."""
+    names: list[str] = []
+    launch = engine._loop._launch
+
+    def recording(batch):
+        names.append(threading.current_thread().name)
+        return launch(batch)
+
+    engine._loop._launch = recording
+    engine._loop.launch_in_caller = lambda ask: True
+    return names
+
+
+@pytest.mark.asyncio
+async def test_an_idle_engine_launches_an_ask_on_the_asking_thread(tiny_path):
+    """A lone ask is launched by the thread that asks (no hand-off to the round thread) and answers as the
+    round thread's launch does; asks queued while admission is held still go to the round thread."""
+    async with fl.Engine.load(tiny_path, device="cpu") as plain, fl.Engine.load(tiny_path, device="cpu") as engine:
+        names = _launch_threads(engine)
+        states = [f"lone ask {i} about a late order" for i in range(3)]
+        for state in states:
+            got, expected = await engine.ask(state, GOOD), await plain.ask(state, GOOD)
+            for name in GOOD:
+                assert np.abs(answer_probabilities(got[name]) - answer_probabilities(expected[name])).max() < 1e-6
+        assert names == [threading.current_thread().name] * 3
+        with engine.admission_paused():
+            tasks = [asyncio.ensure_future(engine.ask(f"held {i}", GOOD)) for i in range(2)]
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*tasks)
+        assert names[3:] == ["flide-rounds"] and engine.stats()["rounds"] == 4
+
+
+@pytest.mark.asyncio
+async def test_asks_launched_by_their_threads_race_safely(tiny_path):
+    """Many threads asking at once, each launching when it finds the engine idle and queueing otherwise:
+    every ask is answered once, as alone, and askers launched rounds themselves."""
+    async with fl.Engine.load(tiny_path, device="cpu") as plain, fl.Engine.load(tiny_path, device="cpu") as engine:
+        names = _launch_threads(engine)
+        results: dict[int, dict] = {}
+
+        def worker(index: int) -> None:
+            for step in range(4):
+                results[4 * index + step] = asyncio.run(engine.ask(f"thread {index} step {step}", GOOD))
+
+        threads = [threading.Thread(target=worker, args=(i,), name=f"asker-{i}") for i in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert sorted(results) == list(range(24))
+        assert engine.stats()["asks"] == 24 and sum(1 for n in names if n.startswith("asker")) >= 1
+        for key in (0, 7, 23):
+            expected = await plain.ask(f"thread {key // 4} step {key % 4}", GOOD)
+            assert np.abs(answer_probabilities(results[key]["n"]) - answer_probabilities(expected["n"])).max() < 1e-6
+
+
+@pytest.mark.asyncio
+async def test_a_failed_launch_on_the_asking_thread_fails_that_ask_only(tiny_path):
+    async with fl.Engine.load(tiny_path, device="cpu") as engine:
+        _launch_threads(engine)
+        select = engine._loop._select
+
+        def broken(pending):
+            raise RuntimeError("admission bug")
+
+        engine._loop._select = broken
+        with pytest.raises(RuntimeError, match="admission bug"):
+            await asyncio.wait_for(engine.ask("state", GOOD), timeout=30)
+        engine._loop._select = select
+        answers = await asyncio.wait_for(engine.ask("state", GOOD), timeout=30)
+        assert not engine.closed and set(answers) == {"n", "c"}
