@@ -44,6 +44,10 @@ WHITE_SPACE = " \t\n\r"
 # the cache is cleared whole when it would pass this many pieces (about 120 bytes each with the dict's share:
 # some 25 MB at most); English prose reaches about 10,000 distinct pieces in 15 QuALITY articles
 MAX_CACHED_PIECES = 200_000
+# new pieces up to this many are encoded one by one on the calling thread, more in one parallel batch: a batch
+# call wakes the tokenizer's worker threads (one per CPU), which costs more than a few short pieces (a RACE
+# passage's ask typically brings a handful of new words)
+FEW_MISSING = 16
 _CONTRACTIONS = "|".join("'" + "".join(f"[{c.lower()}{c.upper()}]" for c in word)
                          for word in ("s", "t", "re", "ve", "m", "ll", "d"))
 
@@ -176,8 +180,8 @@ class WordEncoder:
         return np.frombuffer(bytearray().join(map(table.__getitem__, pieces)), np.int64)
 
     def _lookup(self, pieces: list[str]) -> dict[str, bytes] | None:
-        """Ids of each distinct piece: from the cache, the missing ones from the tokenizer in one batch (then
-        cached). None if a missing piece does not split into just itself."""
+        """Ids of each distinct piece: from the cache, the missing ones from the tokenizer (then cached). None
+        if a missing piece does not split into just itself."""
         cache = self.cache
         table = {piece: cache.get(piece) for piece in pieces}
         missing = [piece for piece, ids in table.items() if ids is None]
@@ -191,7 +195,10 @@ class WordEncoder:
         missing = [piece for piece in missing if table[piece] is None]
         if not missing:
             return table
-        encodings = self.tokenizer.encode_batch_fast(missing, add_special_tokens=False)  # releases the GIL
+        if len(missing) <= FEW_MISSING:  # one at a time, on this thread: no wake-up of the tokenizer's threads
+            encodings = [self.tokenizer.encode(piece, add_special_tokens=False) for piece in missing]
+        else:
+            encodings = self.tokenizer.encode_batch_fast(missing, add_special_tokens=False)  # releases the GIL
         # checked after the tokenizer (other threads fill the cache meanwhile), so the bound holds up to the
         # pieces of the few texts whose inserts interleave
         if len(cache) + len(missing) > MAX_CACHED_PIECES:

@@ -300,3 +300,31 @@ def test_branch_ids_take_the_fast_path(tiny_path):
         for question in rendered.values():
             text = question.text + renderer.tail
             assert question.ids.tolist() == tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def test_a_few_new_pieces_are_encoded_without_a_batch_call(tiny_path):
+    """A text bringing up to FEW_MISSING new pieces encodes them one by one on the calling thread (a batch call
+    would wake the tokenizer's threads); more go in one batch; the ids are the tokenizer's either way."""
+
+    class Recording:
+        def __init__(self, tokenizer: Tokenizer) -> None:
+            self.tokenizer, self.batches = tokenizer, []
+
+        def __getattr__(self, name: str):
+            return getattr(self.tokenizer, name)
+
+        def encode_batch_fast(self, texts, **options):
+            self.batches.append(len(texts))
+            return self.tokenizer.encode_batch_fast(texts, **options)
+
+    renderer = Renderer.from_checkpoint(tiny_path, 1 << 20)
+    encoder, tokenizer = renderer.words, renderer.tokenizer
+    encoder.tokenizer = recording = Recording(tokenizer)
+    words = ["".join(letters) for letters in itertools.product("qxzj", repeat=3)]  # distinct pieces " qxz"...
+    count = word_cache.FEW_MISSING
+    many = " " + " ".join(words[: 3 * count])
+    few = many + " " + " ".join(words[3 * count : 4 * count])
+    for text, batches in ((many, [3 * count]), (few, [])):
+        recording.batches.clear()
+        assert encoder.encode(text).tolist() == tokenizer.encode(text, add_special_tokens=False).ids
+        assert recording.batches == batches
