@@ -46,7 +46,7 @@ from flide_sdk.history import (
     Trunk,
 )
 from flide_sdk.questions import Choice, Content, Noul, Question, Score
-from flide_sdk.word_cache import WordEncoder
+from flide_sdk.word_cache import WordEncoder, component_settings
 
 LETTERS = tuple(string.ascii_uppercase)
 # a text the word encoder declines is encoded in about one piece per CPU (the tokenizer's thread pool), in
@@ -199,12 +199,11 @@ def _reply(question: Question, labels: tuple[str, ...]) -> str:
 
 def check_pretokenizer(tokenizer: Tokenizer) -> None:
     """Refuse tokenizers whose pre-tokenizer is not Qwen3.5's: the stable-boundary rules depend on it."""
-    spec = json.loads(tokenizer.to_str())
-    pre = spec.get("pre_tokenizer") or {}
+    pre = component_settings(tokenizer.pre_tokenizer)
     steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
     split = next((s for s in steps if s.get("type") == "Split"), {})
     byte_level = next((s for s in steps if s.get("type") == "ByteLevel"), {})
-    normalizer = (spec.get("normalizer") or {}).get("type")
+    normalizer = component_settings(tokenizer.normalizer).get("type")
     if (
         split.get("pattern", {}).get("Regex") != QWEN_PRETOKENIZER_PATTERN
         or byte_level.get("use_regex", True)

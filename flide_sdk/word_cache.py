@@ -96,14 +96,15 @@ def whitelist_pattern() -> str:
     )
 
 
-def _state(component) -> dict:
+def component_settings(component) -> dict:
+    """A tokenizer component's settings (pre-tokenizer, normalizer, post-processor; {} for None), read from
+    the component itself: `Tokenizer.to_str()` serializes the whole vocabulary too (about a second)."""
     return {} if component is None else json.loads(component.__getstate__())
 
 
 def supported(tokenizer: Tokenizer) -> bool:
-    """Whether the tokenizer is the one this fast path is exact for (see the module docstring). Reads the
-    components' own state, not `to_str()` (that serializes the whole vocabulary: about a second)."""
-    pre = _state(tokenizer.pre_tokenizer)
+    """Whether the tokenizer is the one this fast path is exact for (see the module docstring)."""
+    pre = component_settings(tokenizer.pre_tokenizer)
     steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
     if not steps or [step.get("type") for step in steps] != ["Split", "ByteLevel"]:
         return False
@@ -114,8 +115,8 @@ def supported(tokenizer: Tokenizer) -> bool:
         and split.get("invert") is False
         and byte_level.get("use_regex") is False
         and byte_level.get("add_prefix_space") is False
-        and _state(tokenizer.normalizer).get("type", "NFC") == "NFC"
-        and _state(tokenizer.post_processor).get("type", "ByteLevel") == "ByteLevel"
+        and component_settings(tokenizer.normalizer).get("type", "NFC") == "NFC"
+        and component_settings(tokenizer.post_processor).get("type", "ByteLevel") == "ByteLevel"
         and isinstance(tokenizer.model, models.BPE)
         and not tokenizer.model.dropout
         and tokenizer.truncation is None
