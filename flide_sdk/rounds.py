@@ -169,6 +169,9 @@ class RoundLoop:
             LOG.exception("the round loop failed; the engine is closed")
             self._close_queue(f"the round loop failed: {error!r}")
         finally:
+            with self._cond:  # closed by now: an ask being launched on its thread joins the rounds to finish
+                while self._launching:
+                    self._cond.wait()
             while self._in_flight:
                 self._finish(self._in_flight.popleft())
 
@@ -190,8 +193,6 @@ class RoundLoop:
             while (self._launching or not self._in_flight and (not self._pending or self._held)) and not self._closed:
                 self._cond.wait()
             if self._closed:
-                while self._launching:  # its round joins the rounds in flight, which the loop finishes on exit
-                    self._cond.wait()
                 return False
             if self._pending and not self._held and len(self._in_flight) < self.depth:
                 if not self._in_flight and self.deadline_s > 0:

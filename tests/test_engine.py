@@ -243,3 +243,26 @@ async def test_a_failed_launch_on_the_asking_thread_fails_that_ask_only(tiny_pat
         engine._loop._select = select
         answers = await asyncio.wait_for(engine.ask("state", GOOD), timeout=30)
         assert not engine.closed and set(answers) == {"n", "c"}
+
+
+@pytest.mark.asyncio
+async def test_closing_while_an_ask_is_launched_on_its_thread_still_answers_it(tiny_path):
+    """A round launched by the asking thread is a launched round: closing the engine meanwhile lets it finish
+    (the round thread waits for the launch before it exits) and refuses later asks."""
+    engine = fl.Engine.load(tiny_path, device="cpu")
+    names = _launch_threads(engine)
+    launch = engine._loop._launch
+    closer = threading.Thread(target=engine.close)
+
+    def close_first(batch):
+        closer.start()
+        while not engine.closed:
+            threading.Event().wait(0.001)
+        return launch(batch)
+
+    engine._loop._launch = close_first
+    answers = await asyncio.wait_for(engine.ask("closing time", GOOD), timeout=60)
+    closer.join(60)
+    assert set(answers) == {"n", "c"} and names == [threading.current_thread().name] and not engine._loop.running
+    with pytest.raises(fl.EngineClosedError):
+        await engine.ask("after", GOOD)
