@@ -14,12 +14,12 @@ capacity or the deadline passes. Which queued asks join a round is the engine's 
 under the queue lock on this thread: it marks the asks it takes as running and leaves the rest queued,
 e.g. asks waiting for a checkpoint this round produces). With `launch_in_caller`, an ask it accepts that is
 submitted while the loop is idle (nothing queued or in flight, no deadline, admission not held) is selected
-and launched by the submitting thread itself, which saves the hand-off to the round thread on a lone ask's critical path (a
-thread wake-up, 72 us median and 216 us p90 on the H200 host, `host_wake.json`); the round thread then
-finishes it as any other. Only for launches that return at once (the engine accepts asks that fit a
-captured CUDA graph). Closing fails every
-queued ask with `EngineClosedError`; rounds already launched finish. `hold()` pauses admission, so a test can queue
-several asks and have them admitted together, deterministically.
+and launched by the submitting thread itself, which saves the hand-off to the round thread on a lone ask's
+critical path (a thread wake-up, 72 us median and 216 us p90 on the H200 host, `host_wake.json`); the round
+thread then finishes it as any other. Only for launches that return at once (the engine accepts asks that
+fit a captured CUDA graph). Closing fails every queued ask with `EngineClosedError`; rounds already launched
+finish. `hold()` pauses admission, so a test can queue several asks and have them admitted together,
+deterministically.
 """
 
 from __future__ import annotations

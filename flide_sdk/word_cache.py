@@ -125,6 +125,11 @@ def supported(tokenizer: Tokenizer) -> bool:
     )
 
 
+def _joined(ids_of: dict[str, bytes], pieces: list[str]) -> np.ndarray:
+    """The pieces' ids (int64 bytes each) joined into one buffer, read as the array (no copy)."""
+    return np.frombuffer(bytearray().join(map(ids_of.__getitem__, pieces)), np.int64)
+
+
 class WordEncoder:
     """Exact ids of whitelisted texts from a piece -> ids cache; None for what it does not vouch for.
 
@@ -171,14 +176,11 @@ class WordEncoder:
         pieces = self.pieces(text)
         if pieces is None:
             return None
-        try:  # each piece's ids are int64 bytes: joined into one buffer, read as the array (no copy)
-            return np.frombuffer(bytearray().join(map(self.cache.__getitem__, pieces)), np.int64)
-        except KeyError:
-            pass
-        table = self._lookup(pieces)
-        if table is None:
-            return None
-        return np.frombuffer(bytearray().join(map(table.__getitem__, pieces)), np.int64)
+        try:
+            return _joined(self.cache, pieces)
+        except KeyError:  # a piece never seen before
+            table = self._lookup(pieces)
+        return None if table is None else _joined(table, pieces)
 
     def _lookup(self, pieces: list[str]) -> dict[str, bytes] | None:
         """Ids of each distinct piece: from the cache, the missing ones from the tokenizer (then cached). None

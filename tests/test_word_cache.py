@@ -271,32 +271,33 @@ def test_encode_cut_with_and_without_the_fast_path(tiny_path):
                 assert ids.tolist() == renderer.tokenizer.encode(text, add_special_tokens=False).ids
 
 
+class BatchRecorder:
+    """A tokenizer that records the texts of each of its batch calls (the calls that wake its threads)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.batches = tokenizer, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
+
+    def encode_batch_fast(self, texts, **options):
+        self.batches.append(list(texts))
+        return self.tokenizer.encode_batch_fast(texts, **options)
+
+
 def test_branch_ids_take_the_fast_path(tiny_path):
     """Branch texts (question + template tail, added tokens included) take the word encoder too; only texts it
     declines go to the tokenizer's batch; either way the ids are the tokenizer's."""
     import flide_sdk as fl
-
-    class Recording:
-        """The tokenizer, recording the texts its batch call encodes."""
-
-        def __init__(self, tokenizer: Tokenizer) -> None:
-            self.tokenizer, self.batched = tokenizer, []
-
-        def __getattr__(self, name: str):
-            return getattr(self.tokenizer, name)
-
-        def encode_batch_fast(self, texts, **options):
-            self.batched += texts
-            return self.tokenizer.encode_batch_fast(texts, **options)
 
     for renderer in renderers(tiny_path):
         tokenizer = renderer.tokenizer
         fuzz = fuzz_texts(tokenizer, 12, seed=9)
         questions = {f"q{i}": fl.Noul(f"{text.strip() or 'x'} (case {i})") for i, text in enumerate(fuzz)}
         questions["foreign"] = fl.Choice("Which 東 one?", {"Ω": None, "b": "🙂"})
-        renderer.tokenizer = recording = Recording(tokenizer)
+        renderer.tokenizer = recording = BatchRecorder(tokenizer)
         rendered = renderer.render_questions(questions)
-        assert recording.batched == [rendered["foreign"].text + renderer.tail]
+        assert recording.batches == [[rendered["foreign"].text + renderer.tail]]
         for question in rendered.values():
             text = question.text + renderer.tail
             assert question.ids.tolist() == tokenizer.encode(text, add_special_tokens=False).ids
@@ -305,26 +306,14 @@ def test_branch_ids_take_the_fast_path(tiny_path):
 def test_a_few_new_pieces_are_encoded_without_a_batch_call(tiny_path):
     """A text bringing up to FEW_MISSING new pieces encodes them one by one on the calling thread (a batch call
     would wake the tokenizer's threads); more go in one batch; the ids are the tokenizer's either way."""
-
-    class Recording:
-        def __init__(self, tokenizer: Tokenizer) -> None:
-            self.tokenizer, self.batches = tokenizer, []
-
-        def __getattr__(self, name: str):
-            return getattr(self.tokenizer, name)
-
-        def encode_batch_fast(self, texts, **options):
-            self.batches.append(len(texts))
-            return self.tokenizer.encode_batch_fast(texts, **options)
-
     renderer = Renderer.from_checkpoint(tiny_path, 1 << 20)
     encoder, tokenizer = renderer.words, renderer.tokenizer
-    encoder.tokenizer = recording = Recording(tokenizer)
+    encoder.tokenizer = recording = BatchRecorder(tokenizer)
     words = ["".join(letters) for letters in itertools.product("qxzj", repeat=3)]  # distinct pieces " qxz"...
     count = word_cache.FEW_MISSING
     many = " " + " ".join(words[: 3 * count])
     few = many + " " + " ".join(words[3 * count : 4 * count])
-    for text, batches in ((many, [3 * count]), (few, [])):
+    for text, sizes in ((many, [3 * count]), (few, [])):
         recording.batches.clear()
         assert encoder.encode(text).tolist() == tokenizer.encode(text, add_special_tokens=False).ids
-        assert recording.batches == batches
+        assert [len(batch) for batch in recording.batches] == sizes
