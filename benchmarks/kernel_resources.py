@@ -37,7 +37,7 @@ from triton.runtime.jit import JITFunction
 
 from benchmarks.common import release_config, run_metadata, write_result
 from flide_sdk.capacity import capacity_ladder, choose, pad_round
-from flide_sdk.kernels import fork_attention, gated_delta, gdn_gates, kv_store, rms_norm, rotary, short_conv, swiglu
+from flide_sdk.kernels import fork_attention, gated_delta, gdn_front, gdn_gates, kv_store, rms_norm, rotary, short_conv, swiglu
 from flide_sdk.layout import RequestSpec, plan_round
 from flide_sdk.models.qwen35 import Qwen35Config, Qwen35Model
 from flide_sdk.ops import kernel_ops
@@ -45,7 +45,7 @@ from flide_sdk.pool import CheckpointPool
 
 H200_SHARED_BYTES = 232_448  # per block, sm_90 (227 KB)
 TARGET = GPUTarget("cuda", 90, 32)
-MODULES = (fork_attention, gated_delta, gdn_gates, kv_store, rms_norm, rotary, short_conv, swiglu)
+MODULES = (fork_attention, gated_delta, gdn_front, gdn_gates, kv_store, rms_norm, rotary, short_conv, swiglu)
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
          torch.int32: "i32", torch.bool: "i1", torch.uint8: "u8"}
 

@@ -40,11 +40,12 @@ def _log1p(y):
 
 
 @triton.jit
-def _gdn_gates_kernel(
-    a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, g_ptr, beta_ptr, tokens, heads, stride_a, stride_b,
+def _gates_tile(
+    a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, g_ptr, beta_ptr, tokens, heads, stride_a, stride_b, token_block,
     BT: tl.constexpr, BH: tl.constexpr,
 ):
-    row = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)
+    """g and beta of the BT tokens of one block, all heads (BH: the head count padded to a power of two)."""
+    row = (token_block * BT + tl.arange(0, BT)).to(tl.int64)
     head = tl.arange(0, BH)
     head_ok = head < heads
     ok = (row < tokens)[:, None] & head_ok[None, :]
@@ -60,10 +61,20 @@ def _gdn_gates_kernel(
     tl.store(beta_ptr + out, beta, mask=ok)
 
 
-def gdn_gates_triton(
+@triton.jit
+def _gdn_gates_kernel(
+    a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, g_ptr, beta_ptr, tokens, heads, stride_a, stride_b,
+    BT: tl.constexpr, BH: tl.constexpr,
+):
+    _gates_tile(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, g_ptr, beta_ptr, tokens, heads, stride_a, stride_b,
+                tl.program_id(0), BT, BH)
+
+
+def gates_launch(
     a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Triton kernel behind the contract of `gdn_gates_reference` (a, b [T, H]; A_log, dt_bias [H])."""
+) -> tuple[tuple, dict[str, int], int]:
+    """Checks the shapes; (the kernel's arguments, including the new g and beta, its block sizes, the number
+    of token blocks) for `_gates_tile`, as `gdn_gates_triton` and the fused front launch it."""
     heads = A_log.shape[0]
     if a.shape != b.shape or a.dim() != 2 or a.shape[1] != heads or dt_bias.shape != A_log.shape:
         raise ValueError(f"gdn_gates: a {tuple(a.shape)}, b {tuple(b.shape)}, A_log {tuple(A_log.shape)}, "
@@ -73,11 +84,17 @@ def gdn_gates_triton(
     tokens = a.shape[0]
     g = torch.empty(a.shape, dtype=torch.float32, device=a.device)
     beta = torch.empty(a.shape, dtype=torch.float32, device=a.device)
-    if tokens and heads:
-        block_h = triton.next_power_of_2(heads)
-        block_t = max(1, TILE // block_h)
-        _gdn_gates_kernel[(triton.cdiv(tokens, block_t),)](
-            a, b, A_log.contiguous(), dt_bias.contiguous(), g, beta, tokens, heads, a.stride(0), b.stride(0),
-            BT=block_t, BH=block_h,
-        )
-    return g, beta
+    block_h = triton.next_power_of_2(max(heads, 1))
+    block_t = max(1, TILE // block_h)
+    arguments = (a, b, A_log.contiguous(), dt_bias.contiguous(), g, beta, tokens, heads, a.stride(0), b.stride(0))
+    return arguments, {"BT": block_t, "BH": block_h}, triton.cdiv(tokens, block_t) if heads else 0
+
+
+def gdn_gates_triton(
+    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Triton kernel behind the contract of `gdn_gates_reference` (a, b [T, H]; A_log, dt_bias [H])."""
+    arguments, blocks, programs = gates_launch(a, b, A_log, dt_bias)
+    if programs:
+        _gdn_gates_kernel[(programs,)](*arguments, **blocks)
+    return arguments[4], arguments[5]

@@ -77,14 +77,14 @@ def _table_row_pointers(x_ptr, cache_ptr, resume_ptr, index, ok, total, stride_x
 
 
 @triton.jit
-def _indexed_conv_kernel(
+def _conv_tile(
     x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
-    stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
+    stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out, token_block, channel_block,
     TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
 ):
-    """silu(sum over taps of weight * table row src[t, tap]) for BT tokens x BC channels."""
-    tokens = tl.program_id(0) * BT + tl.arange(0, BT)
-    chans = tl.program_id(1) * BC + tl.arange(0, BC)
+    """silu(sum over taps of weight * table row src[t, tap]) for the BT tokens x BC channels of one tile."""
+    tokens = token_block * BT + tl.arange(0, BT)
+    chans = channel_block * BC + tl.arange(0, BC)
     token_ok = tokens < total
     chan_ok = chans < channels
     acc = tl.zeros((BT, BC), tl.float32)
@@ -101,13 +101,24 @@ def _indexed_conv_kernel(
 
 
 @triton.jit
-def _save_windows_kernel(
+def _indexed_conv_kernel(
+    x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
+    stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
+    TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+):
+    _conv_tile(x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
+               stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
+               tl.program_id(0), tl.program_id(1), TAPS, BT, BC)
+
+
+@triton.jit
+def _save_window(
     x_ptr, cache_ptr, resume_ptr, save_slots_ptr, src_ptr, total, channels,
-    stride_x, stride_cs, stride_ck, stride_src,
+    stride_x, stride_cs, stride_ck, stride_src, save, channel_block,
     WINDOW: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
 ):
-    save = tl.program_id(0)
-    chans = tl.program_id(1) * BC + tl.arange(0, BC)
+    """Table rows src[save] into the arena's slot save_slots[save], BC channels of them."""
+    chans = channel_block * BC + tl.arange(0, BC)
     chan_ok = chans < channels
     taps = tl.arange(0, BW)
     tap_ok = taps < WINDOW
@@ -120,12 +131,37 @@ def _save_windows_kernel(
              rows.to(cache_ptr.dtype.element_ty), mask=tap_ok[:, None] & chan_ok[None, :])
 
 
+@triton.jit
+def _save_windows_kernel(
+    x_ptr, cache_ptr, resume_ptr, save_slots_ptr, src_ptr, total, channels,
+    stride_x, stride_cs, stride_ck, stride_src,
+    WINDOW: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
+):
+    _save_window(x_ptr, cache_ptr, resume_ptr, save_slots_ptr, src_ptr, total, channels,
+                 stride_x, stride_cs, stride_ck, stride_src, tl.program_id(0), tl.program_id(1), WINDOW, BW, BC)
+
+
 def _arena_slots(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor) -> torch.Tensor:
     """Checks the window arena's layout; the resume slots as a kernel argument (a dummy slot when there are
     none: the kernels never read it then)."""
     if window_cache.dim() != 3 or window_cache.shape[-1] != x.shape[1] or window_cache.stride(-1) != 1:
         raise ValueError(f"window arena {tuple(window_cache.shape)} must be [slots, K-1, {x.shape[1]}], unit last stride")
     return resume_slots if resume_slots.numel() else resume_slots.new_zeros(1)
+
+
+def conv_launch(
+    x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, weight: torch.Tensor, src: torch.Tensor,
+    block_t: int = BLOCK_T, block_c: int = BLOCK_C,
+) -> tuple[tuple, dict[str, int], tuple[int, int]]:
+    """Checks the arena; (the arguments of `_conv_tile` before its block indices, including the new output,
+    its constexprs, its (token blocks, channel blocks)), as `indexed_conv_triton` and the fused front launch it."""
+    resume_slots = _arena_slots(x, window_cache, resume_slots)
+    total, channels = x.shape
+    out = torch.empty_like(x)
+    arguments = (x, window_cache, resume_slots, weight, src, out, total, channels, x.stride(0),
+                 window_cache.stride(0), window_cache.stride(1), weight.stride(0), src.stride(0), out.stride(0))
+    blocks = (triton.cdiv(total, block_t), triton.cdiv(channels, block_c))
+    return arguments, {"TAPS": src.shape[1], "BT": block_t, "BC": block_c}, blocks
 
 
 def indexed_conv_triton(
@@ -135,14 +171,24 @@ def indexed_conv_triton(
     """The Triton kernel behind the same contract as `indexed_conv_reference` (sum in float32).
 
     The keyword arguments are tuning knobs (tokens and channels per program, powers of two; warps)."""
+    arguments, constants, grid = conv_launch(x, window_cache, resume_slots, weight, src, block_t, block_c)
+    _indexed_conv_kernel[grid](*arguments, **constants, num_warps=num_warps)
+    return arguments[5]
+
+
+def save_launch(
+    x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, save_slots: torch.Tensor,
+    save_src: torch.Tensor,
+) -> tuple[tuple, dict[str, int], tuple[int, int]]:
+    """Checks the arena; (the arguments of `_save_window` before its indices, its constexprs, its (saves,
+    channel blocks)), as `save_windows_triton` and the fused front launch it."""
     resume_slots = _arena_slots(x, window_cache, resume_slots)
+    saves, window = save_src.shape
     total, channels = x.shape
-    out = torch.empty_like(x)
-    grid = (triton.cdiv(total, block_t), triton.cdiv(channels, block_c))
-    arguments = (x, window_cache, resume_slots, weight, src, out, total, channels, x.stride(0),
-                 window_cache.stride(0), window_cache.stride(1), weight.stride(0), src.stride(0), out.stride(0))
-    _indexed_conv_kernel[grid](*arguments, TAPS=src.shape[1], BT=block_t, BC=block_c, num_warps=num_warps)
-    return out
+    arguments = (x, window_cache, resume_slots, save_slots, save_src, total, channels,
+                 x.stride(0), window_cache.stride(0), window_cache.stride(1), save_src.stride(0))
+    constants = {"WINDOW": window, "BW": triton.next_power_of_2(window), "BC": BLOCK_C}
+    return arguments, constants, (saves, triton.cdiv(channels, BLOCK_C))
 
 
 def save_windows_triton(
@@ -150,13 +196,6 @@ def save_windows_triton(
     save_src: torch.Tensor,
 ) -> None:
     """The Triton kernel behind the same contract as `save_windows_reference` (one launch)."""
-    resume_slots = _arena_slots(x, window_cache, resume_slots)
-    saves, window = save_src.shape
-    if saves == 0:
-        return
-    total, channels = x.shape
-    _save_windows_kernel[(saves, triton.cdiv(channels, BLOCK_C))](
-        x, window_cache, resume_slots, save_slots, save_src, total, channels,
-        x.stride(0), window_cache.stride(0), window_cache.stride(1), save_src.stride(0),
-        WINDOW=window, BW=triton.next_power_of_2(window), BC=BLOCK_C,
-    )
+    arguments, constants, grid = save_launch(x, window_cache, resume_slots, save_slots, save_src)
+    if grid[0]:
+        _save_windows_kernel[grid](*arguments, **constants)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flide_sdk.kernels.gated_delta import OutputNorm
 from flide_sdk.layout import RoundTensors
 from flide_sdk.ops import Ops
 
@@ -269,18 +270,18 @@ class GatedDeltaNet(nn.Module):
         state_cache, window_cache = cache
         plan = rnd.checkpoint
         qkv, z, b, a = project(self.fused, [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a], h)
-        # resumed trunks read their checkpoints' conv windows straight from the arena (see layout)
-        mixed = ops.indexed_conv(qkv, window_cache, plan.resume_slots, self.conv1d.weight[:, 0, :], rnd.conv_src)
+        # resumed trunks read their checkpoints' conv windows straight from the arena (see layout); the
+        # windows this round saves are written there in the same pass
+        mixed, g, beta = ops.gdn_front(qkv, a, b, self.conv1d.weight[:, 0, :], self.A_log, self.dt_bias, window_cache,
+                                       plan.resume_slots, rnd.conv_src, plan.save_slots, plan.save_window_src)
         q, k, v = mixed.split([key_dim, key_dim, c.gdn_value_heads * c.gdn_value_dim], dim=-1)
         q = q.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
         k = k.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
         v = v.view(tokens, c.gdn_value_heads, c.gdn_value_dim)
-        g, beta = ops.gdn_gates(a, b, self.A_log, self.dt_bias)
-        core = ops.gated_delta(q, k, v, g, beta, rnd.delta, state_cache)  # states are read and saved in place
-        ops.save_windows(qkv, window_cache, plan.resume_slots, plan.save_slots, plan.save_window_src)
+        norm = OutputNorm(z.view(tokens, c.gdn_value_heads, c.gdn_value_dim), self.norm.weight, c.rms_norm_eps)
+        out = ops.gated_delta(q, k, v, g, beta, rnd.delta, state_cache, norm)  # states read and saved in place
         if rows is not None:
-            core, z = core[rows], z[rows]
-        out = ops.gated_rms_norm(core, z.view(-1, c.gdn_value_heads, c.gdn_value_dim), self.norm.weight, c.rms_norm_eps)
+            out = out[rows]
         return self.out_proj(out.reshape(out.shape[0], -1))
 
 
