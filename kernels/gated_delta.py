@@ -44,31 +44,23 @@ transformers' bf16. Float32 inputs keep float32 with IEEE products.
 Timed slower on the H200 on 2026-11-30 (7117ef9, benchmarks/README.md) and removed: a chunk-pair scan
 (half the sequential steps), the W and U products in a second launch, and capped prep registers; and (d3f5770)
 a transposed scan step carrying S^T as the left operand of both products (mma.sync from registers): no
-faster at 32 columns, 15% slower on 32 requests at 16.
+faster at 32 columns, 15% slower on 32 requests at 16. On 2026-12-01 (519134c, `2026-12-01-norm-fold-ab`):
+the Gated DeltaNet's gated RMS norm folded into the output kernel: 2.7 and 2.3 us per layer less than the
+output kernel and the separate norm kernel on a lone 2,000-token ask and a RACE passage, but 7 us more with 64
+branches (8 output warps: slower still); not kept.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from flide_sdk.kernels.rms_norm import _gated_norm, gated_rms_norm_reference
 from flide_sdk.layout import GDN_CHUNK, DeltaLevel, DeltaPlan
 
 L2_EPS = 1e-6
-
-
-class OutputNorm(NamedTuple):
-    """The Gated DeltaNet's output norm, applied to the rule's outputs (`gated_rms_norm`): the gate z
-    [T, Hv, Dv] (any token and head strides, unit last stride), the weight [Dv] and epsilon."""
-
-    gate: torch.Tensor
-    weight: torch.Tensor
-    eps: float
 
 
 def l2_normalize(x: torch.Tensor, eps: float = L2_EPS) -> torch.Tensor:
@@ -83,13 +75,11 @@ def gated_delta_reference(
     beta: torch.Tensor,
     plan: DeltaPlan,
     states: torch.Tensor,
-    output_norm: OutputNorm | None = None,
 ) -> torch.Tensor:
     """Outputs [T, Hv, Dv] (v's dtype) of the gated delta rule over every segment of `plan`.
 
     q, k: [T, Hk, Dk] (raw: normalised here); v: [T, Hv, Dv]; g, beta: [T, Hv] (float32).
     states: [num_rows, Hv, Dk, Dv] float32 state table, read at init rows and written at final rows.
-    output_norm: when given, the outputs go through `gated_rms_norm_reference` with it.
     """
     total, v_heads = v.shape[0], v.shape[1]
     group = v_heads // k.shape[1]
@@ -103,8 +93,7 @@ def gated_delta_reference(
     out = vf.new_zeros(total + 1, v_heads, vf.shape[-1])
     for level in plan.levels:
         _run_level(qf, kf, vf, gf, bf, level, states, out)
-    out = out[:total].to(v.dtype)
-    return out if output_norm is None else gated_rms_norm_reference(out, *output_norm)
+    return out[:total].to(v.dtype)
 
 
 def _run_level(qf, kf, vf, gf, bf, level, states, out) -> None:
@@ -379,12 +368,12 @@ def _state_scan_kernel(
 
 @triton.jit
 def _chunk_output_kernel(
-    q_ptr, a_ptr, q_gate_ptr, w_ptr, u_ptr, v_new_ptr, h_ptr, states_ptr, out_ptr, z_ptr, norm_ptr, norm_eps,
+    q_ptr, a_ptr, q_gate_ptr, w_ptr, u_ptr, v_new_ptr, h_ptr, states_ptr, out_ptr,
     tokens0_ptr, tokens1_ptr, tokens2_ptr, count0_ptr, count1_ptr, count2_ptr, init0_ptr, init1_ptr, init2_ptr,
     sizes0_ptr, sizes1_ptr, sizes2_ptr, total, start1, start2,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_zt, stride_zh, stride_sr, stride_sh, stride_sk,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_sr, stride_sh, stride_sk,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, L: tl.constexpr,
-    PREC: tl.constexpr, NORM: tl.constexpr, ROUND_PRODUCT: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """Per (value head, chunk, V tile) o = (q exp(cum)) S_j + (q K^T * Gamma) v_new for the chunk's tokens,
     for the real chunk rows of up to three levels at once; a program takes loop steps pid, pid + P, ... of
@@ -394,8 +383,7 @@ def _chunk_output_kernel(
     the scan for a segment's later chunks. A segment's first chunk (row s of its level with s < segments and
     chunk_count[s] > 0: step 0 holds a level's rows 0..) reads S_0 from the segment's init row of the state table,
     which no segment of the level writes, and computes its v_new here, exactly as the scan does (the same
-    products and roundings). With NORM (BV = DV: a program holds whole head rows) the rows, rounded to the
-    output dtype, go through the gated RMS norm with the gate z before they are stored (`_gated_norm`).
+    products and roundings).
     """
     head = tl.program_id(0)
     i = tl.arange(0, L)
@@ -427,12 +415,6 @@ def _chunk_output_kernel(
                     mask=ok[:, None] & (i[:, None] >= i[None, :]), other=0.0)
         out = q_gate[:, None] * tl.dot(q.to(h.dtype), h, input_precision=PREC)
         out += tl.dot(a, v_new, input_precision=PREC)
-        if NORM:
-            dtype = out_ptr.dtype.element_ty
-            z = tl.load(z_ptr + tok[:, None] * stride_zt + head * stride_zh + cols[None, :], mask=ok[:, None],
-                        other=0.0).to(tl.float32)
-            weight = tl.load(norm_ptr + cols).to(tl.float32)
-            out = _gated_norm(out.to(dtype).to(tl.float32), z, weight, DV, norm_eps, ROUND_PRODUCT, dtype)
         tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
@@ -471,7 +453,6 @@ def gated_delta_triton(
     beta: torch.Tensor,
     plan: DeltaPlan,
     states: torch.Tensor,
-    output_norm: OutputNorm | None = None,
     *,
     block_v: int = 32,
     split_v: int | None = None,
@@ -489,9 +470,6 @@ def gated_delta_triton(
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
     Only stream tokens that belong to a segment of `plan` get an output row (plan_round covers all).
-    With `output_norm` the output kernel applies it to the rows it computes (needs `out_block_v` = Dv);
-    on the H200 this took the gated norm's own launch (7.5 us per layer on a lone 2,000-token ask, profile at
-    3d3d93e) out of every Gated DeltaNet layer.
     Dk and Dv must be powers of two >= 16. The keyword arguments are tuning knobs for benchmarks: the
     scan's V tile (`block_v` columns) and V split (`split_v` programs per segment and head, each doing
     Dv / block_v / split_v tiles in turn; default: one tile per program), the prep kernel's sub-block rows
@@ -542,14 +520,6 @@ def gated_delta_triton(
     obv = min(out_block_v, dv)
     if obv < min_tile or obv & (obv - 1):
         raise ValueError(f"out_block_v = {obv} does not tile Dv = {dv}")
-    if output_norm is not None:
-        z, norm_weight, norm_eps = output_norm
-        if obv != dv or z.shape != v.shape or z.stride(-1) != 1 or norm_weight.shape != (dv,):
-            raise ValueError(f"output norm: gate {tuple(z.shape)} (unit last stride), weight {tuple(norm_weight.shape)} "
-                             f"and out_block_v = {obv} must match v {tuple(v.shape)}")
-        norm_weight = norm_weight.contiguous()
-    else:  # never read
-        z, norm_weight, norm_eps = v, v, 0.0
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -596,12 +566,10 @@ def gated_delta_triton(
                 num_warps=scan_warps, num_stages=scan_stages,
             )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
-            q, a, q_gate, w, u, v_new, h, states, out, z, norm_weight, norm_eps, *tokens,
+            q, a, q_gate, w, u, v_new, h, states, out, *tokens,
             *(level.chunk_count for level in levels), *(level.init_row for level in levels), *sizes,
             total, start1, start2,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1), z.stride(0), z.stride(1),
-            states.stride(0), states.stride(1), states.stride(2),
-            GROUP=group, DK=dk, DV=dv, BV=obv, L=chunk, PREC=prec, NORM=output_norm is not None,
-            ROUND_PRODUCT=norm_weight.dtype == v.dtype, num_warps=out_warps,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
+            GROUP=group, DK=dk, DV=dv, BV=obv, L=chunk, PREC=prec, num_warps=out_warps,
         )
     return out

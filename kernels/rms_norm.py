@@ -8,8 +8,7 @@
   out of one read of x and delta.
 - `gated_rms_norm`: the Gated DeltaNet output norm, w * rmsnorm(x) * silu(gate), with the casts of
   transformers' version: normalise in float32, cast to x's dtype, multiply by w (rounded to the product's
-  dtype), multiply by silu(gate) in float32, cast to x's dtype. Its kernel side is `_gated_norm`, which the
-  gated delta rule's output kernel applies to the rows it computes (`gated_delta`: one launch fewer per layer).
+  dtype), multiply by silu(gate) in float32, cast to x's dtype.
 
 `*_reference` are the definitions (torch, used on CPU); `*_triton` the kernels behind the same contracts.
 A program normalises a block of whole rows held in registers (rows up to a few thousand wide, the
@@ -78,15 +77,30 @@ def _rms_norm_kernel(
 
 
 @triton.jit
-def _gated_norm(x, gate, weight, width, eps, ROUND_PRODUCT: tl.constexpr, dtype: tl.constexpr):
-    """w * rmsnorm(x) * silu(gate) of float32 rows x [BR, BN] (zero outside the row; values of `dtype`),
-    gate [BR, BN] and weight [BN] (float32), with the roundings of `gated_rms_norm_reference`: the norm to
-    `dtype`, w * normed to it when ROUND_PRODUCT (w and x share a 16-bit dtype); float32 result."""
+def _gated_rms_norm_kernel(
+    x_ptr, gate_ptr, weight_ptr, out_ptr, rows, width, eps, heads,
+    stride_x, stride_x_head, stride_gate, stride_gate_head, stride_out,
+    ROUND_PRODUCT: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+):
+    """Row r = token * heads + head of x and gate starts at token * stride + head * head_stride."""
+    row = tl.program_id(0) * BR + tl.arange(0, BR)
+    token = row // heads
+    head = row - token * heads
+    col = tl.arange(0, BN)
+    col_ok = col < width
+    ok = (row < rows)[:, None] & col_ok[None, :]
+    dtype = out_ptr.dtype.element_ty
+    x_start = token.to(tl.int64) * stride_x + head * stride_x_head
+    x = tl.load(x_ptr + x_start[:, None] + col[None, :], mask=ok, other=0.0).to(tl.float32)
     normed = _normalise(x, width, eps).to(dtype).to(tl.float32)
+    weight = tl.load(weight_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
     scaled = weight[None, :] * normed
-    if ROUND_PRODUCT:
+    if ROUND_PRODUCT:  # w and x share a 16-bit dtype: torch rounds w * normed to it
         scaled = scaled.to(dtype).to(tl.float32)
-    return scaled * (gate * tl.sigmoid(gate))
+    gate_start = token.to(tl.int64) * stride_gate + head * stride_gate_head
+    gate = tl.load(gate_ptr + gate_start[:, None] + col[None, :], mask=ok, other=0.0).to(tl.float32)
+    out = scaled * (gate * tl.sigmoid(gate))
+    tl.store(out_ptr + row.to(tl.int64)[:, None] * stride_out + col[None, :], out.to(dtype), mask=ok)
 
 
 def _as_rows(x: torch.Tensor) -> torch.Tensor:
@@ -135,3 +149,30 @@ def add_rms_norm_triton(
     if delta.shape != x.shape:
         raise ValueError(f"add_rms_norm: delta {tuple(delta.shape)} {delta.dtype} vs x {tuple(x.shape)} {x.dtype}")
     return _norm(x, delta, weight, eps)
+
+
+def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The Triton kernel behind the contract of `gated_rms_norm_reference` (x and gate [..., width]).
+
+    [T, H, D] inputs with unit last stride are read in place whatever their token and head strides (the Gated
+    DeltaNet's z is a column block of the fused input projection: a reshape to [T * H, D] would copy it).
+    """
+    if gate.shape != x.shape:
+        raise ValueError(f"gated_rms_norm: gate {tuple(gate.shape)} vs x {tuple(x.shape)}")
+    width = x.shape[-1]
+    if x.dim() == 3 and x.stride(-1) == 1 and gate.stride(-1) == 1:
+        heads, xs, gs = x.shape[1], x, gate
+        strides = (x.stride(0), x.stride(1), gate.stride(0), gate.stride(1))
+    else:
+        heads, xs, gs = 1, _as_rows(x), _as_rows(gate)
+        strides = (xs.stride(0), 0, gs.stride(0), 0)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rows = out.numel() // max(width, 1)
+    if rows:
+        outs = out.view(-1, width)
+        grid, blocks = _launch(rows, width)
+        _gated_rms_norm_kernel[grid](
+            xs, gs, weight.contiguous(), outs, rows, width, eps, heads, *strides, outs.stride(0),
+            ROUND_PRODUCT=weight.dtype == x.dtype, **blocks,
+        )
+    return out

@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from flide_sdk.kernels.gated_delta import OutputNorm, _level_groups, gated_delta_reference, gated_delta_triton
-from flide_sdk.kernels.rms_norm import gated_rms_norm_reference
+from flide_sdk.kernels.gated_delta import _level_groups, gated_delta_reference, gated_delta_triton
 from flide_sdk.layout import (
     GDN_CHUNK,
     DeltaLevel,
@@ -197,33 +196,3 @@ def test_tables_past_the_level_sizes_are_never_read():
     assert 4 in plan.levels[0].final_row.tolist() and 4 in plan.levels[1].init_row.tolist()
     run_plan = DeltaPlan([padded(level) for level in plan.levels], plan.num_rows)
     check_against_reference(plan, host.num_tokens, 4, 1, 16, 16, run_plan=run_plan)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)  # the interpreter has no bf16 dots
-@pytest.mark.parametrize("weight_dtype", ["same", torch.float32], ids=["weight-same-dtype", "weight-float32"])
-def test_output_norm_is_the_gated_norm_of_the_outputs(dtype: torch.dtype, weight_dtype):
-    """The output kernel's gated RMS norm (the Gated DeltaNet's, the gate a strided column block of the
-    projection) equals `gated_rms_norm_reference` of the kernel's own plain outputs: the same roundings, up
-    to the order of the norm's sum; and the whole against the reference with the norm. A 16-bit weight
-    rounds w * normed to its dtype, a float32 one does not."""
-    host = plan_round(make_requests(9, [(130, 0, None), (65, 0, 40)], max_branches=3), 4)
-    plan = host.to("cpu").delta
-    q, k, v, g, beta, states = random_inputs(9, host.num_tokens, plan.num_rows, 1, 32, 32)
-    q, k, v = (x.to(dtype) for x in (q, k, v))
-    gen = torch.Generator().manual_seed(10)
-    projection = (torch.randn(host.num_tokens, 3 * v.shape[1] * 32, generator=gen) * 2).to(dtype)
-    z = projection[:, v.shape[1] * 32 : 2 * v.shape[1] * 32].view(host.num_tokens, v.shape[1], 32)
-    weight = (torch.randn(32, generator=gen) * 0.1 + 1).to(dtype if weight_dtype == "same" else weight_dtype)
-    norm = OutputNorm(z, weight, 1e-6)
-    plain = gated_delta_triton(q, k, v, g, beta, plan, states.clone())
-    normed = gated_delta_triton(q, k, v, g, beta, plan, states.clone(), norm)
-    assert normed.dtype == dtype and normed.shape == v.shape
-    expected = gated_rms_norm_reference(plain, *norm)
-    if dtype == torch.float32:
-        assert relative_error(normed, expected) <= 1e-6
-        assert relative_error(normed, gated_delta_reference(q, k, v, g, beta, plan, states.clone(), norm)) <= TOLERANCE
-    else:  # a rounding step apart at most, and rarely
-        steps = (normed.float() - expected.float()).abs() / expected.float().abs().clamp(min=1e-3)
-        assert float(steps.max()) <= 2**-9 and float((normed != expected).float().mean()) <= 0.01
-    with pytest.raises(ValueError, match="output norm"):
-        gated_delta_triton(q, k, v, g, beta, plan, states.clone(), norm, out_block_v=16)

@@ -8,6 +8,8 @@ import torch
 from flide_sdk.kernels.rms_norm import (
     add_rms_norm_reference,
     add_rms_norm_triton,
+    gated_rms_norm_reference,
+    gated_rms_norm_triton,
     rms_norm_reference,
     rms_norm_triton,
 )
@@ -73,6 +75,37 @@ def test_add_rms_norm_matches_reference(width: int, dtype: torch.dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", WIDTHS)
+def test_gated_rms_norm_matches_reference(width: int, dtype: torch.dtype):
+    x = inputs((3, 11, width), dtype, seed=width)  # [T, heads, Dv] as GatedDeltaNet calls it
+    gate = inputs((3, 11, width), dtype, seed=width + 2, scale=2.0)
+    weight = inputs((width,), dtype, seed=width + 1, scale=0.1) + 1.0
+    check(gated_rms_norm_triton(x, gate, weight, EPS), gated_rms_norm_reference(x, gate, weight, EPS), roundings=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gated_rms_norm_reads_strided_heads_in_place(dtype: torch.dtype):
+    """The gate as the Gated DeltaNet passes it: a column block of the fused projection viewed as [T, H, D]
+    (token stride 3 H D, head stride D), which no [T * H, D] view can describe; x with a padded head stride."""
+    tokens, heads, width = 7, 4, 64
+    projection = inputs((tokens, 3 * heads * width), dtype, seed=31)
+    gate = projection[:, heads * width : 2 * heads * width].view(tokens, heads, width)
+    x = inputs((tokens, heads, 2 * width), dtype, seed=32)[..., :width]
+    assert gate.stride() == (3 * heads * width, width, 1) and x.stride() == (2 * heads * width, 2 * width, 1)
+    weight = inputs((width,), dtype, seed=33, scale=0.1) + 1.0
+    got = gated_rms_norm_triton(x, gate, weight, EPS)
+    assert got.is_contiguous()
+    check(got, gated_rms_norm_reference(x, gate, weight, EPS), roundings=3)
+
+
+def test_gated_rms_norm_float32_weight_on_bf16_rows():
+    """A float32 weight makes torch keep w * normed in float32: one rounding fewer than with a bf16 weight."""
+    x, gate = inputs((9, 128), torch.bfloat16, seed=1), inputs((9, 128), torch.bfloat16, seed=2)
+    weight = inputs((128,), torch.float32, seed=3, scale=0.1) + 1.0
+    check(gated_rms_norm_triton(x, gate, weight, EPS), gated_rms_norm_reference(x, gate, weight, EPS), roundings=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rms_norm_on_strided_head_views(dtype: torch.dtype):
     """q/k norms: rows are the heads of a [T, H, D] view, here the q half of attention's q|gate projection."""
     heads, dim = 4, 64
@@ -96,6 +129,7 @@ def test_wide_rows_and_empty_inputs():
     empty = x[:0]
     assert rms_norm_triton(empty, weight, EPS).shape == (0, 5120)
     assert add_rms_norm_triton(empty, empty, weight, EPS)[1].shape == (0, 5120)
+    assert gated_rms_norm_triton(empty, empty, weight, EPS).shape == (0, 5120)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)

@@ -28,7 +28,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flide_sdk.kernels.gated_delta import OutputNorm
 from flide_sdk.layout import RoundTensors
 from flide_sdk.ops import Ops
 
@@ -278,10 +277,10 @@ class GatedDeltaNet(nn.Module):
         q = q.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
         k = k.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
         v = v.view(tokens, c.gdn_value_heads, c.gdn_value_dim)
-        norm = OutputNorm(z.view(tokens, c.gdn_value_heads, c.gdn_value_dim), self.norm.weight, c.rms_norm_eps)
-        out = ops.gated_delta(q, k, v, g, beta, rnd.delta, state_cache, norm)  # states read and saved in place
+        core = ops.gated_delta(q, k, v, g, beta, rnd.delta, state_cache)  # states are read and saved in place
         if rows is not None:
-            out = out[rows]
+            core, z = core[rows], z[rows]
+        out = ops.gated_rms_norm(core, z.view(-1, c.gdn_value_heads, c.gdn_value_dim), self.norm.weight, c.rms_norm_eps)
         return self.out_proj(out.reshape(out.shape[0], -1))
 
 
