@@ -15,7 +15,11 @@ into a slot it resumes from, so the reads and writes of one launch never meet.
 Timed slower on the H200 on 2026-11-30 and removed: loading each tap's stream row before its index arrives
 (speculative loads; 20-80% slower in every round at 7117ef9), and a kernel loading every tap's indices and
 rows at once (one dependent load chain instead of one per tap; at its best tuning 2% slower in the lone and
-64-branch rounds and equal in 64 passages, at cca1c70: `2026-11-30-bench_conv-0.8B.json`).
+64-branch rounds and equal in 64 passages, at cca1c70: `2026-11-30-bench_conv-0.8B.json`). On 2026-12-01
+(ab59aba, `2026-12-01-profile_round-0.8B-v3.json` against `-v2` at 519134c): stream rows and window rows as two masked loads joined by
+a select of values instead of one load through a select of row pointers. The compiler then proves the rows'
+alignment and loads 16 bytes at a time, not 2 (sm_90 PTX), yet the fused front took 0.90 ms instead of 0.70
+in a lone 2,000-token round and 1.97 instead of 1.50 with 64 branches; not kept.
 """
 
 from __future__ import annotations
@@ -62,24 +66,18 @@ def save_windows_reference(
 
 
 @triton.jit
-def _load_table_rows(x_ptr, cache_ptr, resume_ptr, index, ok, chans, chan_ok, total, stride_x, stride_cs,
-                     stride_ck, WINDOW: tl.constexpr):
-    """Rows `index` [R] of the virtual table at channels `chans` [C], [R, C] (zeros for the zero row and
-    where not `ok`). Stream rows and window rows are two masked loads from their own bases, joined by a
-    select of the values: a select of the two row pointers (one load) hides their alignment from the
-    compiler, which then loads 2 bytes at a time (sm_90 PTX, Triton 3.9: 64 scalar loads per thread and tile
-    against 8 of 16 bytes)."""
+def _table_row_pointers(x_ptr, cache_ptr, resume_ptr, index, ok, total, stride_x, stride_cs, stride_ck,
+                        WINDOW: tl.constexpr):
+    """Where rows `index` (any shape) of the virtual table start, and whether each is read (not the zero row,
+    and `ok`). The caller adds the channels and loads every row at once: resolving the addresses in the
+    index's own shape first keeps them from being repeated per channel, and one pointer tile per load keeps
+    the registers (and spills) of a program low."""
     in_window = (index > total) & ok
-    in_stream = (index >= 1) & (index <= total) & ok
     j = tl.where(in_window, index - 1 - total, 0)
     slot = tl.load(resume_ptr + j // WINDOW, mask=in_window, other=0)
-    stream_rows = x_ptr + tl.where(in_stream, index - 1, 0) * stride_x
-    window_rows = cache_ptr + slot * stride_cs + (j % WINDOW) * stride_ck
-    from_stream = tl.load(stream_rows[:, None] + chans[None, :], mask=in_stream[:, None] & chan_ok[None, :],
-                          other=0.0)
-    from_window = tl.load(window_rows[:, None] + chans[None, :], mask=in_window[:, None] & chan_ok[None, :],
-                          other=0.0)
-    return tl.where(in_window[:, None], from_window, from_stream)
+    row = tl.where(in_window, cache_ptr + slot * stride_cs + (j % WINDOW) * stride_ck,
+                   x_ptr + tl.maximum(index - 1, 0) * stride_x)
+    return row, (index >= 1) & ok
 
 
 @triton.jit
@@ -96,8 +94,9 @@ def _conv_tile(
     acc = tl.zeros((BT, BC), tl.float32)
     for tap in tl.static_range(TAPS):
         index = tl.load(src_ptr + tokens * stride_src + tap, mask=token_ok, other=0)
-        rows = _load_table_rows(x_ptr, cache_ptr, resume_ptr, index, token_ok, chans, chan_ok, total,
-                                stride_x, stride_cs, stride_ck, TAPS - 1)
+        row, read = _table_row_pointers(x_ptr, cache_ptr, resume_ptr, index, token_ok, total,
+                                        stride_x, stride_cs, stride_ck, TAPS - 1)
+        rows = tl.load(row[:, None] + chans[None, :], mask=read[:, None] & chan_ok[None, :], other=0.0)
         weight = tl.load(weight_ptr + chans * stride_weight + tap, mask=chan_ok, other=0.0).to(tl.float32)
         acc += rows.to(tl.float32) * weight[None, :]
     out = acc * tl.sigmoid(acc)
@@ -128,8 +127,9 @@ def _save_window(
     taps = tl.arange(0, BW)
     tap_ok = taps < WINDOW
     index = tl.load(src_ptr + save * stride_src + taps, mask=tap_ok, other=0)
-    rows = _load_table_rows(x_ptr, cache_ptr, resume_ptr, index, tap_ok, chans, chan_ok, total,
-                            stride_x, stride_cs, stride_ck, WINDOW)
+    row, read = _table_row_pointers(x_ptr, cache_ptr, resume_ptr, index, tap_ok, total,
+                                    stride_x, stride_cs, stride_ck, WINDOW)
+    rows = tl.load(row[:, None] + chans[None, :], mask=read[:, None] & chan_ok[None, :], other=0.0)
     slot = tl.load(save_slots_ptr + save)
     tl.store(cache_ptr + slot * stride_cs + taps[:, None] * stride_ck + chans[None, :],
              rows.to(cache_ptr.dtype.element_ty), mask=tap_ok[:, None] & chan_ok[None, :])
