@@ -16,10 +16,13 @@ Timed slower on the H200 on 2026-11-30 and removed: loading each tap's stream ro
 (speculative loads; 20-80% slower in every round at 7117ef9), and a kernel loading every tap's indices and
 rows at once (one dependent load chain instead of one per tap; at its best tuning 2% slower in the lone and
 64-branch rounds and equal in 64 passages, at cca1c70: `2026-11-30-bench_conv-0.8B.json`). On 2026-12-01
-(ab59aba, `2026-12-01-profile_round-0.8B-v3.json` against `-v2` at 519134c): stream rows and window rows as two masked loads joined by
-a select of values instead of one load through a select of row pointers. The compiler then proves the rows'
-alignment and loads 16 bytes at a time, not 2 (sm_90 PTX), yet the fused front took 0.90 ms instead of 0.70
-in a lone 2,000-token round and 1.97 instead of 1.50 with 64 branches; not kept.
+(ab59aba, `2026-12-01-profile_round-0.8B-v3.json` against `-v2` at 519134c): stream rows and window rows as
+two masked loads joined by a select of values instead of one load through a select of row pointers. The
+compiler then proves the rows' alignment and loads 16 bytes at a time, not 2 (sm_90 PTX), yet the fused
+front took 0.90 ms instead of 0.70 in a lone 2,000-token round and 1.97 instead of 1.50 with 64 branches;
+not kept.
+The engine runs the conv and the window saves inside `gdn_front`'s single launch; the launchers here run
+each part alone (its tests, `benchmarks/bench_conv.py`).
 """
 
 from __future__ import annotations
