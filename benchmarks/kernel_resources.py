@@ -7,7 +7,10 @@ goes through the model with every Triton launch recorded instead of run; each di
 argument types, constexprs, warps, stages) is then compiled for sm_90 (`triton.compile`) with the
 specialisation a CUDA launch would give it (16-divisible pointers and integers), and `ptxas -v` reports its
 registers and spills. A launch needing more shared memory than the H200 gives one block (227 KB) is
-flagged: the run that would have found it on the device costs minutes of device time.
+flagged: the run that would have found it on the device costs minutes of device time. Each launch also
+counts its global load and store instructions by bytes per thread (`global_loads` / `global_stores`, from
+the PTX): 2-byte loads of 16-bit tiles mean the compiler could not prove a row's alignment or a mask's
+uniformity (the GDN output kernel's causal-masked load of its q-k block was one, until ab59aba).
 
 Variants: the bf16 engine (the default kernels), the GDN with bf16 WY products or float32 storage, ForkAttention
 tunings that bench_attention.py times, and the float32 engine (the
@@ -37,7 +40,17 @@ from triton.runtime.jit import JITFunction
 
 from benchmarks.common import release_config, run_metadata, write_result
 from flide_sdk.capacity import capacity_ladder, choose, pad_round
-from flide_sdk.kernels import fork_attention, gated_delta, gdn_front, gdn_gates, kv_store, rms_norm, rotary, short_conv, swiglu
+from flide_sdk.kernels import (
+    fork_attention,
+    gated_delta,
+    gdn_front,
+    gdn_gates,
+    kv_store,
+    rms_norm,
+    rotary,
+    short_conv,
+    swiglu,
+)
 from flide_sdk.layout import RequestSpec, plan_round
 from flide_sdk.models.qwen35 import Qwen35Config, Qwen35Model
 from flide_sdk.ops import kernel_ops
@@ -137,12 +150,26 @@ def resources(kernel: JITFunction, signature: dict, constexprs: dict, attrs: dic
     start = next(i for i, line in enumerate(lines) if f"entry function '{compiled.metadata.name}'" in line)
     own = "\n".join(lines[start:start + 4])  # the entry's properties, spills and register lines
     return {
+        "global_loads": _access_widths(compiled.asm["ptx"], "ld"),
+        "global_stores": _access_widths(compiled.asm["ptx"], "st"),
         "registers": _number(own, r"Used (\d+) registers"),
         "spill_store_bytes": _number(own, r"(\d+) bytes spill stores"),
         "spill_load_bytes": _number(own, r"(\d+) bytes spill loads"),
         "shared_bytes": compiled.metadata.shared,
         "fits_h200_shared": compiled.metadata.shared <= H200_SHARED_BYTES,
     }
+
+
+PTX_GLOBAL_ACCESS = r"\b{op}\.global(?:\.[A-Za-z0-9_:]+?)*?(?:\.v(\d))?\.[bsuf](\d+)\s"
+
+
+def _access_widths(ptx: str, op: str) -> dict[int, int]:
+    """How many `op` ("ld" or "st") instructions of global memory the PTX has, by bytes per thread."""
+    widths: dict[int, int] = {}
+    for vector, bits in re.findall(PTX_GLOBAL_ACCESS.format(op=op), ptx):
+        size = int(vector or 1) * int(bits) // 8
+        widths[size] = widths.get(size, 0) + 1
+    return dict(sorted(widths.items()))
 
 
 def _number(text: str, pattern: str) -> int | None:
@@ -206,7 +233,8 @@ def main() -> None:
                 flag = "" if seen[key]["fits_h200_shared"] else "  <-- exceeds the H200's shared memory"
                 print(f"{variant:40s} {kernel.fn.__name__:26s} warps {options['num_warps']} stages "
                       f"{options['num_stages']}: {seen[key]['registers']} regs, spills "
-                      f"{seen[key]['spill_store_bytes']} B, shared {seen[key]['shared_bytes']} B{flag}", flush=True)
+                      f"{seen[key]['spill_store_bytes']} B, shared {seen[key]['shared_bytes']} B, loads by bytes "
+                      f"{seen[key]['global_loads']}{flag}", flush=True)
     command = f"python benchmarks/kernel_resources.py --model-size {args.model_size} --tokens {args.tokens}" + (
         f" --only '{args.only}'" if args.only else "")
     write_result(f"kernel_resources-{args.model_size}", {
