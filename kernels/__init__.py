@@ -5,3 +5,18 @@ tests) and, once written, the Triton kernel with its autograd-free wrapper, prov
 reference. Kernels read only device tensors planned on the host (`flide_sdk.layout`), so their launch
 shapes depend on the stream capacity alone.
 """
+
+from typing import NamedTuple
+
+import torch
+
+
+class TileLaunch(NamedTuple):
+    """One kernel part ready to launch, as its own launcher and a fused launch (`gdn_front`) use it: the
+    arguments of its tile function before the block indices (its new outputs included), its constexprs, its
+    grid of blocks, and the outputs it fills."""
+
+    arguments: tuple
+    constants: dict[str, int]
+    grid: tuple[int, ...]
+    outputs: tuple[torch.Tensor, ...]

@@ -74,18 +74,17 @@ def gdn_front_triton(
     save_slots: torch.Tensor, save_src: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One launch behind the contract of `gdn_front_reference` (the conv's sum in float32)."""
-    conv_arguments, conv_constants, (token_blocks, channel_blocks) = conv_launch(
-        qkv, window_cache, resume_slots, conv_weight, conv_src)
-    gate_arguments, gate_blocks, gate_programs = gates_launch(a, b, A_log, dt_bias)
-    save_arguments, save_constants, (saves, save_channel_blocks) = save_launch(
-        qkv, window_cache, resume_slots, save_slots, save_src)
+    conv = conv_launch(qkv, window_cache, resume_slots, conv_weight, conv_src)
+    gates = gates_launch(a, b, A_log, dt_bias)
+    save = save_launch(qkv, window_cache, resume_slots, save_slots, save_src)
+    (gate_programs,), (token_blocks, channel_blocks), (saves, save_channel_blocks) = gates.grid, conv.grid, save.grid
     save_programs = saves * save_channel_blocks
     programs = gate_programs + save_programs + token_blocks * channel_blocks
     if programs:
         _gdn_front_kernel[(programs,)](
-            *conv_arguments, *gate_arguments, *save_arguments,
+            *conv.arguments, *gates.arguments, *save.arguments,
             gate_programs, save_programs, channel_blocks, save_channel_blocks,
-            **conv_constants, GATE_BT=gate_blocks["BT"], BH=gate_blocks["BH"], WINDOW=save_constants["WINDOW"],
-            BW=save_constants["BW"], SAVE_BC=save_constants["BC"],
+            **conv.constants, GATE_BT=gates.constants["BT"], BH=gates.constants["BH"],
+            WINDOW=save.constants["WINDOW"], BW=save.constants["BW"], SAVE_BC=save.constants["BC"],
         )
-    return conv_arguments[5], gate_arguments[4], gate_arguments[5]
+    return conv.outputs[0], *gates.outputs

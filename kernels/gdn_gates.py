@@ -18,6 +18,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from flide_sdk.kernels import TileLaunch
+
 TILE = 1024  # elements a program holds: a block of tokens times the padded head count
 
 
@@ -70,11 +72,8 @@ def _gdn_gates_kernel(
                 tl.program_id(0), BT, BH)
 
 
-def gates_launch(
-    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
-) -> tuple[tuple, dict[str, int], int]:
-    """Checks the shapes; (the kernel's arguments, including the new g and beta, its block sizes, the number
-    of token blocks) for `_gates_tile`, as `gdn_gates_triton` and the fused front launch it."""
+def gates_launch(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor) -> TileLaunch:
+    """Checks the shapes; `_gates_tile`'s launch over token blocks (none without heads), g and beta new."""
     heads = A_log.shape[0]
     if a.shape != b.shape or a.dim() != 2 or a.shape[1] != heads or dt_bias.shape != A_log.shape:
         raise ValueError(f"gdn_gates: a {tuple(a.shape)}, b {tuple(b.shape)}, A_log {tuple(A_log.shape)}, "
@@ -87,14 +86,15 @@ def gates_launch(
     block_h = triton.next_power_of_2(max(heads, 1))
     block_t = max(1, TILE // block_h)
     arguments = (a, b, A_log.contiguous(), dt_bias.contiguous(), g, beta, tokens, heads, a.stride(0), b.stride(0))
-    return arguments, {"BT": block_t, "BH": block_h}, triton.cdiv(tokens, block_t) if heads else 0
+    blocks = triton.cdiv(tokens, block_t) if heads else 0
+    return TileLaunch(arguments, {"BT": block_t, "BH": block_h}, (blocks,), (g, beta))
 
 
 def gdn_gates_triton(
     a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton kernel behind the contract of `gdn_gates_reference` (a, b [T, H]; A_log, dt_bias [H])."""
-    arguments, blocks, programs = gates_launch(a, b, A_log, dt_bias)
-    if programs:
-        _gdn_gates_kernel[(programs,)](*arguments, **blocks)
-    return arguments[4], arguments[5]
+    gates = gates_launch(a, b, A_log, dt_bias)
+    if gates.grid[0]:
+        _gdn_gates_kernel[gates.grid](*gates.arguments, **gates.constants)
+    return gates.outputs

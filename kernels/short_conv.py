@@ -32,6 +32,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from flide_sdk.kernels import TileLaunch
+
 BLOCK_T = 16  # 16 x 128 at 4 warps: no register spills on sm_90 (32 x 128 spilled)
 BLOCK_C = 128
 
@@ -159,16 +161,15 @@ def _arena_slots(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torc
 def conv_launch(
     x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, weight: torch.Tensor, src: torch.Tensor,
     block_t: int = BLOCK_T, block_c: int = BLOCK_C,
-) -> tuple[tuple, dict[str, int], tuple[int, int]]:
-    """Checks the arena; (the arguments of `_conv_tile` before its block indices, including the new output,
-    its constexprs, its (token blocks, channel blocks)), as `indexed_conv_triton` and the fused front launch it."""
+) -> TileLaunch:
+    """Checks the arena; `_conv_tile`'s launch over (token blocks, channel blocks), its output new."""
     resume_slots = _arena_slots(x, window_cache, resume_slots)
     total, channels = x.shape
     out = torch.empty_like(x)
     arguments = (x, window_cache, resume_slots, weight, src, out, total, channels, x.stride(0),
                  window_cache.stride(0), window_cache.stride(1), weight.stride(0), src.stride(0), out.stride(0))
-    blocks = (triton.cdiv(total, block_t), triton.cdiv(channels, block_c))
-    return arguments, {"TAPS": src.shape[1], "BT": block_t, "BC": block_c}, blocks
+    return TileLaunch(arguments, {"TAPS": src.shape[1], "BT": block_t, "BC": block_c},
+                      (triton.cdiv(total, block_t), triton.cdiv(channels, block_c)), (out,))
 
 
 def indexed_conv_triton(
@@ -178,24 +179,23 @@ def indexed_conv_triton(
     """The Triton kernel behind the same contract as `indexed_conv_reference` (sum in float32).
 
     The keyword arguments are tuning knobs (tokens and channels per program, powers of two; warps)."""
-    arguments, constants, grid = conv_launch(x, window_cache, resume_slots, weight, src, block_t, block_c)
-    _indexed_conv_kernel[grid](*arguments, **constants, num_warps=num_warps)
-    return arguments[5]
+    conv = conv_launch(x, window_cache, resume_slots, weight, src, block_t, block_c)
+    _indexed_conv_kernel[conv.grid](*conv.arguments, **conv.constants, num_warps=num_warps)
+    return conv.outputs[0]
 
 
 def save_launch(
     x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, save_slots: torch.Tensor,
     save_src: torch.Tensor,
-) -> tuple[tuple, dict[str, int], tuple[int, int]]:
-    """Checks the arena; (the arguments of `_save_window` before its indices, its constexprs, its (saves,
-    channel blocks)), as `save_windows_triton` and the fused front launch it."""
+) -> TileLaunch:
+    """Checks the arena; `_save_window`'s launch over (saves, channel blocks); it writes the arena in place."""
     resume_slots = _arena_slots(x, window_cache, resume_slots)
     saves, window = save_src.shape
     total, channels = x.shape
     arguments = (x, window_cache, resume_slots, save_slots, save_src, total, channels,
                  x.stride(0), window_cache.stride(0), window_cache.stride(1), save_src.stride(0))
     constants = {"WINDOW": window, "BW": triton.next_power_of_2(window), "BC": BLOCK_C}
-    return arguments, constants, (saves, triton.cdiv(channels, BLOCK_C))
+    return TileLaunch(arguments, constants, (saves, triton.cdiv(channels, BLOCK_C)), ())
 
 
 def save_windows_triton(
@@ -203,6 +203,6 @@ def save_windows_triton(
     save_src: torch.Tensor,
 ) -> None:
     """The Triton kernel behind the same contract as `save_windows_reference` (one launch)."""
-    arguments, constants, grid = save_launch(x, window_cache, resume_slots, save_slots, save_src)
-    if grid[0]:
-        _save_windows_kernel[grid](*arguments, **constants)
+    save = save_launch(x, window_cache, resume_slots, save_slots, save_src)
+    if save.grid[0]:
+        _save_windows_kernel[save.grid](*save.arguments, **save.constants)
