@@ -56,7 +56,13 @@ from flide_sdk.capacity import capacity_ladder, choose, pad_round
 from flide_sdk.kernels.gated_delta import gated_delta_reference, gated_delta_triton
 from flide_sdk.layout import HostRound, RequestSpec, RoundTensors, Save, StateRows, plan_round
 
-ROUNDS = {"q1_one_trunk_1_branch": [(2000, [20], 0)], **KERNEL_ROUNDS}  # q1: questions_per_state at Q = 1
+ROUNDS = {  # q1 .. q64: questions_per_state's lone asks (~40-token questions); race_lone: short_passages' lone ask
+    "q1_one_trunk_1_branch": [(2000, [20], 0)],
+    **KERNEL_ROUNDS,
+    "q4_one_trunk_4_branches": [(2000, [40] * 4, 0)],
+    "q16_one_trunk_16_branches": [(2000, [40] * 16, 0)],
+    "race_lone": [(350, [50] * 4, 0)],
+}
 KNOB_CHOICES = {  # first value = the kernel's default
     "sub_block": [16, 32, 64],
     "prep_warps": [4, 8],
@@ -209,7 +215,7 @@ def fla_baseline(inputs: dict, group: int, cu_seqlens: torch.Tensor) -> tuple[Ca
     return run, None
 
 
-def isolated_variants(model_size: str, variants: list[dict]) -> None:
+def isolated_variants(model_size: str, variants: list[dict], rounds_filter: str) -> None:
     """Each knob setting timed by a child process of this script (--variants-only), next to the default in
     that process; a child that fails is recorded with the end of its error output."""
     rounds: dict[str, dict] = {}
@@ -219,7 +225,7 @@ def isolated_variants(model_size: str, variants: list[dict]) -> None:
     for knobs in variants:
         key = json.dumps(knobs)
         command = [sys.executable, __file__, "--model-size", model_size, "--no-sweep", "--variants-only",
-                   "--variants", json.dumps([knobs])]
+                   "--variants", json.dumps([knobs]), "--rounds", rounds_filter]
         child = subprocess.run(command, check=False, capture_output=True, text=True, env=child_env)
         if child.returncode != 0 or "{" not in child.stdout:
             failed[key] = {"exit_status": child.returncode, "stderr_tail": child.stderr[-1500:]}
@@ -236,7 +242,8 @@ def isolated_variants(model_size: str, variants: list[dict]) -> None:
             }
             merged.setdefault("variants", {})[key] = variant
         print(f"variant {key}: done", file=sys.stderr, flush=True)
-    command = f"python benchmarks/bench_gdn.py --model-size {model_size} --isolate --variants '{json.dumps(variants)}'"
+    command = (f"python benchmarks/bench_gdn.py --model-size {model_size} --isolate --variants '{json.dumps(variants)}'"
+               + (f" --rounds {rounds_filter}" if rounds_filter else ""))
     write_result(f"gdn-options-{model_size}", {
         "benchmark": "gated_delta", "model_size": model_size, **(metadata or {}), **run_metadata(command),
         "isolated": True, "rounds": rounds, "failed_variants": failed,
@@ -255,15 +262,18 @@ def main() -> None:
     parser.add_argument("--isolate", action="store_true", help="each variant in a process of its own")
     parser.add_argument("--variants-only", action="store_true",
                         help="time the default and the variants only (no float32 storage, no FLA, no sweep)")
+    parser.add_argument("--rounds", default="", help="comma-separated names of the rounds to run (default: all)")
     args = parser.parse_args()
     if args.isolate and args.variants:
-        isolated_variants(args.model_size, args.variants)
+        isolated_variants(args.model_size, args.variants, args.rounds)
         return
     text = release_config(args.model_size)["text_config"]
     k_heads, v_heads = text["linear_num_key_heads"], text["linear_num_value_heads"]
     dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
     results = {}
     for name, spec in ROUNDS.items():
+        if args.rounds and name not in args.rounds.split(","):
+            continue
         bench = build_round(spec, k_heads, v_heads, dk, dv)
         x, trunk_rows = bench.inputs, bench.trunk_rows
         plan = bench.rnd.delta
@@ -339,7 +349,8 @@ def main() -> None:
             if run_fla is not None:
                 entry["ratio_best_over_fla"] = entry["sweep"]["best_ms"] / entry["fla"][mode]["median_ms"]
         results[name] = entry
-    flags = (" --no-sweep" * args.no_sweep + " --sweep-float32-storage" * args.sweep_float32_storage
+    flags = (f" --rounds {args.rounds}" * bool(args.rounds) + " --no-sweep" * args.no_sweep
+             + " --sweep-float32-storage" * args.sweep_float32_storage
              + " --variants-only" * args.variants_only)
     if args.variants:
         flags += f" --variants '{json.dumps(args.variants)}'"

@@ -2,7 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/profile_round.py --model-size 0.8B
 
-Rounds: a lone ~2,000-token QuALITY state with 1 and with 64 yes/no questions, and a lone RACE passage
+Rounds: a lone ~2,000-token QuALITY state with 1, 4, 16 and 64 yes/no questions, and a lone RACE passage
 with its questions (short_passages' lone request), each padded to the capacity its CUDA graph would have.
 The forward runs eagerly under torch.profiler (kernel times are those a graph replay runs; launch gaps are
 not counted: `launches` says how many kernels a replay runs). Also times the host side of an ask:
@@ -74,7 +74,7 @@ def main() -> None:
         engine = fl.Engine.load(path, device="cuda", dtype="bfloat16", graphs=False)
         state, _ = quality_request(engine.renderer)
         passage, passage_questions = race_requests(1)[0]
-        tables = [kernel_table(engine, f"quality_2000_q{count}", state, yes_no_questions(count)) for count in (1, 64)]
+        tables = [kernel_table(engine, f"quality_2000_q{count}", state, yes_no_questions(count)) for count in (1, 4, 16, 64)]
         tables.append(kernel_table(engine, "race_passage", passage, passage_questions))
         tokenize = []
         for rep in range(10):

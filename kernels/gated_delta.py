@@ -429,6 +429,11 @@ def _multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+def _register_cap(registers: int | None) -> dict:
+    """The launch option capping a kernel's registers per thread (none: the compiler's choice)."""
+    return {} if registers is None else {"maxnreg": registers}
+
+
 LEVELS_PER_LAUNCH = 3  # a round's levels (layout.plan_round): one prep and one output launch for all of them
 
 
@@ -467,6 +472,8 @@ def gated_delta_triton(
     wy_low_precision: bool = False,
     chunk_programs: int | None = None,
     scan_programs: int | None = None,
+    prep_registers: int | None = None,
+    out_registers: int | None = None,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
@@ -490,7 +497,9 @@ def gated_delta_triton(
     (0.0245) (fidelity at 0f00d29), so it is off.
     `chunk_programs` and `scan_programs` cap the programs of each launch of the chunk kernels and of the scan
     (default: PROGRAMS_PER_SM per multiprocessor; at least one per head and V split or tile): programs loop
-    over the real rows and segments past the cap. Padding rows are not visited at all: when programs
+    over the real rows and segments past the cap. `prep_registers` and `out_registers` cap the registers per
+    thread of the prep and output kernels (ptxas maxnreg; default: the compiler's choice, about 250 at 4 warps,
+    so two programs fit a multiprocessor). Padding rows are not visited at all: when programs
     stepped over them (one dependent load each), a lone 2,000-token ask padded as the engine replays it
     took 1.35x the unpadded GDN time on the H200, whatever the caps (bench_gdn at e139c25 and fd37cde).
     The scan's grid puts segments last, so a graph's programs with a segment to scan start first: a lone
@@ -552,6 +561,7 @@ def gated_delta_triton(
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
             COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low_precision and store.itemsize == 2, num_warps=prep_warps,
+            **_register_cap(prep_registers),
         )
         # written by the scan for every chunk of a segment past its first: the state at the chunk's start and
         # v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
@@ -572,5 +582,6 @@ def gated_delta_triton(
             total, start1, start2,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
             GROUP=group, DK=dk, DV=dv, BV=obv, L=chunk, PREC=prec, num_warps=out_warps,
+            **_register_cap(out_registers),
         )
     return out
