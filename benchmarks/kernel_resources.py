@@ -134,8 +134,6 @@ def specialise(kernel: JITFunction, args: tuple, meta: dict) -> tuple[dict, dict
         else:
             raise TypeError(f"{kernel.fn.__name__}: argument {name} of type {type(value).__name__}")
     options = {"num_warps": meta.get("num_warps", 4), "num_stages": meta.get("num_stages", 3)}
-    if "maxnreg" in meta:
-        options["maxnreg"] = meta["maxnreg"]
     return signature, constexprs, attrs, options
 
 
@@ -193,11 +191,6 @@ VARIANTS = {
     "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
     "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32)),
     "bf16, GDN 2 scan stages": (torch.bfloat16, _with("gated_delta", scan_stages=2)),
-    # register caps of the GDN prep and output kernels: 168 fits three programs on a multiprocessor, 128 four
-    "bf16, GDN prep and output at most 168 registers": (torch.bfloat16, _with(
-        "gated_delta", prep_registers=168, out_registers=168)),
-    "bf16, GDN prep and output at most 128 registers": (torch.bfloat16, _with(
-        "gated_delta", prep_registers=128, out_registers=128)),
     # ForkAttention tilings besides the default (64 rows = 4 heads x 16 tokens, 32-key blocks, 4 warps), each
     # given in full: rows, heads per program, keys per block, warps (and stages where not 2)
     "bf16, attention 128 rows x 1 head, 64 keys, 8 warps (default before fd37cde)": (torch.bfloat16, _with(
