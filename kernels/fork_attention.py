@@ -27,7 +27,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from flide_sdk.kernels import dependent_launch, wait_for_previous
 from flide_sdk.layout import PAGE, AttentionPlan
 
 # The 16-bit default tiling: 64 query rows per program (16 tokens x 4 query heads sharing a key/value head, so
@@ -157,11 +156,9 @@ def _fork_attention_kernel(
     scale_log2,
     GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     IEEE: tl.constexpr, GATED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """One program: BT query tokens x HEADS query heads sharing one key/value head (BT * HEADS rows); with
     GATED, the normalised output is multiplied by sigmoid(gate) before its one rounding to o's dtype."""
-    wait_for_previous(PDL)
     tile = tl.program_id(0)
     head_block = tl.program_id(1)
     if tile >= tl.load(num_tiles_ptr):
@@ -287,6 +284,5 @@ def fork_attention_triton(
         GROUP=group, HEADS=heads_per_program, HEAD_DIM=head_dim, BT=block_tokens, BN=block_keys, IEEE=wide,
         GATED=gate is not None, PAGE_SIZE=PAGE,
         num_warps=num_warps or ((8 if head_dim >= 128 else 4) if wide else WARPS), num_stages=num_stages,
-        **dependent_launch(q.device),
     )
     return out

@@ -47,7 +47,9 @@ a transposed scan step carrying S^T as the left operand of both products (mma.sy
 faster at 32 columns, 15% slower on 32 requests at 16. On 2026-12-01 (519134c, `2026-12-01-norm-fold-ab`):
 the Gated DeltaNet's gated RMS norm folded into the output kernel: 2.7 and 2.3 us per layer less than the
 output kernel and the separate norm kernel on a lone 2,000-token ask and a RACE passage, but 7 us more with 64
-branches (8 output warps: slower still); not kept.
+branches (8 output warps: slower still); not kept. Register caps on the prep (168 or 128 per thread, three or
+four programs per multiprocessor instead of two) and the output kernel were no faster on any lone round
+(`2026-12-01-gdn-register-caps`).
 """
 
 from __future__ import annotations
@@ -58,7 +60,6 @@ import torch
 import triton
 import triton.language as tl
 
-from flide_sdk.kernels import dependent_launch, wait_for_previous
 from flide_sdk.layout import GDN_CHUNK, DeltaLevel, DeltaPlan
 
 L2_EPS = 1e-6
@@ -202,7 +203,6 @@ def _chunk_prep_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr, WY_LOW: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """Per (value head, chunk) everything of the chunk that does not depend on the state, for the real chunk
     rows of up to three levels at once; a program takes loop steps pid, pid + P, ... of its head (P programs:
@@ -214,7 +214,6 @@ def _chunk_prep_kernel(
     The barriers order the scratch's writes and reads between the program's threads. With WY_LOW (16-bit
     storage), T and the scaled rows of the W and U products are rounded to the storage dtype.
     """
-    wait_for_previous(PDL)
     NSUB: tl.constexpr = L // SUB
     head = tl.program_id(0)
     i = tl.arange(0, L)
@@ -329,7 +328,6 @@ def _state_scan_kernel(
     stride_sr, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
     L: tl.constexpr, PREC: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """Per (value head, V split, segment): TILES V tiles of BV columns, one after the other; a program
     takes segments pid, pid + P, ... of the level's real segments (`sizes[1]`; sorted longest first, so the
@@ -346,7 +344,6 @@ def _state_scan_kernel(
     arithmetic in j (no load in the loop decides them), so the compiler's pipeline issues a step's tile loads
     (num_stages - 1) steps ahead.
     """
-    wait_for_previous(PDL)
     head = tl.program_id(0)
     heads = tl.num_programs(0)
     dk = tl.arange(0, DK)
@@ -379,7 +376,6 @@ def _chunk_output_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_sr, stride_sh, stride_sk,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, L: tl.constexpr,
     PREC: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """Per (value head, chunk, V tile) o = (q exp(cum)) S_j + (q K^T * Gamma) v_new for the chunk's tokens,
     for the real chunk rows of up to three levels at once; a program takes loop steps pid, pid + P, ... of
@@ -391,7 +387,6 @@ def _chunk_output_kernel(
     which no segment of the level writes, and computes its v_new here, exactly as the scan does (the same
     products and roundings).
     """
-    wait_for_previous(PDL)
     head = tl.program_id(0)
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
@@ -534,7 +529,6 @@ def gated_delta_triton(
     store = store_dtype or q.dtype
     chunk = GDN_CHUNK
     group = v_heads // k_heads
-    pdl = dependent_launch(q.device)
     for levels in _level_groups(plan.levels):
         table_rows = [level.chunk_tokens.shape[0] for level in levels]  # real rows first, then any padding
         table_segments = [level.init_row.shape[0] for level in levels]
@@ -560,7 +554,6 @@ def gated_delta_triton(
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
             COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low_precision and store.itemsize == 2, num_warps=prep_warps,
-            **pdl,
         )
         # written by the scan for every chunk of a segment past its first: the state at the chunk's start and
         # v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
@@ -573,13 +566,13 @@ def gated_delta_triton(
                 level.chunk_count, level.step_base, level.init_row, level.final_row, level.sizes,
                 states.stride(0), states.stride(1), states.stride(2),
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
-                num_warps=scan_warps, num_stages=scan_stages, **pdl,
+                num_warps=scan_warps, num_stages=scan_stages,
             )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
             q, a, q_gate, w, u, v_new, h, states, out, *tokens,
             *(level.chunk_count for level in levels), *(level.init_row for level in levels), *sizes,
             total, start1, start2,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
-            GROUP=group, DK=dk, DV=dv, BV=obv, L=chunk, PREC=prec, num_warps=out_warps, **pdl,
+            GROUP=group, DK=dk, DV=dv, BV=obv, L=chunk, PREC=prec, num_warps=out_warps,
         )
     return out

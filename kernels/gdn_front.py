@@ -17,7 +17,6 @@ import torch
 import triton
 import triton.language as tl
 
-from flide_sdk.kernels import dependent_launch, wait_for_previous
 from flide_sdk.kernels.gdn_gates import _gates_tile, gates_launch, gdn_gates_reference
 from flide_sdk.kernels.short_conv import (
     _conv_tile,
@@ -52,9 +51,7 @@ def _gdn_front_kernel(
     gate_programs, save_programs, channel_blocks, save_channel_blocks,
     TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, GATE_BT: tl.constexpr, BH: tl.constexpr,
     WINDOW: tl.constexpr, BW: tl.constexpr, SAVE_BC: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    wait_for_previous(PDL)
     job = tl.program_id(0)
     if job < gate_programs:
         _gates_tile(a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, g_ptr, beta_ptr, tokens, heads, stride_a, stride_b,
@@ -89,6 +86,5 @@ def gdn_front_triton(
             gate_programs, save_programs, channel_blocks, save_channel_blocks,
             **conv.constants, GATE_BT=gates.constants["BT"], BH=gates.constants["BH"],
             WINDOW=save.constants["WINDOW"], BW=save.constants["BW"], SAVE_BC=save.constants["BC"],
-            **dependent_launch(qkv.device),
         )
     return conv.outputs[0], *gates.outputs

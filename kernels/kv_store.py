@@ -14,8 +14,6 @@ import torch
 import triton
 import triton.language as tl
 
-from flide_sdk.kernels import dependent_launch, wait_for_previous
-
 BLOCK_T = 16
 
 
@@ -32,9 +30,7 @@ def _store_kv_kernel(
     k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, total,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_ct, stride_ch,
     DIM: tl.constexpr, BT: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    wait_for_previous(PDL)
     tokens = tl.program_id(0) * BT + tl.arange(0, BT)
     ok = tokens < total
     head = tl.program_id(1)
@@ -61,5 +57,5 @@ def store_kv_triton(
     _store_kv_kernel[(triton.cdiv(total, BLOCK_T), heads)](
         k, v, k_cache, v_cache, slots, total,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_cache.stride(0), k_cache.stride(1),
-        DIM=dim, BT=BLOCK_T, **dependent_launch(k.device),
+        DIM=dim, BT=BLOCK_T,
     )

@@ -23,8 +23,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from flide_sdk.kernels import dependent_launch, wait_for_previous
-
 TILE = 4096  # elements a program holds: a block of rows of the padded width (at least one row)
 
 
@@ -62,9 +60,7 @@ def _rms_norm_kernel(
     x_ptr, delta_ptr, weight_ptr, sum_ptr, out_ptr, rows, width, eps,
     stride_x, stride_delta, stride_sum, stride_out,
     HAS_DELTA: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    wait_for_previous(PDL)
     row = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     col = tl.arange(0, BN)
     col_ok = col < width
@@ -85,10 +81,8 @@ def _gated_rms_norm_kernel(
     x_ptr, gate_ptr, weight_ptr, out_ptr, rows, width, eps, heads,
     stride_x, stride_x_head, stride_gate, stride_gate_head, stride_out,
     ROUND_PRODUCT: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """Row r = token * heads + head of x and gate starts at token * stride + head * head_stride."""
-    wait_for_previous(PDL)
     row = tl.program_id(0) * BR + tl.arange(0, BR)
     token = row // heads
     head = row - token * heads
@@ -138,7 +132,7 @@ def _norm(
         _rms_norm_kernel[grid](
             xs, ds, weight.contiguous(), sums, outs, xs.shape[0], width, eps,
             xs.stride(0), ds.stride(0), sums.stride(0), outs.stride(0),
-            HAS_DELTA=delta is not None, **blocks, **dependent_launch(x.device),
+            HAS_DELTA=delta is not None, **blocks,
         )
     return total, out
 
@@ -179,6 +173,6 @@ def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Ten
         grid, blocks = _launch(rows, width)
         _gated_rms_norm_kernel[grid](
             xs, gs, weight.contiguous(), outs, rows, width, eps, heads, *strides, outs.stride(0),
-            ROUND_PRODUCT=weight.dtype == x.dtype, **blocks, **dependent_launch(x.device),
+            ROUND_PRODUCT=weight.dtype == x.dtype, **blocks,
         )
     return out

@@ -19,7 +19,6 @@ import torch
 import triton
 import triton.language as tl
 
-from flide_sdk.kernels import dependent_launch, wait_for_previous
 from flide_sdk.kernels.rms_norm import rms_norm_reference
 
 # Elements a program holds: a block of head rows of the padded head dimension, at least one row. At 4 warps,
@@ -53,9 +52,7 @@ def _rms_norm_rotary_kernel(
     x_ptr, weight_ptr, cos_ptr, sin_ptr, out_ptr, rows, heads, width, rotary, eps,
     stride_token, stride_head, stride_cos, stride_sin,
     BR: tl.constexpr, BD: tl.constexpr, BROT: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    wait_for_previous(PDL)
     row = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)  # row = token * heads + head
     row_ok = row < rows
     token = row // heads
@@ -112,6 +109,5 @@ def rms_norm_rotary_triton(
             x, weight.contiguous(), cos, sin, out, rows, heads, width, rotary, eps,
             x.stride(0), x.stride(1), cos.stride(0), sin.stride(0),
             BR=block_r, BD=block_d, BROT=triton.next_power_of_2(max(rotary, 1)), num_warps=4,
-            **dependent_launch(x.device),
         )
     return out

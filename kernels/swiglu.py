@@ -15,8 +15,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from flide_sdk.kernels import dependent_launch, wait_for_previous
-
 # A program's tile, 8 tokens x 256 channels at 4 warps: 16 elements a thread per tensor (a 16 x 256 tile
 # took 112 registers a thread on sm_90, this one about 60).
 BLOCK_T = 8
@@ -32,9 +30,7 @@ def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def _swiglu_kernel(
     gate_ptr, up_ptr, out_ptr, tokens, width, stride_gate, stride_up, stride_out,
     BT: tl.constexpr, BI: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    wait_for_previous(PDL)
     row = (tl.program_id(0) * BT + tl.arange(0, BT)).to(tl.int64)
     col = tl.program_id(1) * BI + tl.arange(0, BI)
     ok = (row < tokens)[:, None] & (col < width)[None, :]
@@ -57,6 +53,5 @@ def swiglu_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         grid = (triton.cdiv(tokens, BLOCK_T), triton.cdiv(width, BLOCK_I))
         _swiglu_kernel[grid](
             gate, up, out, tokens, width, gate.stride(0), up.stride(0), out.stride(0), BT=BLOCK_T, BI=BLOCK_I,
-            **dependent_launch(gate.device),
         )
     return out
