@@ -5,8 +5,10 @@
 Rounds (issue 4): (a) one 2,000-token trunk + 64 branches of 20 tokens; (b) 32 requests of a 350-token
 trunk + 4 branches of 20; (c) a resumed trunk: 8,000 cached tokens + 500 new + 4 branches of 20. Only
 visible query-key pairs count as work; the baseline is PyTorch's flash SDPA on ONE causal sequence with
-the same number of visible pairs (so the same useful FLOPs), same heads and head dim. Also times a few
-tile shapes of our kernel and reports the best next to the default.
+the same number of visible pairs (so the same useful FLOPs), same heads and head dim. Also: questions_per_state's
+lone Q = 1 round (2,000 + 40) and an agent step (300 new tokens + 4 x 50 after 13,000 cached). Times the
+key-split settings next to the default (none: one work item per tile, as before 2026-12-01), and with
+--tilings the tile shapes swept on 2026-11-30, and reports the best.
 """
 
 from __future__ import annotations
@@ -25,9 +27,19 @@ from flide_sdk.kernels.fork_attention import (
 )
 from flide_sdk.layout import PAGE, plan_round
 
-ROUNDS = KERNEL_ROUNDS
-TUNINGS = [  # knobs of fork_attention_triton; the first is the engine's default (since fd37cde's timings)
-    {"block_rows": 64, "heads_per_program": 4, "num_warps": 4, "block_keys": 32},
+ROUNDS = {  # and questions_per_state's lone Q = 1 ask, and an agent step over a 13,000-token cached history
+    **KERNEL_ROUNDS,
+    "q1_one_trunk_1_branch": [(2000, [40], 0)],
+    "d_agent_step_13000_cached": [(300, [50] * 4, 13000)],
+}
+DEFAULT = {"block_rows": 64, "heads_per_program": 4, "num_warps": 4, "block_keys": 32}  # the engine's tiling
+TUNINGS = [  # key splits: the default, none (one work item per tile, as before 2026-12-01), smaller and larger
+    DEFAULT,
+    {**DEFAULT, "split_keys": 1 << 40},
+    {**DEFAULT, "split_keys": 256},
+    {**DEFAULT, "split_keys": 1024},
+]
+TILINGS = [  # --tilings: the tilings swept on 2026-11-30 (fd37cde's timings chose the default)
     {"block_rows": 128, "heads_per_program": 1, "num_warps": 8},
     {"block_rows": 128, "heads_per_program": 4, "num_warps": 8},
     {"block_rows": 128, "heads_per_program": 2, "num_warps": 8},
@@ -56,6 +68,8 @@ def tuning_name(knobs: dict) -> str:
         name += f"_keys{knobs['block_keys']}"
     if "num_stages" in knobs:
         name += f"_stages{knobs['num_stages']}"
+    if "split_keys" in knobs:
+        name += "_unsplit" if knobs["split_keys"] >= 1 << 40 else f"_split{knobs['split_keys']}"
     return name
 
 
@@ -96,7 +110,9 @@ def sdpa_baseline(pairs: int, heads: int, dim: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-size", default="0.8B")
+    parser.add_argument("--tilings", action="store_true", help="also time the tilings swept on 2026-11-30")
     args = parser.parse_args()
+    tunings = TUNINGS + TILINGS * args.tilings
     text = release_config(args.model_size)["text_config"]
     heads, kv_heads, dim = text["num_attention_heads"], text["num_key_value_heads"], text["head_dim"]
     results = {}
@@ -109,7 +125,7 @@ def main() -> None:
         pairs = visible_pairs(host)
         flops_per_pair = 4 * dim * heads
         timings = {}
-        for knobs in TUNINGS:
+        for knobs in tunings:
             def run(knobs=knobs, t=t, rnd=rnd):
                 return fork_attention_triton(t["q"], t["k"], t["v"], rnd.attention, None, t["k_cache"], t["v_cache"],
                                              **knobs)
@@ -118,7 +134,7 @@ def main() -> None:
                 timings[tuning_name(knobs)] = cuda_time_ms(run)
             except Exception as failure:  # noqa: BLE001 - a tile shape that does not fit is reported, not fatal
                 timings[tuning_name(knobs)] = {"error": str(failure)[:200]}
-        default = timings[tuning_name(TUNINGS[0])]["median_ms"]
+        default = timings[tuning_name(DEFAULT)]["median_ms"]
         best_name, best = min(((k, v["median_ms"]) for k, v in timings.items() if "median_ms" in v), key=lambda kv: kv[1])
         sdpa = sdpa_baseline(pairs, heads, dim)
         ours_rate = pairs * flops_per_pair / (default * 1e-3) / 1e12
@@ -132,7 +148,7 @@ def main() -> None:
         }
     write_result(f"attention-{args.model_size}", {
         "benchmark": "fork_attention", "model_size": args.model_size, "heads": heads, "kv_heads": kv_heads,
-        "head_dim": dim, **run_metadata(f"python benchmarks/bench_attention.py --model-size {args.model_size}"),
+        "head_dim": dim, **run_metadata(f"python benchmarks/bench_attention.py --model-size {args.model_size}" + " --tilings" * args.tilings),
         "rounds": results,
     })
 

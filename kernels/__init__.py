@@ -9,6 +9,7 @@ engine's graphs replayed no faster on the H200 and slower with the early trigger
 (benchmarks/results/2026-12-01-pdl-ab-h200.json); so they are plain launches.
 """
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -23,3 +24,10 @@ class TileLaunch(NamedTuple):
     constants: dict[str, int]
     grid: tuple[int, ...]
     outputs: tuple[torch.Tensor, ...]
+
+
+@functools.cache
+def multiprocessors(device: torch.device) -> int:
+    """The device's multiprocessor count (CUDA), or 4 (the interpreter on CPU runs programs one by one): what
+    the kernels with capped grids size their programs by."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4

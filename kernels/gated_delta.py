@@ -54,12 +54,11 @@ four programs per multiprocessor instead of two) and the output kernel were no f
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from flide_sdk.kernels import multiprocessors
 from flide_sdk.layout import GDN_CHUNK, DeltaLevel, DeltaPlan
 
 L2_EPS = 1e-6
@@ -425,12 +424,6 @@ def _chunk_output_kernel(
 PROGRAMS_PER_SM = 4  # the default cap of a launch's programs, per multiprocessor
 
 
-@functools.cache
-def _multiprocessors(device: torch.device) -> int:
-    """The device's multiprocessor count (CUDA), or 4 (the interpreter on CPU runs programs one by one)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 LEVELS_PER_LAUNCH = 3  # a round's levels (layout.plan_round): one prep and one output launch for all of them
 
 
@@ -508,7 +501,7 @@ def gated_delta_triton(
             raise ValueError(f"{name} = {dim} must be a power of two >= 16")
     if states.dtype != torch.float32 or states.stride(-1) != 1:
         raise ValueError("the state table must be float32 with a unit last stride")
-    default_programs = PROGRAMS_PER_SM * _multiprocessors(q.device)
+    default_programs = PROGRAMS_PER_SM * multiprocessors(q.device)
     chunk_programs = default_programs if chunk_programs is None else chunk_programs
     scan_programs = default_programs if scan_programs is None else scan_programs
     if chunk_programs < 1 or scan_programs < 1:

@@ -132,3 +132,52 @@ def test_tile_tables_are_built_once_per_plan_and_query_rows():
     assert len(plan.tile_tables) == 2
     expected = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], 32, plan.num_tokens)
     assert torch.equal(readout[1], expected[0]) and torch.equal(readout[2], expected[1]) and readout[3] == expected[2]
+
+
+def tile_keys(plan, table, tile: int) -> int:
+    """Keys tile `tile` visits, from the host side of the metadata: its history, full and masked ranges."""
+    rows = table.rows[int(table.tile_start[tile]) : int(table.tile_start[tile + 1])]
+    first, last = int(rows[0]), int(rows[-1])
+    key_lo, ctx_hi = int(plan.key_lo[first]), int(plan.ctx_hi[first])
+    branch = ctx_hi > key_lo
+    full_hi, masked_lo = (ctx_hi, int(plan.seg_lo[first])) if branch else (first, first)
+    return int(plan.history_len[int(plan.request_of[first])]) + full_hi - key_lo + last + 1 - masked_lo
+
+
+@pytest.mark.parametrize(("min_split_keys", "extra_items"), [(64, 10_000), (64, 3), (512, 2)])
+def test_split_plan_covers_each_tiles_keys_in_order(min_split_keys, extra_items):
+    rnd, *_ = round_with_history(3, 2, 2, 16)
+    plan, total = rnd.attention, rnd.ids.shape[0]
+    table = tile_table(plan, None, total, 16, min_split_keys, extra_items)
+    tiles = int(table.num_tiles)
+    keys = np.array([tile_keys(plan, table, t) for t in range(tiles)])
+    split_keys, items = (int(x) for x in table.scalars)
+    assert split_keys >= min_split_keys and split_keys % PAGE == 0 and split_keys * extra_items >= keys.sum()
+    splits = np.maximum(-(-keys // split_keys), 1)
+    assert table.tile_splits[:tiles].tolist() == splits.tolist() and (table.tile_splits[tiles:] == 0).all()
+    assert items == splits.sum() <= table.max_items
+    assert table.item_tile[:items].tolist() == np.repeat(np.arange(tiles), splits).tolist()
+    assert table.item_split[:items].tolist() == [s for n in splits for s in range(n)]
+    slots = table.partial_slot[:tiles].numpy()
+    several = splits > 1
+    assert (slots[~several] == -1).all()
+    assert slots[several].tolist() == (np.cumsum(splits[several]) - splits[several]).tolist()
+    assert splits[several].sum() <= table.max_partials
+    if min_split_keys == 64 and extra_items > 1000:
+        assert several.sum() > 3, "the round has tiles long enough to split"
+
+
+@pytest.mark.parametrize(("seed", "heads", "kv_heads", "min_split_keys", "extra_items"),
+                         [(0, 4, 2, 64, 10_000), (1, 2, 2, 64, 5), (4, 4, 1, 128, 10_000)])
+def test_split_tiles_match_reference(seed, heads, kv_heads, min_split_keys, extra_items):
+    rnd, q, k, v, k_cache, v_cache = round_with_history(seed, heads, kv_heads, 16)
+    plan, rows = rnd.attention, rnd.readout.rows
+    gate = torch.randn_like(q)
+    for query_rows in (None, rows):
+        picked = slice(None) if query_rows is None else query_rows
+        expected = fork_attention_reference(q[picked], k, v, plan, query_rows, k_cache, v_cache, gate[picked])
+        got = fork_attention_triton(q[picked], k, v, plan, query_rows, k_cache, v_cache, gate[picked],
+                                    split_keys=min_split_keys, extra_items=extra_items)
+        assert relative_error(got, expected) < 1e-5
+    split_tables = [t for t in plan.tile_tables.values() if int(t.tile_splits.max()) > 1]
+    assert split_tables, "some tile of the round was split"
