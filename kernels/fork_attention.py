@@ -44,12 +44,12 @@ from flide_sdk.layout import PAGE, AttentionPlan
 BLOCK_ROWS, HEADS_PER_PROGRAM, BLOCK_KEYS, WARPS = 64, 4, 32, 4
 # float32 (exact engine runs): smaller tiles for shared memory, one head, page-sized key blocks, one stage
 WIDE_BLOCK_ROWS, WIDE_BLOCK_KEYS = 64, PAGE
-# Key splits (`TileTable`): a tile's keys are cut into splits of at least SPLIT_KEYS keys, so that a few long
-# tiles (the last ones of a long trunk, branches over it, a step over a long cached history) do not leave the
-# rest of the device idle; at most EXTRA_ITEMS_PER_SM work items per multiprocessor past one per tile. The
-# attention kernel runs PROGRAMS_PER_SM programs per multiprocessor (two fit one at the 16-bit tiling's
-# shared memory), each looping over work items; the split planner takes PLAN_BLOCK tiles at a time.
-SPLIT_KEYS, EXTRA_ITEMS_PER_SM, PROGRAMS_PER_SM, PLAN_BLOCK = 512, 2, 2, 256
+# Key splits (`TileTable`): a tile's keys are cut into splits when it has more than SPLIT_KEYS keys and more
+# than its share of the round's keys over the device's program slots (SLOTS_PER_SM per multiprocessor: two
+# programs fit one at the 16-bit tiling's shared memory), so that a few long tiles (a step over a long cached
+# history, a short trunk resumed after a long one) do not leave the device idle, while rounds of many tiles,
+# which fill it anyway, are not split at all. The split planner takes PLAN_BLOCK tiles at a time.
+SPLIT_KEYS, SLOTS_PER_SM, PLAN_BLOCK = 512, 2, 256
 MERGE_WARPS = 8  # the merge holds a whole tile's sums: 8 warps keep it in registers (4 spill at 0.8B shapes)
 
 
@@ -123,13 +123,13 @@ def plan_tiles(
 class TileTable(NamedTuple):
     """A round's attention work for one query-row set, planned on the device: the tiles (`plan_tiles`) and
     their key splits (`_plan_splits_kernel`). A tile's keys, in order (its cached history, the stream keys
-    every row sees, the masked ones), are cut into splits of `scalars[0]` keys; each (tile, split) is a work
-    item, the items of a tile consecutive. A tile of one split is finished by its item; the items of a tile of
-    several leave partial results (unnormalised sums, running maxima and weights) in its `partial_slot`
-    onwards, which `_merge_splits_kernel` combines. The split size is at least the minimum asked for and at
-    least the tiles' keys over `extra_items` (rounded up to a multiple of PAGE), so the items number at most
-    `max_tiles + extra_items` (ceil(keys / size) < keys / size + 1) and the partial slots at most twice
-    `extra_items` (a tile of s > 1 splits has s <= 2 (s - 1))."""
+    every row sees, the masked ones), are cut into ceil(keys / size) equal pieces of whole pages (a piece of
+    the history starts on a page), where the size is the larger of the minimum asked for and the round's keys
+    over `extra_items`; each (tile, piece) is a work item, the items of a tile consecutive. A tile of one
+    piece is finished by its item; the items of a tile of several leave partial results (unnormalised sums,
+    running maxima and weights) in its `partial_slot` onwards, which `_merge_splits_kernel` combines. The items
+    number at most `max_tiles + extra_items` (ceil(keys / size) < keys / size + 1) and the partial slots at
+    most twice `extra_items` (a tile of s > 1 pieces has s <= 2 (s - 1))."""
 
     rows: torch.Tensor  # [Tq] the stream index of each query row
     tile_start: torch.Tensor  # [max_tiles + 2] tile i covers rows[tile_start[i]:tile_start[i + 1]]
@@ -138,8 +138,9 @@ class TileTable(NamedTuple):
     item_tile: torch.Tensor  # [max_items] the tile of each work item
     item_split: torch.Tensor  # [max_items] its split within the tile
     tile_splits: torch.Tensor  # [max_tiles] splits of each tile (0 past num_tiles)
+    tile_piece: torch.Tensor  # [max_tiles] keys per piece of each tile
     partial_slot: torch.Tensor  # [max_tiles] first partial slot of a tile of several splits (else -1)
-    scalars: torch.Tensor  # [2] the split size in keys, the number of work items
+    num_items: torch.Tensor  # [1]
     max_items: int
     max_partials: int
 
@@ -150,11 +151,11 @@ def tile_table(
 ) -> TileTable:
     """The `TileTable` of `query_rows` (None: all `num_rows` stream rows), built once per plan, query-row
     tensor, tile size and split setting: the attention layers of a round share it. `extra_items` (default:
-    EXTRA_ITEMS_PER_SM per multiprocessor) bounds the work items past one per tile. The memo holds the
+    the device's program slots) bounds the work items past one per tile. The memo holds the
     query-row tensor, so its id is not reused while the entry lives; the model clears the memo at the start
     of every forward pass."""
     device = plan.ctx_hi.device
-    extra_items = EXTRA_ITEMS_PER_SM * multiprocessors(device) if extra_items is None else extra_items
+    extra_items = SLOTS_PER_SM * multiprocessors(device) if extra_items is None else extra_items
     if min_split_keys < 1 or min_split_keys % PAGE or extra_items < 1:
         raise ValueError(f"min_split_keys={min_split_keys} must be a positive multiple of {PAGE} and "
                          f"extra_items={extra_items} positive")
@@ -168,15 +169,17 @@ def tile_table(
         item_tile = torch.empty(max_items, dtype=torch.int64, device=device)
         item_split = torch.empty_like(item_tile)
         tile_splits = torch.empty(max_tiles, dtype=torch.int64, device=device)
+        tile_piece = torch.empty_like(tile_splits)
         partial_slot = torch.empty_like(tile_splits)
-        scalars = torch.empty(2, dtype=torch.int64, device=device)
+        num_items = torch.empty(1, dtype=torch.int64, device=device)
         _plan_splits_kernel[(1,)](
             rows, tile_start, num_tiles, plan.request_of, plan.history_len, plan.key_lo, plan.ctx_hi, plan.seg_lo,
-            item_tile, item_split, tile_splits, partial_slot, scalars, max_tiles, extra_items, min_split_keys,
+            item_tile, item_split, tile_splits, tile_piece, partial_slot, num_items, max_tiles, extra_items,
+            min_split_keys,
             BLOCK=PLAN_BLOCK, PAGE_SIZE=PAGE,
         )
-        cached = TileTable(rows, tile_start, num_tiles, max_tiles, item_tile, item_split, tile_splits, partial_slot,
-                           scalars, max_items, max_partials)
+        cached = TileTable(rows, tile_start, num_tiles, max_tiles, item_tile, item_split, tile_splits, tile_piece,
+                           partial_slot, num_items, max_items, max_partials)
         plan.tile_tables[key] = cached
     return cached
 
@@ -203,12 +206,12 @@ def _tile_bounds(rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_
 @triton.jit
 def _plan_splits_kernel(
     rows_ptr, tile_start_ptr, num_tiles_ptr, request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr,
-    item_tile_ptr, item_split_ptr, tile_splits_ptr, partial_slot_ptr, scalars_ptr,
+    item_tile_ptr, item_split_ptr, tile_splits_ptr, tile_piece_ptr, partial_slot_ptr, num_items_ptr,
     max_tiles, extra_items, min_split_keys,
     BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr,
 ):
-    """One program: the tiles' key counts, the split size, each tile's splits and partial slots, and the work
-    items in tile order (see `TileTable`); BLOCK tiles at a time."""
+    """One program: the tiles' key counts, each tile's splits, pieces and partial slots, and the work items in
+    tile order (see `TileTable`); BLOCK tiles at a time."""
     num_tiles = tl.load(num_tiles_ptr)
     lane = tl.arange(0, BLOCK)
     total = tl.zeros((), dtype=tl.int64)
@@ -217,7 +220,6 @@ def _plan_splits_kernel(
                           seg_lo_ptr, t0 + lane, t0 + lane < num_tiles)
         total += tl.sum(keys, axis=0)
     split_keys = tl.maximum(min_split_keys, (total + extra_items - 1) // extra_items)
-    split_keys = (split_keys + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE  # history splits start on a page
     items = tl.zeros((), dtype=tl.int64)
     partials = tl.zeros((), dtype=tl.int64)
     for t0 in range(0, max_tiles, BLOCK):
@@ -226,11 +228,14 @@ def _plan_splits_kernel(
         keys = _tile_keys(rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr,
                           seg_lo_ptr, tile, ok)
         splits = tl.where(ok, tl.maximum((keys + split_keys - 1) // split_keys, 1), 0)
+        # equal pieces, whole pages (a history piece starts on a page): the last is the shortest
+        piece = ((keys + splits - 1) // tl.maximum(splits, 1) + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE
         starts = items + tl.cumsum(splits, axis=0) - splits
         several = tl.where(splits > 1, splits, 0)
         slots = partials + tl.cumsum(several, axis=0) - several
         in_table = tile < max_tiles
         tl.store(tile_splits_ptr + tile, splits, mask=in_table)
+        tl.store(tile_piece_ptr + tile, piece, mask=in_table)
         tl.store(partial_slot_ptr + tile, tl.where(splits > 1, slots, -1), mask=in_table)
         for split in range(tl.max(splits, axis=0)):
             has = split < splits
@@ -238,8 +243,7 @@ def _plan_splits_kernel(
             tl.store(item_split_ptr + starts + split, split + tl.zeros_like(tile), mask=has)
         items += tl.sum(splits, axis=0)
         partials += tl.sum(several, axis=0)
-    tl.store(scalars_ptr, split_keys)
-    tl.store(scalars_ptr + 1, items)
+    tl.store(num_items_ptr, items)
 
 
 @triton.jit
@@ -279,17 +283,20 @@ def _attend_block(
 @triton.jit
 def _fork_attention_kernel(
     q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, o_ptr, gate_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
-    rows_ptr, tile_start_ptr, item_tile_ptr, item_split_ptr, tile_splits_ptr, partial_slot_ptr, scalars_ptr,
-    key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, request_of_ptr, history_len_ptr, page_offset_ptr, pages_ptr,
+    rows_ptr, tile_start_ptr, item_tile_ptr, item_split_ptr, tile_splits_ptr, tile_piece_ptr, partial_slot_ptr,
+    num_items_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, request_of_ptr, history_len_ptr, page_offset_ptr, pages_ptr,
     stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om, stride_oh, stride_gm, stride_gh,
     scale_log2,
     GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     IEEE: tl.constexpr, GATED: tl.constexpr, PAGE_SIZE: tl.constexpr,
 ):
-    """Work items pid, pid + P, ... (`TileTable`), each BT query tokens x HEADS query heads sharing one
-    key/value head (BT * HEADS rows) over one split of the tile's keys. A tile of one split stores its output
-    (with GATED, multiplied by sigmoid(gate) before its one rounding to o's dtype); the items of a tile of
-    several store partial sums for `_merge_splits_kernel`."""
+    """One work item (`TileTable`; programs past the round's items return at once): BT query tokens x HEADS
+    query heads sharing one key/value head (BT * HEADS rows) over one piece of the tile's keys. A tile of one
+    piece stores its output (with GATED, multiplied by sigmoid(gate) before its one rounding to o's dtype);
+    the items of a tile of several store partial sums for `_merge_splits_kernel`."""
+    item = tl.program_id(0)
+    if item >= tl.load(num_items_ptr):
+        return
     head_block = tl.program_id(1)
     BM: tl.constexpr = BT * HEADS
     kv_head = head_block * HEADS // GROUP
@@ -297,72 +304,72 @@ def _fork_attention_kernel(
     n = tl.arange(0, BN)
     r = tl.arange(0, BM)
     everyone = tl.full((BM, BN), 1, tl.int1)
-    split_keys = tl.load(scalars_ptr)
-    for item in range(tl.program_id(0), tl.load(scalars_ptr + 1), tl.num_programs(0)):
-        tile = tl.load(item_tile_ptr + item)
-        lo = tl.load(item_split_ptr + item) * split_keys  # this item's keys: [lo, lo + split_keys) of the tile's
-        hi = lo + split_keys
-        last, request, history, key_lo, full_hi, masked_lo = _tile_bounds(
-            rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, tile, True)
-        i0 = tl.load(tile_start_ptr + tile)
-        i1 = tl.load(tile_start_ptr + tile + 1)
-        # row r of the program is token i0 + r // HEADS, query head head_block * HEADS + r % HEADS
-        offs_i = i0 + r // HEADS
-        heads = head_block * HEADS + r % HEADS
-        row_ok = offs_i < i1
-        rows = tl.load(rows_ptr + offs_i, mask=row_ok, other=0)
-        seg_lo = tl.load(seg_lo_ptr + rows, mask=row_ok, other=0)
-        q = tl.load(q_ptr + offs_i[:, None] * stride_qm + heads[:, None] * stride_qh + d[None, :],
-                    mask=row_ok[:, None], other=0.0)
-        m_i = tl.full((BM,), float("-inf"), tl.float32)
-        l_i = tl.zeros((BM,), tl.float32)
-        acc = tl.zeros((BM, HEAD_DIM), tl.float32)
+    tile = tl.load(item_tile_ptr + item)
+    split = tl.load(item_split_ptr + item)
+    piece = tl.load(tile_piece_ptr + tile)
+    lo = split * piece  # this item's keys: [lo, lo + piece) of the tile's
+    hi = lo + piece
+    last, request, history, key_lo, full_hi, masked_lo = _tile_bounds(
+        rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, tile, True)
+    i0 = tl.load(tile_start_ptr + tile)
+    i1 = tl.load(tile_start_ptr + tile + 1)
+    # row r of the program is token i0 + r // HEADS, query head head_block * HEADS + r % HEADS
+    offs_i = i0 + r // HEADS
+    heads = head_block * HEADS + r % HEADS
+    row_ok = offs_i < i1
+    rows = tl.load(rows_ptr + offs_i, mask=row_ok, other=0)
+    seg_lo = tl.load(seg_lo_ptr + rows, mask=row_ok, other=0)
+    q = tl.load(q_ptr + offs_i[:, None] * stride_qm + heads[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    m_i = tl.full((BM,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BM,), tl.float32)
+    acc = tl.zeros((BM, HEAD_DIM), tl.float32)
 
-        # 1. cached history, keys [0, history) of the tile's: blocks of one pool page (or an aligned part of
-        # one: a split starts on a page), visible to every row
-        page_list = pages_ptr + tl.load(page_offset_ptr + request)
-        history_hi = tl.minimum(hi, history)
-        for start in range(tl.minimum(lo, history), history_hi, BN):
-            page = tl.load(page_list + start // PAGE_SIZE)
-            key_ok = start + n < history_hi
-            slots = page * PAGE_SIZE + start % PAGE_SIZE + n
-            k_ptrs = kc_ptr + slots[:, None] * stride_cm + kv_head * stride_ch + d[None, :]
-            v_ptrs = vc_ptr + slots[:, None] * stride_cm + kv_head * stride_ch + d[None, :]
-            acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, key_ok[None, :] & everyone,
-                                          scale_log2, IEEE)
+    # 1. cached history, keys [0, history) of the tile's: blocks of one pool page (or an aligned part of
+    # one: a split starts on a page), visible to every row
+    page_list = pages_ptr + tl.load(page_offset_ptr + request)
+    history_hi = tl.minimum(hi, history)
+    for start in range(tl.minimum(lo, history), history_hi, BN):
+        page = tl.load(page_list + start // PAGE_SIZE)
+        key_ok = start + n < history_hi
+        slots = page * PAGE_SIZE + start % PAGE_SIZE + n
+        k_ptrs = kc_ptr + slots[:, None] * stride_cm + kv_head * stride_ch + d[None, :]
+        v_ptrs = vc_ptr + slots[:, None] * stride_cm + kv_head * stride_ch + d[None, :]
+        acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, key_ok[None, :] & everyone,
+                                      scale_log2, IEEE)
 
-        # 2. stream keys every row sees (the tile's keys history + [0, full_hi - key_lo)): the trunk (branch
-        # tiles) or the trunk before the tile (trunk tiles)
-        full_start = key_lo + tl.maximum(lo - history, 0)
-        full_stop = tl.minimum(full_hi, key_lo + tl.maximum(hi - history, 0))
-        for start in range(full_start, full_stop, BN):
-            keys = start + n
-            key_ok = keys < full_stop
-            k_ptrs = k_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
-            v_ptrs = v_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
-            acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, key_ok[None, :] & everyone,
-                                          scale_log2, IEEE)
+    # 2. stream keys every row sees (the tile's keys history + [0, full_hi - key_lo)): the trunk (branch
+    # tiles) or the trunk before the tile (trunk tiles)
+    full_start = key_lo + tl.maximum(lo - history, 0)
+    full_stop = tl.minimum(full_hi, key_lo + tl.maximum(hi - history, 0))
+    for start in range(full_start, full_stop, BN):
+        keys = start + n
+        key_ok = keys < full_stop
+        k_ptrs = k_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
+        v_ptrs = v_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
+        acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, key_ok[None, :] & everyone,
+                                      scale_log2, IEEE)
 
-        # 3. keys only some rows see (the tile's last ones): masked by each row's own segment and causality
-        before = history + (full_hi - key_lo)
-        masked_start = masked_lo + tl.maximum(lo - before, 0)
-        masked_stop = tl.minimum(last + 1, masked_lo + tl.maximum(hi - before, 0))
-        for start in range(masked_start, masked_stop, BN):
-            keys = start + n
-            key_ok = keys < masked_stop
-            visible = (keys[None, :] >= seg_lo[:, None]) & (keys[None, :] <= rows[:, None]) & key_ok[None, :]
-            k_ptrs = k_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
-            v_ptrs = v_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
-            acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
+    # 3. keys only some rows see (the tile's last ones): masked by each row's own segment and causality
+    before = history + (full_hi - key_lo)
+    masked_start = masked_lo + tl.maximum(lo - before, 0)
+    masked_stop = tl.minimum(last + 1, masked_lo + tl.maximum(hi - before, 0))
+    for start in range(masked_start, masked_stop, BN):
+        keys = start + n
+        key_ok = keys < masked_stop
+        visible = (keys[None, :] >= seg_lo[:, None]) & (keys[None, :] <= rows[:, None]) & key_ok[None, :]
+        k_ptrs = k_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
+        v_ptrs = v_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
+        acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
 
-        if tl.load(tile_splits_ptr + tile) == 1:
-            _store_output(acc, l_i, o_ptr, gate_ptr, offs_i, heads, row_ok, d, stride_om, stride_oh, stride_gm,
-                          stride_gh, GATED)
-        else:
-            slot = (tl.load(partial_slot_ptr + tile) + lo // split_keys) * tl.num_programs(1) + head_block
-            tl.store(part_acc_ptr + slot * BM * HEAD_DIM + r[:, None] * HEAD_DIM + d[None, :], acc)
-            tl.store(part_m_ptr + slot * BM + r, m_i)
-            tl.store(part_l_ptr + slot * BM + r, l_i)
+    if tl.load(tile_splits_ptr + tile) == 1:
+        _store_output(acc, l_i, o_ptr, gate_ptr, offs_i, heads, row_ok, d, stride_om, stride_oh, stride_gm,
+                      stride_gh, GATED)
+    else:
+        slot = (tl.load(partial_slot_ptr + tile) + split) * tl.num_programs(1) + head_block
+        tl.store(part_acc_ptr + slot * BM * HEAD_DIM + r[:, None] * HEAD_DIM + d[None, :], acc)
+        tl.store(part_m_ptr + slot * BM + r, m_i)
+        tl.store(part_l_ptr + slot * BM + r, l_i)
 
 
 @triton.jit
@@ -459,19 +466,19 @@ def fork_attention_triton(
     block_rows = block_rows or (WIDE_BLOCK_ROWS if wide else BLOCK_ROWS)
     num_stages = num_stages or (1 if wide else 2)
     block_tokens = max(16, block_rows // heads_per_program)
+    head_blocks = heads // heads_per_program
+    extra_items = extra_items or max(1, SLOTS_PER_SM * multiprocessors(q.device) // head_blocks)
     table = tile_table(plan, query_rows, k.shape[0], block_tokens, split_keys or SPLIT_KEYS, extra_items)
     out = torch.empty_like(q)
     gated = gate if gate is not None else q  # any tensor: not read unless GATED
-    head_blocks = heads // heads_per_program
     rows_per_program = block_tokens * heads_per_program
     part_m = torch.empty(table.max_partials, head_blocks, rows_per_program, dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
     part_acc = torch.empty(*part_m.shape, head_dim, dtype=torch.float32, device=q.device)
-    programs = min(table.max_items, max(1, PROGRAMS_PER_SM * multiprocessors(q.device) // head_blocks))
-    _fork_attention_kernel[(programs, head_blocks)](
+    _fork_attention_kernel[(table.max_items, head_blocks)](
         q, k, v, k_cache, v_cache, out, gated, part_acc, part_m, part_l,
-        table.rows, table.tile_start, table.item_tile, table.item_split, table.tile_splits, table.partial_slot,
-        table.scalars,
+        table.rows, table.tile_start, table.item_tile, table.item_split, table.tile_splits, table.tile_piece,
+        table.partial_slot, table.num_items,
         plan.key_lo, plan.ctx_hi, plan.seg_lo, plan.request_of, plan.history_len, plan.page_offset, plan.pages,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1), gated.stride(0), gated.stride(1),
