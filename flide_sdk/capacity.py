@@ -74,7 +74,7 @@ class Capacity:
         for index, (chunks, segments) in enumerate(zip(self.chunks, self.segments)):
             shapes[f"level{index}.chunk_tokens"] = (chunks, GDN_CHUNK)
             shapes[f"level{index}.sizes"] = (2,)
-            for name in ("init_row", "final_row", "chunk_count", "step_base"):
+            for name in ("init_row", "final_row", "chunk_count", "step_base", "chain"):
                 shapes[f"level{index}.{name}"] = (segments,)
         return shapes
 
@@ -176,6 +176,7 @@ def pad_into(host: HostRound, capacity: Capacity, out: dict[str, np.ndarray], wi
         put(prefix + "init_row", level.init_row, zero_row)
         put(prefix + "final_row", level.final_row, DISCARD_ROW)
         put(prefix + "chunk_count", level.chunk_count, 0)
+        put(prefix + "chain", level.chain, -1)
         put(prefix + "sizes", level.sizes, 0)  # the real chunk rows and segments: kernels skip the padding
 
 
@@ -185,7 +186,8 @@ def pad_round(host: HostRound, capacity: Capacity, window_sink: int, kv_sink: in
         raise ValueError(f"the round does not fit {capacity}")
     arrays = {name: np.empty(shape, dtype=np.int64) for name, shape in capacity.shapes().items()}
     pad_into(host, capacity, arrays, window_sink, kv_sink, zero_row)
-    levels = [HostLevel(active=level.active, **{name: arrays[f"level{i}.{name}"] for name in LEVEL_FIELDS})
+    levels = [HostLevel(active=level.active, chained=level.chained,
+                        **{name: arrays[f"level{i}.{name}"] for name in LEVEL_FIELDS})
               for i, level in enumerate(host.levels)]
     return HostRound(
         **{name: arrays[name] for name in DEVICE_FIELDS},

@@ -21,7 +21,8 @@ segment starting from a row of the state arena (`StateRows`: the pool's slots, a
 few scratch rows for trunk states, so resuming and saving move no state at all). Within a level, segments
 are sorted by chunk count, longest first, so at scan step j the active segments are exactly the first
 `active[j]`; the segments' first chunks are the level's first rows, then each segment's later chunks follow
-one segment after the other (`step_base`). The short convolution reads each token's predecessors through
+one segment after the other (`step_base`). A trunk's first part names its remainder in the next level
+(`chain`), so the scan can carry the state from one into the other without a launch between. The short convolution reads each token's predecessors through
 `conv_src`, rows of the table [zero row, stream tokens, resumed conv windows], so a branch's first tokens
 read its trunk's last tokens and a resumed trunk reads its saved window. Keys and values are saved per
 token through `kv_slots` (a pool position, or the pool's sink slot for tokens that are not saved).
@@ -167,7 +168,9 @@ class DeltaLevel:
     final_row: torch.Tensor  # [num_segments] row its final state is written to (DISCARD_ROW: none)
     chunk_count: torch.Tensor  # [num_segments] chunks (scan steps) of each segment
     step_base: torch.Tensor  # [num_segments] segment s's chunk 0 is row s, its chunk j > 0 row step_base[s] + j
+    chain: torch.Tensor  # [num_segments] the next level's segment that continues this one's final state (-1: none)
     sizes: torch.Tensor  # [2] the level's chunk rows and segments; a captured graph's tables are padded past them
+    chained: bool = False  # host: every segment of this level continues one of the level before (its `chain`)
 
 
 @dataclass
@@ -213,7 +216,10 @@ class HostLevel:
     final_row: np.ndarray
     chunk_count: np.ndarray
     step_base: np.ndarray
+    chain: np.ndarray  # the next level's segment continuing each segment's final state, -1 if none (`DeltaLevel`)
     sizes: np.ndarray  # [len(chunk_tokens), len(init_row)]: what padding a round keeps (capacity.pad_into)
+    source: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)  # host: input index of each segment
+    chained: bool = False  # every segment continues one of the level before (`DeltaLevel.chained`)
 
 
 @dataclass
@@ -268,7 +274,8 @@ class HostRound:
         """The `RoundTensors` view of device tensors named as in `arrays()` (the host lists come from self)."""
         levels = [
             DeltaLevel(t[f"level{i}.chunk_tokens"], level.active, t[f"level{i}.init_row"], t[f"level{i}.final_row"],
-                       t[f"level{i}.chunk_count"], t[f"level{i}.step_base"], t[f"level{i}.sizes"])
+                       t[f"level{i}.chunk_count"], t[f"level{i}.step_base"], t[f"level{i}.chain"], t[f"level{i}.sizes"],
+                       level.chained)
             for i, level in enumerate(self.levels)
         ]
         attention = AttentionPlan(
@@ -289,7 +296,7 @@ class HostRound:
 DEVICE_FIELDS = ("ids", "positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "history_len", "page_offset",
                  "pages", "conv_src", "resume_slots", "save_slots", "save_window_src", "kv_slots", "readout_rows",
                  "label_ids")
-LEVEL_FIELDS = ("chunk_tokens", "init_row", "final_row", "chunk_count", "step_base", "sizes")
+LEVEL_FIELDS = ("chunk_tokens", "init_row", "final_row", "chunk_count", "step_base", "chain", "sizes")
 
 
 def plan_round(
@@ -386,6 +393,11 @@ def plan_round(
         _plan_level(branch_start, branches.lengths, trunk_final[branch_request],
                     np.full(len(branches), DISCARD_ROW, dtype=np.int64), total),
     ]
+    # a trunk's remainder continues its first part's final state: the scan runs both in one program
+    remainder_of = np.full(count, -1, dtype=np.int64)
+    remainder_of[np.flatnonzero(remainder)[levels[1].source]] = np.arange(len(levels[1].source))
+    levels[0].chain = remainder_of[levels[0].source]
+    levels[1].chained = True
 
     # checkpoint traffic
     kv_slots = np.full(total, kv_sink, dtype=np.int64)
@@ -437,15 +449,17 @@ def _plan_level(start: np.ndarray, length: np.ndarray, init_row: np.ndarray, fin
     (row s: segment s's chunk 0, what a level's step 0 reads), then each segment's later chunks in order, one
     segment after the other, so a segment's chunks past its first are consecutive rows (`step_base`): the
     scan's tile addresses are then affine in the step and its loads can be issued steps ahead."""
+    none = np.full(len(length), -1, dtype=np.int64)  # chains are set by plan_round
     if len(length) == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return HostLevel(np.zeros((0, GDN_CHUNK), dtype=np.int64), [], empty, empty, empty, empty, np.zeros(2, np.int64))
+        return HostLevel(np.zeros((0, GDN_CHUNK), dtype=np.int64), [], empty, empty, empty, empty, none,
+                         np.zeros(2, np.int64), empty)
     if len(length) == 1 and length[0] > 0:  # one segment (a lone request's trunk levels): its chunks in order
         tokens, steps = int(length[0]), -(-int(length[0]) // GDN_CHUNK)
         chunk_tokens = np.arange(int(start[0]), int(start[0]) + steps * GDN_CHUNK, dtype=np.int64).reshape(steps, -1)
         chunk_tokens[-1, tokens - (steps - 1) * GDN_CHUNK :] = pad_index
         return HostLevel(chunk_tokens, [1] * steps, init_row.copy(), final_row.copy(), np.array([steps], dtype=np.int64),
-                         np.zeros(1, dtype=np.int64), np.array([steps, 1], dtype=np.int64))
+                         np.zeros(1, dtype=np.int64), none, np.array([steps, 1], dtype=np.int64), np.zeros(1, np.int64))
     order = np.argsort(-length, kind="stable")
     start, length, init_row, final_row = start[order], length[order], init_row[order], final_row[order]
     counts = (-(-length // GDN_CHUNK)).astype(np.int64, copy=False)  # non-increasing
@@ -460,4 +474,4 @@ def _plan_level(start: np.ndarray, length: np.ndarray, init_row: np.ndarray, fin
     chunk_tokens = (start[segment] + chunk * GDN_CHUNK)[:, None] + np.arange(GDN_CHUNK)[None, :]
     chunk_tokens = np.where(chunk_tokens < (start + length)[segment, None], chunk_tokens, pad_index)
     sizes = np.array([len(chunk_tokens), len(init_row)], dtype=np.int64)
-    return HostLevel(chunk_tokens, active.tolist(), init_row, final_row, counts, step_base, sizes)
+    return HostLevel(chunk_tokens, active.tolist(), init_row, final_row, counts, step_base, none, sizes, order)

@@ -17,18 +17,19 @@ intra-chunk work and loops over scan steps (not tokens, not segments).
 (no host synchronisation, CUDA-graph safe) and are capped (programs loop over the rows past the cap).
 Programs loop over real rows and segments only: each level's `sizes` (on the device) counts its real chunk
 rows and segments, which come first in its tables, and a captured graph's tables are padding past them. A
-round's three levels take five launches: one chunk-prep launch over the chunk rows of all levels (stacked),
-one scan per level (a level starts from states the previous ones wrote), one output launch over all chunk
-rows. Only the state recurrence is sequential:
+round's three levels take four launches: one chunk-prep launch over the chunk rows of all levels (stacked),
+one scan for the first two levels (a trunk's remainder past its save point goes on from its first part's
+state in the same program, `DeltaLevel.chain`) and one for the branches (they start from states the trunks
+wrote), one output launch over all chunk rows. Only the state recurrence is sequential:
 - `_chunk_prep_kernel`, per (chunk row of any level, value head): gathers the chunk's tokens, builds Gamma,
   A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
   16-row sub-blocks (through a float32 scratch), and stores W = T (beta K exp(cum)), U = T (beta V), the
   causal q-k block q K^T * Gamma and the per-row gate factors.
-- `_state_scan_kernel`, per (value head, V split, segment), one launch per level: keeps a [Dk, BV] slice
-  of S in registers from `init_row` through the segment's chunks (chunk 0 is row `segment`, chunk j > 0 row
-  `step_base[segment] + j`),
-  stores per chunk past the first the state at its start S_j and v_new = U - W S_j, updates
-  S <- exp(g_last) S + (K exp(g_last - cum))^T v_new, and writes the final slice to `final_row`.
+- `_state_scan_kernel`, per (value head, V split, segment), one launch per level or chained pair: keeps a
+  [Dk, BV] slice of S in registers from `init_row` through the segment's chunks (chunk 0 is row `segment`,
+  chunk j > 0 row `step_base[segment] + j`), stores per chunk past the first the state at its start S_j and
+  v_new = U - W S_j, updates S <- exp(g_last) S + (K exp(g_last - cum))^T v_new, and writes the final slice
+  to `final_row`.
   Segments of at most one chunk and no final row are skipped.
 - `_chunk_output_kernel`, per (chunk row of any level, value head, V tile), all in parallel: the chunk's
   outputs o = (q exp(cum)) S_j + (q K^T * Gamma) v_new; a segment's first chunk reads S_0 from its init
@@ -321,12 +322,26 @@ def _scan_step(state, base, store_outputs, k, w, u, k_gate, decay, v_new_ptr, h_
 
 
 @triton.jit
+def _scan_chunks(state, first_row, later_base, steps, head, heads, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
+                 v_new_ptr, h_ptr, cols, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr):
+    """The state slice moved through a segment's `steps` chunks: chunk 0 at table row `first_row`, chunk
+    j > 0 at `later_base + j` (arithmetic in j, so the pipeline issues a step's tile loads ahead)."""
+    for j in range(steps):
+        base = tl.where(j == 0, first_row, later_base + j) * heads + head
+        k, w, u, k_gate, decay = _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L)
+        # the output kernel starts a segment's first chunk from its init row itself
+        state = _scan_step(state, base, j > 0, k, w, u, k_gate, decay, v_new_ptr, h_ptr, cols, DK, DV, L, PREC)
+    return state
+
+
+@triton.jit
 def _state_scan_kernel(
     k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
     chunk_count_ptr, step_base_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
+    chain_ptr, next_count_ptr, next_step_base_ptr, next_final_row_ptr, next_rows,
     stride_sr, stride_sh, stride_sk,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
-    L: tl.constexpr, PREC: tl.constexpr,
+    L: tl.constexpr, PREC: tl.constexpr, CHAIN: tl.constexpr,
 ):
     """Per (value head, V split, segment): TILES V tiles of BV columns, one after the other; a program
     takes segments pid, pid + P, ... of the level's real segments (`sizes[1]`; sorted longest first, so the
@@ -342,6 +357,9 @@ def _state_scan_kernel(
     A segment's chunk j is row `segment` for j = 0 and `step_base[segment] + j` after it: the addresses are
     arithmetic in j (no load in the loop decides them), so the compiler's pipeline issues a step's tile loads
     (num_stages - 1) steps ahead.
+    With CHAIN, a segment whose `chain` entry names a segment of the next level (a trunk's remainder past its
+    save point) goes on into it from the state in registers, its rows `next_rows` on in the tables: the next
+    level needs no launch of its own.
     """
     head = tl.program_id(0)
     heads = tl.num_programs(0)
@@ -356,15 +374,19 @@ def _state_scan_kernel(
                 cols = (tl.program_id(1) * TILES + tile) * BV + tl.arange(0, BV)
                 state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
                 state = tl.load(state_ptrs + init_row * stride_sr)
-                for j in range(steps):
-                    base = tl.where(j == 0, segment, step_base + j) * heads + head
-                    k, w, u, k_gate, decay = _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
-                                                         cols, DK, DV, L)
-                    # the output kernel starts a segment's first chunk from its init row itself
-                    state = _scan_step(state, base, j > 0, k, w, u, k_gate, decay, v_new_ptr, h_ptr, cols,
-                                       DK, DV, L, PREC)
+                state = _scan_chunks(state, segment, step_base, steps, head, heads, k_rows_ptr, w_ptr, u_ptr,
+                                     k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, cols, DK, DV, L, PREC)
                 if final_row >= 0:
                     tl.store(state_ptrs + final_row * stride_sr, state)
+                if CHAIN:
+                    follow = tl.load(chain_ptr + segment)
+                    if follow >= 0:
+                        state = _scan_chunks(state, next_rows + follow, next_rows + tl.load(next_step_base_ptr + follow),
+                                             tl.load(next_count_ptr + follow), head, heads, k_rows_ptr, w_ptr, u_ptr,
+                                             k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, cols, DK, DV, L, PREC)
+                        next_final = tl.load(next_final_row_ptr + follow)
+                        if next_final >= 0:
+                            tl.store(state_ptrs + next_final * stride_sr, state)
 
 
 @triton.jit
@@ -435,7 +457,8 @@ def _level_groups(levels: list[DeltaLevel]) -> list[list[DeltaLevel]]:
         group = levels[first : first + LEVELS_PER_LAUNCH]
         if len(group) < LEVELS_PER_LAUNCH:
             empty = DeltaLevel(group[0].chunk_tokens[:0], [], group[0].init_row[:0], group[0].final_row[:0],
-                               group[0].chunk_count[:0], group[0].step_base[:0], torch.zeros_like(group[0].sizes))
+                               group[0].chunk_count[:0], group[0].step_base[:0], group[0].chain[:0],
+                               torch.zeros_like(group[0].sizes))
             group = group + [empty] * (LEVELS_PER_LAUNCH - len(group))
         groups.append(group)
     return groups
@@ -552,13 +575,21 @@ def gated_delta_triton(
         # v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
         h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
         v_new = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
-        for level, first, size, count in zip(levels, (0, start1, start2), table_rows, table_segments):
+        # a level all of whose segments continue the one before (`DeltaLevel.chained`: a plan's trunk
+        # remainders) is scanned by the launch of the level before; any other level has a launch of its own
+        scans = [(level, None, first, size, count) for level, first, size, count
+                 in zip(levels, (0, start1, start2), table_rows, table_segments)]
+        if levels[1].chained:
+            scans = [(levels[0], levels[1], 0, start2, table_segments[0]), scans[2]]
+        for level, following, first, size, count in scans:
             rows = slice(first, first + size)
+            chained = following or level
             _state_scan_kernel[(v_heads, split, min(count, max(1, scan_programs // (v_heads * split))))](
                 k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
                 level.chunk_count, level.step_base, level.init_row, level.final_row, level.sizes,
+                level.chain, chained.chunk_count, chained.step_base, chained.final_row, start1,
                 states.stride(0), states.stride(1), states.stride(2),
-                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
+                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CHAIN=following is not None,
                 num_warps=scan_warps, num_stages=scan_stages,
             )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](

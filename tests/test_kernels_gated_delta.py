@@ -196,3 +196,39 @@ def test_tables_past_the_level_sizes_are_never_read():
     assert 4 in plan.levels[0].final_row.tolist() and 4 in plan.levels[1].init_row.tolist()
     run_plan = DeltaPlan([padded(level) for level in plan.levels], plan.num_rows)
     check_against_reference(plan, host.num_tokens, 4, 1, 16, 16, run_plan=run_plan)
+
+
+def test_trunk_remainders_are_chained_to_their_first_parts():
+    """Level 0 names, per trunk split at a save point, the level-1 segment of its remainder: it starts from the
+    first part's final row at the next token. Every level-1 segment is named once."""
+    trunks = [(64, 70, None), (130, 129, 200), (5, 1, None), (65, 0, 64), (63, 0, None), (200, 0, 70)]
+    host = plan_round(make_requests(8, trunks, max_branches=3), 4)
+    first, remainder = host.levels[0], host.levels[1]
+    assert remainder.chained and not first.chained and not host.levels[2].chained
+    named = first.chain[first.chain >= 0]
+    assert sorted(named.tolist()) == list(range(len(remainder.init_row))) and len(named) == 3
+    for segment, follow in enumerate(first.chain.tolist()):
+        if follow < 0:
+            continue
+        assert remainder.init_row[follow] == first.final_row[segment]
+        last_token = first.chunk_tokens[[segment] + [first.step_base[segment] + j for j in range(1, first.chunk_count[segment])]]
+        assert remainder.chunk_tokens[follow, 0] == last_token[last_token < host.num_tokens].max() + 1
+    assert (host.levels[2].chain == -1).all() and (remainder.chain == -1).all()
+
+
+def test_chained_scan_computes_what_separate_launches_do():
+    """The scan carrying a trunk's state into its remainder in one program gives, bit for bit, what a launch
+    per level gives (the plan with its chain removed)."""
+    trunks = [(130, 129, 200), (65, 0, 64), (200, 0, 70), (5, 1, None)]
+    host = plan_round(make_requests(9, trunks, max_branches=3), 4)
+    plan = host.to("cpu").delta
+    unchained = DeltaPlan([dataclasses.replace(plan.levels[0], chain=torch.full_like(plan.levels[0].chain, -1)),
+                           dataclasses.replace(plan.levels[1], chained=False), plan.levels[2]], plan.num_rows)
+    q, k, v, g, beta, states = random_inputs(9, host.num_tokens, plan.num_rows, 1, 16, 16)
+    separate_states, expected_states = states.clone(), states.clone()
+    chained = gated_delta_triton(q, k, v, g, beta, plan, states)
+    separate = gated_delta_triton(q, k, v, g, beta, unchained, separate_states)
+    assert torch.equal(chained, separate) and torch.equal(states, separate_states)
+    expected = gated_delta_reference(q, k, v, g, beta, plan, expected_states)
+    assert relative_error(chained, expected) <= TOLERANCE
+    assert relative_error(states, expected_states) <= TOLERANCE
