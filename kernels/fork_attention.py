@@ -16,9 +16,9 @@ only some rows see (the tile's own rows and, for branch rows, the start of their
 that are masked. A tile's keys, in that order, are cut into splits (`TileTable`, planned on the device by one
 small kernel): a long tile is several work items, run in parallel and combined by `_merge_splits_kernel`
 (flash-decoding's split-KV), so the last tiles of a long trunk, branches over it and an agent's step over a
-long cached history no longer run alone on a few multiprocessors while the others idle. Programs take
-work items in turn (a capped grid), each item one tile split and one or more query heads sharing a
-key/value head, so every key block it loads serves tokens x heads rows. Launch shapes depend on the number
+long cached history no longer run alone on a few multiprocessors while the others idle. A program takes
+one work item (the grid has a program per possible item; those past the round's return at once) and one or
+more query heads sharing a key/value head, so every key block it loads serves tokens x heads rows. Launch shapes depend on the number
 of query rows and requests alone. The tables are built once per round and query-row set (`tile_table`,
 memoised on the plan) and shared by the round's attention layers. Qwen3.5's output gate is fused: the
 normalised output is multiplied by sigmoid(gate) before it is stored.
@@ -448,7 +448,12 @@ def fork_attention_triton(
     block_rows rows, and takes keys `block_keys` at a time (a divisor of the page size, so a history block never
     crosses a page). Keyword arguments are tuning knobs (defaults: the module's 16-bit tiling, with the
     largest power-of-two divisor of the group up to HEADS_PER_PROGRAM heads; float32 inputs get one head per program and
-    page-sized key blocks).
+    page-sized key blocks). `split_keys` is the fewest keys a tile is split for (default SPLIT_KEYS, a
+    multiple of the page size; a huge value: no splits) and `extra_items` the work items allowed past one
+    per tile (default: the device's program slots per head block, SLOTS_PER_SM per multiprocessor).
+    On the H200 (2026-12-01, `2026-12-01-attention-split-kv-h200.json`) splits took an agent step after
+    13,000 cached tokens from 0.67 to 0.36 ms per layer; a lone 2,000-token ask's attention was compute-bound
+    and gained little (0.55 -> 0.54 ms for its 6 layers, its merge included).
     """
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     if k.stride() != v.stride() or k_cache.stride() != v_cache.stride():

@@ -19,7 +19,8 @@ Programs loop over real rows and segments only: each level's `sizes` (on the dev
 rows and segments, which come first in its tables, and a captured graph's tables are padding past them. A
 round's three levels take four launches: one chunk-prep launch over the chunk rows of all levels (stacked),
 one scan for the first two levels (a trunk's remainder past its save point goes on from its first part's
-state in the same program, `DeltaLevel.chain`) and one for the branches (they start from states the trunks
+state in the same program, `DeltaLevel.chain`: on the H200 at ac35af5, 18 launches fewer a round and the
+scans 0.94 -> 0.90 ms on a lone 2,000-token ask) and one for the branches (they start from states the trunks
 wrote), one output launch over all chunk rows. Only the state recurrence is sequential:
 - `_chunk_prep_kernel`, per (chunk row of any level, value head): gathers the chunk's tokens, builds Gamma,
   A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
