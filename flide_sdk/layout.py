@@ -22,10 +22,11 @@ few scratch rows for trunk states, so resuming and saving move no state at all).
 are sorted by chunk count, longest first, so at scan step j the active segments are exactly the first
 `active[j]`; the segments' first chunks are the level's first rows, then each segment's later chunks follow
 one segment after the other (`step_base`). A trunk's first part names its remainder in the next level
-(`chain`), so the scan can carry the state from one into the other without a launch between. The short convolution reads each token's predecessors through
-`conv_src`, rows of the table [zero row, stream tokens, resumed conv windows], so a branch's first tokens
-read its trunk's last tokens and a resumed trunk reads its saved window. Keys and values are saved per
-token through `kv_slots` (a pool position, or the pool's sink slot for tokens that are not saved).
+(`chain`), so the scan can carry the state from one into the other without a launch between. The short
+convolution reads each token's predecessors through `conv_src`, rows of the table [zero row, stream tokens,
+resumed conv windows], so a branch's first tokens read its trunk's last tokens and a resumed trunk reads its
+saved window. Keys and values are saved per token through `kv_slots` (a pool position, or the pool's sink
+slot for tokens that are not saved).
 """
 
 from __future__ import annotations
@@ -218,7 +219,8 @@ class HostLevel:
     step_base: np.ndarray
     chain: np.ndarray  # the next level's segment continuing each segment's final state, -1 if none (`DeltaLevel`)
     sizes: np.ndarray  # [len(chunk_tokens), len(init_row)]: what padding a round keeps (capacity.pad_into)
-    source: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)  # host: input index of each segment
+    # which of `_plan_level`'s inputs each segment is (segments are sorted longest first)
+    source: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     chained: bool = False  # every segment continues one of the level before (`DeltaLevel.chained`)
 
 

@@ -15,11 +15,11 @@ tile sees (its trunk for branch rows, the earlier trunk for trunk rows: loaded w
 only some rows see (the tile's own rows and, for branch rows, the start of their branches), the only blocks
 that are masked. A tile's keys, in that order, are cut into splits (`TileTable`, planned on the device by one
 small kernel): a long tile is several work items, run in parallel and combined by `_merge_splits_kernel`
-(flash-decoding's split-KV), so the last tiles of a long trunk, branches over it and an agent's step over a
-long cached history no longer run alone on a few multiprocessors while the others idle. A program takes
-one work item (the grid has a program per possible item; those past the round's return at once) and one or
-more query heads sharing a key/value head, so every key block it loads serves tokens x heads rows. Launch shapes depend on the number
-of query rows and requests alone. The tables are built once per round and query-row set (`tile_table`,
+(flash-decoding's split-KV), so an agent's step over a long cached history (a few tiles, each over many
+keys) no longer runs on a few multiprocessors while the others idle. A program takes one work item (the
+grid has a program per possible item; those past the round's return at once) and one or more query heads
+sharing a key/value head, so every key block it loads serves tokens x heads rows. Launch shapes depend on
+the number of query rows and requests alone. The tables are built once per round and query-row set (`tile_table`,
 memoised on the plan) and shared by the round's attention layers. Qwen3.5's output gate is fused: the
 normalised output is multiplied by sigmoid(gate) before it is stored.
 """

@@ -382,9 +382,10 @@ def _state_scan_kernel(
                 if CHAIN:
                     follow = tl.load(chain_ptr + segment)
                     if follow >= 0:
-                        state = _scan_chunks(state, next_rows + follow, next_rows + tl.load(next_step_base_ptr + follow),
-                                             tl.load(next_count_ptr + follow), head, heads, k_rows_ptr, w_ptr, u_ptr,
-                                             k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, cols, DK, DV, L, PREC)
+                        later_base = next_rows + tl.load(next_step_base_ptr + follow)
+                        state = _scan_chunks(state, next_rows + follow, later_base, tl.load(next_count_ptr + follow),
+                                             head, heads, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr,
+                                             h_ptr, cols, DK, DV, L, PREC)
                         next_final = tl.load(next_final_row_ptr + follow)
                         if next_final >= 0:
                             tl.store(state_ptrs + next_final * stride_sr, state)
