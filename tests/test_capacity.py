@@ -201,6 +201,8 @@ def test_padding_only_at_the_tail_and_padded_rounds_fit():
         chunks = len(original.chunk_tokens)
         assert (level.chunk_tokens[chunks:] == total).all() and (level.chunk_count[len(original.init_row):] == 0).all()
         assert (level.final_row[len(original.init_row):] == DISCARD_ROW).all()
+        assert np.array_equal(level.chain[: len(original.init_row)], original.chain)
+        assert (level.chain[len(original.init_row):] == -1).all() and level.chained == original.chained
         assert level.sizes.tolist() == [chunks, len(original.init_row)], "sizes count the real rows only"
         kept = original.chunk_tokens
         assert np.array_equal(level.chunk_tokens[:chunks], np.where(kept == real, total, kept))
