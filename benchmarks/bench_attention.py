@@ -35,9 +35,9 @@ ROUNDS = {  # and questions_per_state's lone Q = 1 ask, and an agent step over a
 DEFAULT = {"block_rows": 64, "heads_per_program": 4, "num_warps": 4, "block_keys": 32}  # the engine's tiling
 TUNINGS = [  # key splits: the default, none (one work item per tile, as before 2026-12-01), smaller and larger
     DEFAULT,
-    {**DEFAULT, "split_keys": 1 << 40},
-    {**DEFAULT, "split_keys": 256},
-    {**DEFAULT, "split_keys": 1024},
+    {**DEFAULT, "min_split_keys": 1 << 40},
+    {**DEFAULT, "min_split_keys": 256},
+    {**DEFAULT, "min_split_keys": 1024},
 ]
 TILINGS = [  # --tilings: the tilings swept on 2026-11-30 (fd37cde's timings chose the default)
     {"block_rows": 128, "heads_per_program": 1, "num_warps": 8},
@@ -68,8 +68,8 @@ def tuning_name(knobs: dict) -> str:
         name += f"_keys{knobs['block_keys']}"
     if "num_stages" in knobs:
         name += f"_stages{knobs['num_stages']}"
-    if "split_keys" in knobs:
-        name += "_unsplit" if knobs["split_keys"] >= 1 << 40 else f"_split{knobs['split_keys']}"
+    if "min_split_keys" in knobs:
+        name += "_unsplit" if knobs["min_split_keys"] >= 1 << 40 else f"_split{knobs['min_split_keys']}"
     return name
 
 

@@ -438,7 +438,7 @@ def fork_attention_triton(
     heads_per_program: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    split_keys: int | None = None,
+    min_split_keys: int | None = None,
     extra_items: int | None = None,
 ) -> torch.Tensor:
     """The Triton kernel behind the same contract as `fork_attention_reference` (no host synchronisation).
@@ -448,7 +448,7 @@ def fork_attention_triton(
     block_rows rows, and takes keys `block_keys` at a time (a divisor of the page size, so a history block never
     crosses a page). Keyword arguments are tuning knobs (defaults: the module's 16-bit tiling, with the
     largest power-of-two divisor of the group up to HEADS_PER_PROGRAM heads; float32 inputs get one head per program and
-    page-sized key blocks). `split_keys` is the fewest keys a tile is split for (default SPLIT_KEYS, a
+    page-sized key blocks). `min_split_keys` is the fewest keys a tile is split for (default SPLIT_KEYS, a
     multiple of the page size; a huge value: no splits) and `extra_items` the work items allowed past one
     per tile (default: the device's program slots per head block, SLOTS_PER_SM per multiprocessor).
     On the H200 (2026-12-01, `2026-12-01-attention-split-kv-h200.json`) splits took an agent step after
@@ -473,7 +473,7 @@ def fork_attention_triton(
     block_tokens = max(16, block_rows // heads_per_program)
     head_blocks = heads // heads_per_program
     extra_items = extra_items or max(1, SLOTS_PER_SM * multiprocessors(q.device) // head_blocks)
-    table = tile_table(plan, query_rows, k.shape[0], block_tokens, split_keys or SPLIT_KEYS, extra_items)
+    table = tile_table(plan, query_rows, k.shape[0], block_tokens, min_split_keys or SPLIT_KEYS, extra_items)
     out = torch.empty_like(q)
     gated = gate if gate is not None else q  # any tensor: not read unless GATED
     rows_per_program = block_tokens * heads_per_program

@@ -179,7 +179,7 @@ def test_split_tiles_match_reference(seed, heads, kv_heads, min_split_keys, extr
         picked = slice(None) if query_rows is None else query_rows
         expected = fork_attention_reference(q[picked], k, v, plan, query_rows, k_cache, v_cache, gate[picked])
         got = fork_attention_triton(q[picked], k, v, plan, query_rows, k_cache, v_cache, gate[picked],
-                                    split_keys=min_split_keys, extra_items=extra_items)
+                                    min_split_keys=min_split_keys, extra_items=extra_items)
         assert relative_error(got, expected) < 1e-5
     split_tables = [t for t in plan.tile_tables.values() if int(t.tile_splits.max()) > 1]
     assert split_tables, "some tile of the round was split"
