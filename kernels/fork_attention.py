@@ -472,8 +472,10 @@ def fork_attention_triton(
     num_stages = num_stages or (1 if wide else 2)
     block_tokens = max(16, block_rows // heads_per_program)
     head_blocks = heads // heads_per_program
-    extra_items = extra_items or max(1, SLOTS_PER_SM * multiprocessors(q.device) // head_blocks)
-    table = tile_table(plan, query_rows, k.shape[0], block_tokens, min_split_keys or SPLIT_KEYS, extra_items)
+    if extra_items is None:
+        extra_items = max(1, SLOTS_PER_SM * multiprocessors(q.device) // head_blocks)
+    table = tile_table(plan, query_rows, k.shape[0], block_tokens,
+                       SPLIT_KEYS if min_split_keys is None else min_split_keys, extra_items)
     out = torch.empty_like(q)
     gated = gate if gate is not None else q  # any tensor: not read unless GATED
     rows_per_program = block_tokens * heads_per_program

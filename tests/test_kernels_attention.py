@@ -183,3 +183,10 @@ def test_split_tiles_match_reference(seed, heads, kv_heads, min_split_keys, extr
         assert relative_error(got, expected) < 1e-5
     split_tables = [t for t in plan.tile_tables.values() if int(t.tile_splits.max()) > 1]
     assert split_tables, "some tile of the round was split"
+
+
+def test_split_settings_are_checked():
+    rnd, q, k, v, k_cache, v_cache = round_with_history(6, 2, 2, 16)
+    for knobs in ({"min_split_keys": 100}, {"min_split_keys": 0}, {"extra_items": -1}):
+        with pytest.raises(ValueError, match="min_split_keys"):
+            fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, **knobs)
