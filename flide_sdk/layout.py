@@ -219,8 +219,6 @@ class HostLevel:
     step_base: np.ndarray
     chain: np.ndarray  # the next level's segment continuing each segment's final state, -1 if none (`DeltaLevel`)
     sizes: np.ndarray  # [len(chunk_tokens), len(init_row)]: what padding a round keeps (capacity.pad_into)
-    # which of `_plan_level`'s inputs each segment is (segments are sorted longest first)
-    source: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     chained: bool = False  # every segment continues one of the level before (`DeltaLevel.chained`)
 
 
@@ -395,10 +393,8 @@ def plan_round(
         _plan_level(branch_start, branches.lengths, trunk_final[branch_request],
                     np.full(len(branches), DISCARD_ROW, dtype=np.int64), total),
     ]
-    # a trunk's remainder continues its first part's final state: the scan runs both in one program
-    remainder_of = np.full(count, -1, dtype=np.int64)
-    remainder_of[np.flatnonzero(remainder)[levels[1].source]] = np.arange(len(levels[1].source))
-    levels[0].chain = remainder_of[levels[0].source]
+    # a trunk's remainder starts from its first part's final row: the scan runs both in one program
+    levels[0].chain = _continuations(levels[0].final_row, levels[1].init_row)
     levels[1].chained = True
 
     # checkpoint traffic
@@ -440,6 +436,16 @@ def plan_round(
     )
 
 
+def _continuations(final_row: np.ndarray, init_row: np.ndarray) -> np.ndarray:
+    """For each segment ending in `final_row` (rows unique: a save slot or a request's scratch row), the
+    segment of the next level starting from that row, or -1."""
+    if len(init_row) == 0:
+        return np.full(len(final_row), -1, dtype=np.int64)
+    order = np.argsort(init_row)
+    match = order[np.minimum(np.searchsorted(init_row[order], final_row), len(order) - 1)]
+    return np.where(init_row[match] == final_row, match, -1).astype(np.int64, copy=False)
+
+
 def _offsets(counts: np.ndarray) -> np.ndarray:
     """Exclusive prefix sums: where each of a list of consecutive runs of `counts` starts."""
     return (np.cumsum(counts) - counts).astype(np.int64, copy=False)
@@ -455,13 +461,13 @@ def _plan_level(start: np.ndarray, length: np.ndarray, init_row: np.ndarray, fin
     if len(length) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return HostLevel(np.zeros((0, GDN_CHUNK), dtype=np.int64), [], empty, empty, empty, empty, none,
-                         np.zeros(2, np.int64), empty)
+                         np.zeros(2, np.int64))
     if len(length) == 1 and length[0] > 0:  # one segment (a lone request's trunk levels): its chunks in order
         tokens, steps = int(length[0]), -(-int(length[0]) // GDN_CHUNK)
         chunk_tokens = np.arange(int(start[0]), int(start[0]) + steps * GDN_CHUNK, dtype=np.int64).reshape(steps, -1)
         chunk_tokens[-1, tokens - (steps - 1) * GDN_CHUNK :] = pad_index
         return HostLevel(chunk_tokens, [1] * steps, init_row.copy(), final_row.copy(), np.array([steps], dtype=np.int64),
-                         np.zeros(1, dtype=np.int64), none, np.array([steps, 1], dtype=np.int64), np.zeros(1, np.int64))
+                         np.zeros(1, dtype=np.int64), none, np.array([steps, 1], dtype=np.int64))
     order = np.argsort(-length, kind="stable")
     start, length, init_row, final_row = start[order], length[order], init_row[order], final_row[order]
     counts = (-(-length // GDN_CHUNK)).astype(np.int64, copy=False)  # non-increasing
@@ -476,4 +482,4 @@ def _plan_level(start: np.ndarray, length: np.ndarray, init_row: np.ndarray, fin
     chunk_tokens = (start[segment] + chunk * GDN_CHUNK)[:, None] + np.arange(GDN_CHUNK)[None, :]
     chunk_tokens = np.where(chunk_tokens < (start + length)[segment, None], chunk_tokens, pad_index)
     sizes = np.array([len(chunk_tokens), len(init_row)], dtype=np.int64)
-    return HostLevel(chunk_tokens, active.tolist(), init_row, final_row, counts, step_base, none, sizes, order)
+    return HostLevel(chunk_tokens, active.tolist(), init_row, final_row, counts, step_base, none, sizes)

@@ -56,6 +56,8 @@ four programs per multiprocessor instead of two) and the output kernel were no f
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -448,6 +450,16 @@ def _chunk_output_kernel(
 PROGRAMS_PER_SM = 4  # the default cap of a launch's programs, per multiprocessor
 
 
+class _ScanLaunch(NamedTuple):
+    """One launch of the state scan: its level, the level it carries on into (None: none, `DeltaLevel.chain`),
+    the level's rows in the stacked chunk tables (and the next level's, when it carries on), its segments."""
+
+    level: DeltaLevel
+    following: DeltaLevel | None
+    rows: slice
+    segments: int
+
+
 LEVELS_PER_LAUNCH = 3  # a round's levels (layout.plan_round): one prep and one output launch for all of them
 
 
@@ -579,19 +591,19 @@ def gated_delta_triton(
         v_new = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
         # a level all of whose segments continue the one before (`DeltaLevel.chained`: a plan's trunk
         # remainders) is scanned by the launch of the level before; any other level has a launch of its own
-        scans = [(level, None, first, size, count) for level, first, size, count
-                 in zip(levels, (0, start1, start2), table_rows, table_segments)]
+        scans = [_ScanLaunch(level, None, slice(first, first + size), count)
+                 for level, first, size, count in zip(levels, (0, start1, start2), table_rows, table_segments)]
         if levels[1].chained:
-            scans = [(levels[0], levels[1], 0, start2, table_segments[0]), scans[2]]
-        for level, following, first, size, count in scans:
-            rows = slice(first, first + size)
-            chained = following or level
-            _state_scan_kernel[(v_heads, split, min(count, max(1, scan_programs // (v_heads * split))))](
+            scans = [_ScanLaunch(levels[0], levels[1], slice(0, start2), table_segments[0]), scans[2]]
+        for scan in scans:
+            rows = scan.rows
+            carried = scan.following or scan.level  # the next level's tables (read only with CHAIN)
+            _state_scan_kernel[(v_heads, split, min(scan.segments, max(1, scan_programs // (v_heads * split))))](
                 k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
-                level.chunk_count, level.step_base, level.init_row, level.final_row, level.sizes,
-                level.chain, chained.chunk_count, chained.step_base, chained.final_row, start1,
+                scan.level.chunk_count, scan.level.step_base, scan.level.init_row, scan.level.final_row,
+                scan.level.sizes, scan.level.chain, carried.chunk_count, carried.step_base, carried.final_row, start1,
                 states.stride(0), states.stride(1), states.stride(2),
-                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CHAIN=following is not None,
+                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CHAIN=scan.following is not None,
                 num_warps=scan_warps, num_stages=scan_stages,
             )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
