@@ -152,6 +152,9 @@ class Engine:
         graphs: bool | None = None,
         name: str = "qwen3.5",
     ) -> None:
+        if renderer.max_prompt_tokens > model.config.max_position_embeddings:
+            raise ValueError(f"max_prompt_tokens={renderer.max_prompt_tokens} is more than the model's "
+                             f"{model.config.max_position_embeddings} positions")
         self.model = model
         self.renderer = renderer
         self.device = device

@@ -1,10 +1,11 @@
 """The op interface the model forward calls for its stream-structured operations and its fused norms.
 
-The model never touches request structure itself: attention, the gated delta rule and the Gated DeltaNet's
-front (short convolution, gates, saved conv windows) read it from the round's metadata through the first
-three functions. The RMS norms (plain, with the residual add folded in, the Gated DeltaNet's gated one, and
-attention's q/k norm with the rotary embedding folded in) and the MLP's SwiGLU go through here too, so that
-each is one kernel on CUDA instead of a chain of elementwise ops.
+The model never touches request structure itself: attention, the gated delta rule, the Gated DeltaNet's
+front (short convolution, gates, saved conv windows) and attention's front (q/k norms with the rotary
+embedding, the keys and values saved into the pool) read it from the round's metadata through the first four
+functions. The RMS norms (plain, with the residual add folded in, the Gated DeltaNet's gated one), the MLP's
+SwiGLU and the readout's label softmax go through here too, so that each is one kernel on CUDA instead of a
+chain of elementwise ops.
 `reference_ops` binds the pure-torch definitions (CPU); `kernel_ops()` the Triton kernels; another kernel
 set drops in by providing an `Ops` with the same signatures.
 """
@@ -16,16 +17,16 @@ from dataclasses import dataclass
 
 import torch
 
+from flide_sdk.kernels.attention_front import attention_front_reference
 from flide_sdk.kernels.fork_attention import fork_attention_reference
 from flide_sdk.kernels.gated_delta import gated_delta_reference
 from flide_sdk.kernels.gdn_front import gdn_front_reference
-from flide_sdk.kernels.kv_store import store_kv_reference
+from flide_sdk.kernels.label_softmax import label_softmax_reference
 from flide_sdk.kernels.rms_norm import (
     add_rms_norm_reference,
     gated_rms_norm_reference,
     rms_norm_reference,
 )
-from flide_sdk.kernels.rotary import rms_norm_rotary_reference
 from flide_sdk.kernels.swiglu import swiglu_reference
 from flide_sdk.layout import AttentionPlan, DeltaPlan
 
@@ -45,58 +46,60 @@ class Ops:
     """(qkv [T, C], a, b [T, H], conv weight [C, K], A_log, dt_bias [H], window arena [S, K-1, C], resume_slots,
     conv src [T, K], save_slots, save src [n, K-1]) -> (silu(indexed conv) [T, C], g, beta float32 [T, H]),
     the saved windows written into the arena in place (`kernels.gdn_front`)."""
-    store_kv: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
-    """(k, v [T, Hkv, D], k_cache, v_cache [positions, Hkv, D], slots [T]): caches[slots] = k, v in place."""
+    attention_front: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    """(q [Tq, H, D], k, v [T, Hkv, D], q norm weight, k norm weight [D], eps, cos/sin tables [positions, R],
+    positions [T], query rows [Tq] or None, k_cache, v_cache [pool positions, Hkv, D], slots [T]) -> (q, k
+    normalised and rotated, v) contiguous, k and v written into the caches at slots (`kernels.attention_front`)."""
     rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
     """(x [..., D], weight [D], eps) -> x / rms(x) * (1 + weight) in weight's dtype (x may be wider)."""
     add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
     """(x, delta, weight, eps) -> (s = x + delta in x's dtype, rms_norm(s, weight, eps))."""
     gated_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
     """(x [..., D], gate [..., D], weight [D], eps) -> weight * rmsnorm(x) * silu(gate) in x's dtype."""
-    rms_norm_rotary: Callable[[torch.Tensor, torch.Tensor, float, torch.Tensor, torch.Tensor], torch.Tensor]
-    """(x [T, H, D], weight [D], eps, cos [T, R], sin [T, R]) -> rms_norm(x) with its first R channels rotated
-    (half-split), [T, H, D] contiguous in weight's dtype; cos and sin in weight's dtype."""
     swiglu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     """(gate [T, I], up [T, I]) -> silu(gate) * up in their dtype."""
+    label_softmax: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    """(h [R, hidden], head weight [vocab, hidden], label ids [R, L], -1 for none) -> float32 softmax over each
+    row's label logits (float32 dot products) [R, L]."""
 
 
 reference_ops = Ops(
     fork_attention=fork_attention_reference,
     gated_delta=gated_delta_reference,
     gdn_front=gdn_front_reference,
-    store_kv=store_kv_reference,
+    attention_front=attention_front_reference,
     rms_norm=rms_norm_reference,
     add_rms_norm=add_rms_norm_reference,
     gated_rms_norm=gated_rms_norm_reference,
-    rms_norm_rotary=rms_norm_rotary_reference,
     swiglu=swiglu_reference,
+    label_softmax=label_softmax_reference,
 )
 
 
 def kernel_ops() -> Ops:
     """The Triton kernels (used on CUDA; on CPU they run only under TRITON_INTERPRET=1, for tests)."""
+    from flide_sdk.kernels.attention_front import attention_front_triton
     from flide_sdk.kernels.fork_attention import fork_attention_triton
     from flide_sdk.kernels.gated_delta import gated_delta_triton
     from flide_sdk.kernels.gdn_front import gdn_front_triton
-    from flide_sdk.kernels.kv_store import store_kv_triton
+    from flide_sdk.kernels.label_softmax import label_softmax_triton
     from flide_sdk.kernels.rms_norm import (
         add_rms_norm_triton,
         gated_rms_norm_triton,
         rms_norm_triton,
     )
-    from flide_sdk.kernels.rotary import rms_norm_rotary_triton
     from flide_sdk.kernels.swiglu import swiglu_triton
 
     return Ops(
         fork_attention=fork_attention_triton,
         gated_delta=gated_delta_triton,
         gdn_front=gdn_front_triton,
-        store_kv=store_kv_triton,
+        attention_front=attention_front_triton,
         rms_norm=rms_norm_triton,
         add_rms_norm=add_rms_norm_triton,
         gated_rms_norm=gated_rms_norm_triton,
-        rms_norm_rotary=rms_norm_rotary_triton,
         swiglu=swiglu_triton,
+        label_softmax=label_softmax_triton,
     )
 
 

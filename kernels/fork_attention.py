@@ -7,14 +7,14 @@ request. `fork_attention_reference` is the definition: it runs one dense masked 
 which is exact and simple and is what the engine uses on CPU.
 
 `fork_attention_triton` is the kernel (flash-attention style online softmax, fp32 accumulation). Its tile
-table is built on the device from the metadata (`plan_tiles`): the query rows are cut into tiles of tokens
+table is built on the device from the metadata (`_plan_work_kernel`): the query rows are cut into tiles of tokens
 that never cross a *region* (a request's trunk rows, or a request's branch rows), so all rows of a tile
 share their history and their fully visible keys. A tile then visits three key ranges: the cached history
 (a pool page, or an aligned part of one, per key block; no mask but the length), the keys every row of the
 tile sees (its trunk for branch rows, the earlier trunk for trunk rows: loaded without a mask), and the keys
 only some rows see (the tile's own rows and, for branch rows, the start of their branches), the only blocks
-that are masked. A tile's keys, in that order, are cut into splits (`TileTable`, planned on the device by one
-small kernel): a long tile is several work items, run in parallel and combined by `_merge_splits_kernel`
+that are masked. A tile's keys, in that order, are cut into splits (`TileTable`, planned with the tiles by
+one small kernel): a long tile is several work items, run in parallel and combined by `_merge_splits_kernel`
 (flash-decoding's split-KV), so an agent's step over a long cached history (a few tiles, each over many
 keys) no longer runs on a few multiprocessors while the others idle. A program takes one work item (the
 grid has a program per possible item; those past the round's return at once) and one or more query heads
@@ -48,8 +48,9 @@ WIDE_BLOCK_ROWS, WIDE_BLOCK_KEYS = 64, PAGE
 # than its share of the round's keys over the device's program slots (SLOTS_PER_SM per multiprocessor: two
 # programs fit one at the 16-bit tiling's shared memory), so that a few long tiles (a step over a long cached
 # history, a short trunk resumed after a long one) do not leave the device idle, while rounds of many tiles,
-# which fill it anyway, are not split at all. The split planner takes PLAN_BLOCK tiles at a time.
-SPLIT_KEYS, SLOTS_PER_SM, PLAN_BLOCK = 512, 2, 256
+# which fill it anyway, are not split at all. The planner (`_plan_work_kernel`, one program of PLAN_WARPS warps)
+# takes PLAN_ROW_BLOCK query rows and then PLAN_BLOCK tiles at a time.
+SPLIT_KEYS, SLOTS_PER_SM, PLAN_ROW_BLOCK, PLAN_BLOCK, PLAN_WARPS = 512, 2, 2048, 256, 8
 MERGE_WARPS = 8  # the merge holds a whole tile's sums: 8 warps keep it in registers (4 spill at 0.8B shapes)
 
 
@@ -96,18 +97,19 @@ def fork_attention_reference(
     return out if gate is None else out * torch.sigmoid(gate)
 
 
-def plan_tiles(
+def plan_tiles_reference(
     rows: torch.Tensor, ctx_hi: torch.Tensor, num_requests: int, block_tokens: int, num_tokens: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Device-side tile table for query `rows` (sorted stream indices): (tile_start, num_tiles, max_tiles).
+    """The tile table of query `rows` (sorted stream indices): (tile_start, num_tiles, max_tiles), as
+    `_plan_work_kernel` builds it on the device.
 
     Tiles hold at most `block_tokens` rows and never cross a region; a region is identified by ctx_hi (a
     request's start for its trunk rows, its trunk end for its branch rows). Tile i covers
-    rows[tile_start[i]:tile_start[i + 1]]; entries past num_tiles hold len(rows). Rows at or past
-    `num_tokens` ([1], on the device) are padding (their own region, at the tail) and get no tile.
+    rows[tile_start[i]:tile_start[i + 1]]; entries past the last tile hold len(rows). Rows at or past
+    `num_tokens` ([1]) are padding (their own region, at the tail): their tiles are not counted in num_tiles.
     """
     count = rows.shape[0]
-    max_tiles = -(-count // block_tokens) + 2 * num_requests
+    max_tiles = max_tiles_of(count, num_requests, block_tokens)
     index = torch.arange(count, device=rows.device)
     region = ctx_hi[rows]
     new_region = torch.ones_like(index, dtype=torch.bool)
@@ -115,14 +117,20 @@ def plan_tiles(
     region_first = torch.cummax(torch.where(new_region, index, 0), dim=0).values
     is_start = (index - region_first) % block_tokens == 0
     tile_of = torch.cumsum(is_start, dim=0) - 1
-    tile_start = torch.full((max_tiles + 2,), count, dtype=torch.int64, device=rows.device)
-    tile_start.scatter_(0, torch.where(is_start, tile_of, max_tiles + 1), index)
-    return tile_start, (is_start & (rows < num_tokens)).sum().reshape(1), max_tiles
+    tile_start = torch.full((max_tiles + 3,), count, dtype=torch.int64, device=rows.device)
+    tile_start.scatter_(0, torch.where(is_start, tile_of, max_tiles + 2), index)  # the last entry: a dump
+    return tile_start[: max_tiles + 2], (is_start & (rows < num_tokens)).sum().reshape(1), max_tiles
+
+
+def max_tiles_of(rows: int, num_requests: int, block_tokens: int) -> int:
+    """A bound on the tiles of `rows` query rows: a request's trunk and branch regions add a partial tile
+    each to the full ones."""
+    return -(-rows // block_tokens) + 2 * num_requests
 
 
 class TileTable(NamedTuple):
-    """A round's attention work for one query-row set, planned on the device: the tiles (`plan_tiles`) and
-    their key splits (`_plan_splits_kernel`). A tile's keys, in order (its cached history, the stream keys
+    """A round's attention work for one query-row set, planned on the device by `_plan_work_kernel`: the tiles
+    (`plan_tiles_reference`) and their key splits. A tile's keys, in order (its cached history, the stream keys
     every row sees, the masked ones), are cut into ceil(keys / size) equal pieces of whole pages (a piece of
     the history starts on a page), where the size is the larger of the minimum asked for and the round's keys
     over `extra_items`; each (tile, piece) is a work item, the items of a tile consecutive. A tile of one
@@ -163,20 +171,22 @@ def tile_table(
     cached = plan.tile_tables.get(key)
     if cached is None:
         rows = torch.arange(num_rows, device=device) if query_rows is None else query_rows
-        tile_start, num_tiles, max_tiles = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], block_tokens,
-                                                      plan.num_tokens)
+        max_tiles = max_tiles_of(rows.shape[0], plan.history_len.shape[0], block_tokens)
         max_items, max_partials = max_tiles + extra_items, 2 * extra_items
+        tile_start = torch.empty(max_tiles + 2, dtype=torch.int64, device=device)
+        num_tiles = torch.empty(1, dtype=torch.int64, device=device)
         item_tile = torch.empty(max_items, dtype=torch.int64, device=device)
         item_split = torch.empty_like(item_tile)
         tile_splits = torch.empty(max_tiles, dtype=torch.int64, device=device)
         tile_piece = torch.empty_like(tile_splits)
         partial_slot = torch.empty_like(tile_splits)
         num_items = torch.empty(1, dtype=torch.int64, device=device)
-        _plan_splits_kernel[(1,)](
-            rows, tile_start, num_tiles, plan.request_of, plan.history_len, plan.key_lo, plan.ctx_hi, plan.seg_lo,
+        _plan_work_kernel[(1,)](
+            rows, rows.shape[0], plan.num_tokens, block_tokens, tile_start, num_tiles,
+            plan.request_of, plan.history_len, plan.key_lo, plan.ctx_hi, plan.seg_lo,
             item_tile, item_split, tile_splits, tile_piece, partial_slot, num_items, max_tiles, extra_items,
             min_split_keys,
-            BLOCK=PLAN_BLOCK, PAGE_SIZE=PAGE,
+            ROW_BLOCK=PLAN_ROW_BLOCK, BLOCK=PLAN_BLOCK, PAGE_SIZE=PAGE, num_warps=PLAN_WARPS,
         )
         cached = TileTable(rows, tile_start, num_tiles, max_tiles, item_tile, item_split, tile_splits, tile_piece,
                            partial_slot, num_items, max_items, max_partials)
@@ -204,15 +214,49 @@ def _tile_bounds(rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_
 
 
 @triton.jit
-def _plan_splits_kernel(
-    rows_ptr, tile_start_ptr, num_tiles_ptr, request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr,
+def _later(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _plan_work_kernel(
+    rows_ptr, count, num_tokens_ptr, block_tokens, tile_start_ptr, num_tiles_ptr,
+    request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr,
     item_tile_ptr, item_split_ptr, tile_splits_ptr, tile_piece_ptr, partial_slot_ptr, num_items_ptr,
     max_tiles, extra_items, min_split_keys,
-    BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    ROW_BLOCK: tl.constexpr, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr,
 ):
-    """One program: the tiles' key counts, each tile's splits, pieces and partial slots, and the work items in
-    tile order (see `TileTable`); BLOCK tiles at a time."""
-    num_tiles = tl.load(num_tiles_ptr)
+    """One program: the tile table of the `count` query rows (`plan_tiles_reference`), ROW_BLOCK rows at a
+    time; then the tiles' key counts, each tile's splits, pieces and partial slots, and the work items in tile
+    order (see `TileTable`), BLOCK tiles at a time. A row starts a tile when it is a multiple of block_tokens
+    rows past the first row of its region (regions: runs of equal ctx_hi, `plan_tiles_reference`)."""
+    num_tokens = tl.load(num_tokens_ptr)
+    lane_rows = tl.arange(0, ROW_BLOCK)
+    tiles = tl.zeros((), dtype=tl.int64)  # tiles started so far, padding rows' included
+    real_tiles = tl.zeros((), dtype=tl.int64)
+    region_first = tl.zeros((), dtype=tl.int64)  # the first row of the region of the block's row before
+    for r0 in range(0, count, ROW_BLOCK):
+        i = (r0 + lane_rows).to(tl.int64)
+        ok = i < count
+        row = tl.load(rows_ptr + i, mask=ok, other=0)
+        before = tl.load(rows_ptr + i - 1, mask=ok & (i > 0), other=0)
+        region = tl.load(ctx_hi_ptr + row, mask=ok, other=0)
+        region_before = tl.load(ctx_hi_ptr + before, mask=ok & (i > 0), other=0)
+        new_region = (i == 0) | (region != region_before)
+        first = tl.associative_scan(tl.where(new_region, i, region_first), 0, _later)
+        starts = ok & ((i - first) % block_tokens == 0)
+        tile = tiles + tl.cumsum(starts.to(tl.int64), axis=0) - 1
+        tl.store(tile_start_ptr + tile, i, mask=starts)
+        tiles += tl.sum(starts.to(tl.int64), axis=0)
+        real_tiles += tl.sum((starts & (row < num_tokens)).to(tl.int64), axis=0)
+        region_first = tl.max(tl.where(ok, first, 0), axis=0)
+    for t0 in range(0, max_tiles + 2, BLOCK):
+        tile = t0 + tl.arange(0, BLOCK)
+        tl.store(tile_start_ptr + tile, count + tl.zeros_like(tile), mask=(tile >= tiles) & (tile < max_tiles + 2))
+    tl.store(num_tiles_ptr, real_tiles)
+    tl.debug_barrier()  # the split plan below reads the tile table this program's threads wrote
+
+    num_tiles = real_tiles
     lane = tl.arange(0, BLOCK)
     total = tl.zeros((), dtype=tl.int64)
     for t0 in range(0, max_tiles, BLOCK):

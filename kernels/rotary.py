@@ -48,18 +48,13 @@ def _normed(x_rows, weight_ptr, col, col_ok, row_ok, rstd, dtype: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_rotary_kernel(
-    x_ptr, weight_ptr, cos_ptr, sin_ptr, out_ptr, rows, heads, width, rotary, eps,
-    stride_token, stride_head, stride_cos, stride_sin,
-    BR: tl.constexpr, BD: tl.constexpr, BROT: tl.constexpr,
+def _norm_rotary_rows(
+    x_rows, out_rows, row_ok, cos_rows, sin_rows, weight_ptr, width, rotary, eps,
+    BD: tl.constexpr, BROT: tl.constexpr,
 ):
-    row = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)  # row = token * heads + head
-    row_ok = row < rows
-    token = row // heads
-    x_rows = x_ptr + token * stride_token + (row - token * heads) * stride_head
-    out_rows = out_ptr + row * width
-    dtype = out_ptr.dtype.element_ty
-
+    """rms_norm of the head rows at `x_rows` (pointers, [BR]) with their first `rotary` channels rotated by
+    the cos/sin rows at `cos_rows`/`sin_rows`, stored at `out_rows` (where `row_ok`)."""
+    dtype = out_rows.dtype.element_ty
     col = tl.arange(0, BD)
     col_ok = col < width
     x = tl.load(x_rows[:, None] + col[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
@@ -78,10 +73,29 @@ def _rms_norm_rotary_kernel(
     partner = _normed(x_rows, weight_ptr, tl.where(first, rc + half, rc - half), rc_ok, row_ok, rstd, dtype)
     partner = tl.where(first[None, :], -partner, partner)
     ok = row_ok[:, None] & rc_ok[None, :]
-    cos = tl.load(cos_ptr + token[:, None] * stride_cos + rc[None, :], mask=ok, other=0.0).to(tl.float32)
-    sin = tl.load(sin_ptr + token[:, None] * stride_sin + rc[None, :], mask=ok, other=0.0).to(tl.float32)
+    cos = tl.load(cos_rows[:, None] + rc[None, :], mask=ok, other=0.0).to(tl.float32)
+    sin = tl.load(sin_rows[:, None] + rc[None, :], mask=ok, other=0.0).to(tl.float32)
     turned = (own * cos).to(dtype).to(tl.float32) + (partner * sin).to(dtype).to(tl.float32)
     tl.store(out_rows[:, None] + rc[None, :], turned.to(dtype), mask=ok)
+
+
+@triton.jit
+def _rms_norm_rotary_kernel(
+    x_ptr, weight_ptr, cos_ptr, sin_ptr, out_ptr, rows, heads, width, rotary, eps,
+    stride_token, stride_head, stride_cos, stride_sin,
+    BR: tl.constexpr, BD: tl.constexpr, BROT: tl.constexpr,
+):
+    row = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)  # row = token * heads + head
+    token = row // heads
+    _norm_rotary_rows(x_ptr + token * stride_token + (row - token * heads) * stride_head, out_ptr + row * width,
+                      row < rows, cos_ptr + token * stride_cos, sin_ptr + token * stride_sin, weight_ptr, width,
+                      rotary, eps, BD, BROT)
+
+
+def row_blocks(width: int) -> tuple[int, int]:
+    """(head rows per program, padded head dimension) of the rotary tiles for heads of `width` channels."""
+    block_d = triton.next_power_of_2(width)
+    return max(1, TILE // block_d), block_d
 
 
 def rms_norm_rotary_triton(
@@ -103,8 +117,7 @@ def rms_norm_rotary_triton(
     out = torch.empty(x.shape, dtype=weight.dtype, device=x.device)
     rows = tokens * heads
     if rows and width:
-        block_d = triton.next_power_of_2(width)
-        block_r = max(1, TILE // block_d)
+        block_r, block_d = row_blocks(width)
         _rms_norm_rotary_kernel[(triton.cdiv(rows, block_r),)](
             x, weight.contiguous(), cos, sin, out, rows, heads, width, rotary, eps,
             x.stride(0), x.stride(1), cos.stride(0), sin.stride(0),

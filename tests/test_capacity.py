@@ -237,8 +237,15 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute():
                     outputs.append(model(host_run.to("cpu"), ops, engine._caches)[: host.num_questions, : host.label_ids.shape[1]])
                 outputs += [pool.states[:2].clone(), pool.windows[:2].clone(), pool.kv[:, :, : 4 * PAGE].clone()]
                 results.append(outputs)
+            # the kernels compute a padded round's real rows exactly as the unpadded round's; torch's CPU
+            # elementwise ops compute a tensor's tail elements with scalar code (std::exp, ...) and the rest
+            # with vector code (SLEEF): the reference's values depend on the tensor's length in their last bit
+            # (the gates of 227 tokens against 256: 7e-9, grown to 2e-6 on values up to 4 after 8 layers, on an
+            # AVX-512 CPU), so its padded and unpadded rounds are compared to float32 rounding at each tensor's
+            # scale (8 units in the last place of its largest value)
             for unpadded, padded_out in zip(*results):
-                assert torch.allclose(unpadded, padded_out, atol=1e-6, rtol=0)
+                scale = float(padded_out.abs().max()) if ops is reference_ops else 1.0
+                assert torch.allclose(unpadded, padded_out, atol=1e-6 * max(1.0, scale), rtol=0)
             assert results[0][2].abs().sum() > 0, "the first round saved a state"
     finally:
         engine.close()

@@ -42,6 +42,12 @@ def test_state_longer_than_maximum(tiny_path):
         assert set(engine.ask_sync("short", GOOD)) == {"n", "c"}
 
 
+def test_prompt_limit_past_the_models_positions_is_refused(tiny_path):
+    """Prompts longer than the model's positions would read past its rotary tables: refused at load."""
+    with pytest.raises(ValueError, match="max_prompt_tokens=40000 is more than the model's 32768 positions"):
+        fl.Engine.load(tiny_path, device="cpu", max_prompt_tokens=40_000)
+
+
 @pytest.mark.asyncio
 async def test_closed_engine_refuses_asks(tiny_path):
     engine = fl.Engine.load(tiny_path, device="cpu")

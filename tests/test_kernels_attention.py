@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from flide_sdk.kernels.fork_attention import (
+    PLAN_ROW_BLOCK,
     fork_attention_reference,
     fork_attention_triton,
-    plan_tiles,
+    plan_tiles_reference,
     tile_table,
 )
 from flide_sdk.layout import PAGE, RequestSpec, Resume, plan_round
@@ -95,7 +96,7 @@ def test_triton_matches_reference_on_readout_rows():
 def test_tile_table_partitions_rows_by_region():
     rnd, *_ = round_with_history(3, 2, 2, 16)
     rows = torch.arange(rnd.ids.shape[0])
-    tile_start, num_tiles, max_tiles = plan_tiles(rows, rnd.attention.ctx_hi, rnd.attention.history_len.shape[0], 32,
+    tile_start, num_tiles, max_tiles = plan_tiles_reference(rows, rnd.attention.ctx_hi, rnd.attention.history_len.shape[0], 32,
                                                   rnd.attention.num_tokens)
     starts = tile_start[: int(num_tiles) + 1].tolist()
     assert starts[0] == 0 and starts[-1] == len(rows) and int(num_tiles) <= max_tiles
@@ -130,8 +131,30 @@ def test_tile_tables_are_built_once_per_plan_and_query_rows():
     readout = tile_table(plan, rows, total, 32)
     assert readout[0] is rows and readout[1] is not every[1]
     assert len(plan.tile_tables) == 2
-    expected = plan_tiles(rows, plan.ctx_hi, plan.history_len.shape[0], 32, plan.num_tokens)
+    expected = plan_tiles_reference(rows, plan.ctx_hi, plan.history_len.shape[0], 32, plan.num_tokens)
     assert torch.equal(readout[1], expected[0]) and torch.equal(readout[2], expected[1]) and readout[3] == expected[2]
+
+
+@pytest.mark.parametrize("block_tokens", [16, 64])
+def test_device_tile_table_matches_the_reference_over_row_blocks_and_padding(block_tokens):
+    """More query rows than the planner takes in one block (regions that cross its blocks), padded to a
+    capacity as a graph's round is: the kernel's tile table and tile count equal `plan_tiles_reference`'s."""
+    from flide_sdk.capacity import capacity_ladder, choose, pad_round
+
+    rng = np.random.default_rng(3)
+    requests = [RequestSpec.of(rng.integers(0, 50, n), [rng.integers(0, 50, rng.integers(1, 90)) for _ in range(b)],
+                               [np.array([1])] * b) for n, b in [(1500, 3), (2100, 40), (7, 1), (900, 2)]]
+    host = plan_round(requests, 4)
+    capacity = choose(capacity_ladder(4, 16384, 8, 32768), host)
+    padded = pad_round(host, capacity, 0, 0, 0)
+    assert padded.num_tokens > PLAN_ROW_BLOCK and int(padded.num_real) < padded.num_tokens
+    plan = padded.to("cpu").attention
+    for query_rows in (None, torch.as_tensor(padded.readout_rows)):
+        table = tile_table(plan, query_rows, padded.num_tokens, block_tokens)
+        expected = plan_tiles_reference(table.rows, plan.ctx_hi, plan.history_len.shape[0], block_tokens,
+                                        plan.num_tokens)
+        assert torch.equal(table.tile_start, expected[0]) and torch.equal(table.num_tiles, expected[1])
+        assert table.max_tiles == expected[2]
 
 
 def tile_keys(plan, table, tile: int) -> int:

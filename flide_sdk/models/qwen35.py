@@ -1,11 +1,12 @@
 """Qwen3.5 text decoder (Gated DeltaNet + gated full attention, 3:1) over a round's flat stream.
 
 Parameter names mirror the Hugging Face checkpoints (`layers.N.linear_attn.in_proj_qkv.weight`, ...), so a
-state dict loads by name. The forward reads request structure only through `RoundTensors` and the three
+state dict loads by name. The forward reads request structure only through `RoundTensors` and the four
 stream ops of `flide_sdk.ops`; everything else is per-token dense math, written to match
-transformers' `Qwen3_5ForCausalLM` operation for operation. The RMS norms (q/k's with the rotary embedding),
-the MLP's SwiGLU and the Gated DeltaNet's gates go through `flide_sdk.ops` too (fused kernels on CUDA), and
-each residual add is folded into the norm that reads its result: a layer returns its MLP output still to be
+transformers' `Qwen3_5ForCausalLM` operation for operation. The RMS norms (q/k's with the rotary embedding,
+in attention's front), the MLP's SwiGLU, the Gated DeltaNet's gates and the label softmax go through
+`flide_sdk.ops` too (fused kernels on CUDA); the rotary cos/sin come from tables of every position, made
+once (`rope_tables`). Each residual add is folded into the norm that reads its result: a layer returns its MLP output still to be
 added, and the next layer's input norm (or the final norm) adds it as it reads it.
 RMSNorm scales by (1 + w); attention queries carry an output gate (sigmoid) and q/k are RMS-normalised per
 head before a partial rotary embedding; Gated DeltaNet runs a SiLU short convolution over q|k|v, decay
@@ -217,23 +218,22 @@ class GatedAttention(nn.Module):
         self, h: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None, cache: LayerCache
     ) -> torch.Tensor:
         c = self.config
-        cos, sin = rope
+        cos_table, sin_table = rope
         if rows is None:  # queries at every token: one GEMM for q|gate, k and v
-            h_q, cos_q, sin_q = h, cos, sin
             q_gate, k, v = project(self.fused, [self.q_proj, self.k_proj, self.v_proj], h)
         else:  # selective readout: queries at the readout rows only
-            h_q, cos_q, sin_q = h[rows], cos[rows], sin[rows]
-            q_gate = self.q_proj(h_q)
+            q_gate = self.q_proj(h[rows])
             k, v = self.k_proj(h), self.v_proj(h)
-        q, gate = q_gate.view(h_q.shape[0], c.num_heads, 2 * c.head_dim).chunk(2, dim=-1)
-        q = ops.rms_norm_rotary(q, self.q_norm.weight, self.q_norm.eps, cos_q, sin_q)
+        q, gate = q_gate.view(q_gate.shape[0], c.num_heads, 2 * c.head_dim).chunk(2, dim=-1)
         k = k.view(h.shape[0], c.num_kv_heads, c.head_dim)
-        k = ops.rms_norm_rotary(k, self.k_norm.weight, self.k_norm.eps, cos, sin)
-        v = v.reshape(h.shape[0], c.num_kv_heads, c.head_dim).contiguous()  # keys and values share a layout
+        v = v.view(h.shape[0], c.num_kv_heads, c.head_dim)
         k_cache, v_cache = cache
-        ops.store_kv(k, v, k_cache, v_cache, rnd.checkpoint.kv_slots)  # tokens not saved go to the pool's sink
+        # q and k normalised and rotated, k and v contiguous (they share a layout) and saved into the pool (tokens
+        # not saved go to its sink)
+        q, k, v = ops.attention_front(q, k, v, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos_table,
+                                      sin_table, rnd.positions, rows, k_cache, v_cache, rnd.checkpoint.kv_slots)
         # the output gate is applied inside attention, on the view of q_gate (no copy of it)
-        out = ops.fork_attention(q, k, v, rnd.attention, rows, k_cache, v_cache, gate).reshape(h_q.shape[0], -1)
+        out = ops.fork_attention(q, k, v, rnd.attention, rows, k_cache, v_cache, gate).reshape(q_gate.shape[0], -1)
         return self.o_proj(out)
 
 
@@ -334,6 +334,7 @@ class Qwen35Model(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        self._rope: tuple | None = None  # ((dtype, device), (cos, sin)): `rope_tables`
 
     def fuse_projections(self) -> None:
         """Run the projections that read the same input as one GEMM each (after the weights are loaded)."""
@@ -341,25 +342,31 @@ class Qwen35Model(nn.Module):
             (layer.self_attn if layer.is_attention else layer.linear_attn).fuse()
             layer.mlp.fuse()
 
+    def rope_tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [max positions, rotary_dim] of every position (`rotary_tables`), in `dtype` on the weights'
+        device; made on the first call (a pass outside a graph: capture warms up first) and kept."""
+        key = (dtype, self.embed_tokens.weight.device)
+        if self._rope is None or self._rope[0] != key:
+            c = self.config
+            positions = torch.arange(c.max_position_embeddings, device=key[1])
+            self._rope = key, rotary_tables(positions, c.rotary_dim, c.rope_theta, dtype)
+        return self._rope[1]
+
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
     @torch.inference_mode()
     def forward(self, rnd: RoundTensors, ops: Ops, caches: Sequence[LayerCache]) -> torch.Tensor:
-        c = self.config
         # tables derived from the round's metadata are built once per pass, inside it: a graph captured after a
         # warm-up pass on the same round tensors must contain their build
         rnd.attention.tile_tables.clear()
         embedded = F.embedding(rnd.ids, self.embed_tokens.weight)
-        rope = rotary_tables(rnd.positions, c.rotary_dim, c.rope_theta, embedded.dtype)
+        rope = self.rope_tables(embedded.dtype)
         x = embedded.to(self.residual_dtype)
         last = len(self.layers) - 1
         delta = None  # each layer's MLP output, added to the stream by the next norm
         for index, (layer, cache) in enumerate(zip(self.layers, caches)):
             x, delta = layer(x, delta, rnd, ops, rope, rnd.readout.rows if index == last else None, cache)
         _, h = self.norm.add(x, delta, ops)  # [R, hidden]
-        label_ids = rnd.readout.label_ids  # [R, L], -1 where a question has fewer labels
-        label_rows = self.head_weight()[label_ids.clamp(min=0)]  # [R, L, hidden]
-        logits = torch.einsum("rh,rlh->rl", h.float(), label_rows.float())
-        logits = logits.masked_fill(label_ids < 0, float("-inf"))
-        return torch.softmax(logits, dim=-1)
+        # [R, L]; label ids -1 where a question has fewer labels
+        return ops.label_softmax(h, self.head_weight(), rnd.readout.label_ids)

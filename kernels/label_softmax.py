@@ -1,0 +1,63 @@
+"""The model's readout: each question's option probabilities from its readout row's final hidden state.
+
+Only the label rows of the head are needed: question r's logits are the float32 dot products of its hidden
+state h[r] with the head rows of its label ids (-1 pads a question with fewer labels: no logit), and its
+probabilities their softmax. In torch that is a clamp, a gather of the label rows, two casts, a batched
+product, a mask and a softmax: seven launches. `label_softmax_reference` is the definition;
+`label_softmax_triton` one launch (a program per question; grid from tensor shapes only: CUDA-graph safe).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_HIDDEN = 256  # hidden channels a program takes at a time
+
+
+def label_softmax_reference(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
+    """softmax over each row's labels of h[r] . head[label_ids[r, l]] in float32 ([R, L]; 0 where l is -1).
+
+    h [R, hidden]; head [vocab, hidden]; label_ids [R, L] (-1: no label)."""
+    label_rows = head[label_ids.clamp(min=0)]  # [R, L, hidden]
+    logits = torch.einsum("rh,rlh->rl", h.float(), label_rows.float())
+    return torch.softmax(logits.masked_fill(label_ids < 0, float("-inf")), dim=-1)
+
+
+@triton.jit
+def _label_softmax_kernel(
+    h_ptr, head_ptr, ids_ptr, out_ptr, hidden, labels, stride_h, stride_head, stride_ids, stride_out,
+    BL: tl.constexpr, BH: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    lane = tl.arange(0, BL)
+    ids = tl.load(ids_ptr + r * stride_ids + lane, mask=lane < labels, other=-1)
+    real = ids >= 0
+    rows = head_ptr + tl.maximum(ids, 0).to(tl.int64) * stride_head
+    logits = tl.zeros((BL,), tl.float32)
+    for c0 in range(0, hidden, BH):
+        c = c0 + tl.arange(0, BH)
+        c_ok = c < hidden
+        x = tl.load(h_ptr + r * stride_h + c, mask=c_ok, other=0.0).to(tl.float32)
+        w = tl.load(rows[:, None] + c[None, :], mask=real[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
+        logits += tl.sum(w * x[None, :], axis=1)
+    logits = tl.where(real, logits, float("-inf"))
+    weights = tl.exp(logits - tl.max(logits, axis=0))
+    tl.store(out_ptr + r * stride_out + lane, weights / tl.sum(weights, axis=0), mask=lane < labels)
+
+
+def label_softmax_triton(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
+    """One launch behind the contract of `label_softmax_reference` (a row without labels, as a graph's padding
+    rows may be, gets NaN there as well)."""
+    questions, labels = label_ids.shape
+    hidden = h.shape[1]
+    if head.shape[1] != hidden or h.shape[0] != questions or h.stride(-1) != 1 or head.stride(-1) != 1:
+        raise ValueError(f"label_softmax: h {tuple(h.shape)}, head {tuple(head.shape)}, label ids {tuple(label_ids.shape)}")
+    out = torch.empty(questions, labels, dtype=torch.float32, device=h.device)
+    if questions and labels:
+        _label_softmax_kernel[(questions,)](
+            h, head, label_ids, out, hidden, labels, h.stride(0), head.stride(0), label_ids.stride(0), out.stride(0),
+            BL=triton.next_power_of_2(labels), BH=min(BLOCK_HIDDEN, triton.next_power_of_2(hidden)),
+        )
+    return out
