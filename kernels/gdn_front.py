@@ -43,10 +43,11 @@ def gdn_front_reference(
 
 @triton.jit
 def _gdn_front_kernel(
-    x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
+    x_ptr, window_base, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
     stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
     a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, g_ptr, beta_ptr, tokens, heads, stride_a, stride_b,
-    save_x_ptr, save_cache_ptr, save_resume_ptr, save_slots_ptr, save_src_ptr, save_total, save_channels,
+    save_x_ptr, save_cache_ptr, save_window_base, save_resume_ptr, save_slots_ptr, save_src_ptr, save_total,
+    save_channels,
     save_stride_x, save_stride_cs, save_stride_ck, stride_save_src,
     gate_programs, save_programs, channel_blocks, save_channel_blocks,
     TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, GATE_BT: tl.constexpr, BH: tl.constexpr,
@@ -58,12 +59,12 @@ def _gdn_front_kernel(
                     job, GATE_BT, BH)
     elif job < gate_programs + save_programs:
         job -= gate_programs
-        _save_window(save_x_ptr, save_cache_ptr, save_resume_ptr, save_slots_ptr, save_src_ptr, save_total,
-                     save_channels, save_stride_x, save_stride_cs, save_stride_ck, stride_save_src,
+        _save_window(save_x_ptr, save_cache_ptr, save_window_base, save_resume_ptr, save_slots_ptr, save_src_ptr,
+                     save_total, save_channels, save_stride_x, save_stride_cs, save_stride_ck, stride_save_src,
                      job // save_channel_blocks, job % save_channel_blocks, WINDOW, BW, SAVE_BC)
     else:
         job -= gate_programs + save_programs
-        _conv_tile(x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
+        _conv_tile(x_ptr, window_base, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
                    stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
                    job // channel_blocks, job % channel_blocks, TAPS, BT, BC)
 

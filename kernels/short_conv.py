@@ -20,7 +20,8 @@ rows at once (one dependent load chain instead of one per tap; at its best tunin
 two masked loads joined by a select of values instead of one load through a select of row pointers. The
 compiler then proves the rows' alignment and loads 16 bytes at a time, not 2 (sm_90 PTX), yet the fused
 front took 0.90 ms instead of 0.70 in a lone 2,000-token round and 1.97 instead of 1.50 with 64 branches;
-not kept.
+not kept. Since 2026-12-01 (session 4) a row is one offset from the stream's first row, the window rows at the
+arena's offset from it (`_table_row_offsets`): one load per tap, 16 bytes at a time.
 The engine runs the conv and the window saves inside `gdn_front`'s single launch; the launchers here run
 each part alone (its tests, `benchmarks/bench_conv.py`).
 """
@@ -71,23 +72,24 @@ def save_windows_reference(
 
 
 @triton.jit
-def _table_row_pointers(x_ptr, cache_ptr, resume_ptr, index, ok, total, stride_x, stride_cs, stride_ck,
-                        WINDOW: tl.constexpr):
-    """Where rows `index` (any shape) of the virtual table start, and whether each is read (not the zero row,
-    and `ok`). The caller adds the channels and loads every row at once: resolving the addresses in the
-    index's own shape first keeps them from being repeated per channel, and one pointer tile per load keeps
-    the registers (and spills) of a program low."""
+def _table_row_offsets(resume_ptr, index, ok, total, window_base, stride_x, stride_cs, stride_ck,
+                       WINDOW: tl.constexpr):
+    """Where rows `index` (any shape) of the virtual table start, in elements from the stream's first row (a
+    window row: `window_base`, the arena's offset from it, onwards), and whether each is read (not the zero
+    row, and `ok`). The caller adds the channels and loads every row at once: one integer select per row
+    keeps the rows' alignment visible to the compiler (each row starts on 16 elements when the strides and
+    `window_base` do), so a row loads 16 bytes at a time, where a select between two pointers loaded 2."""
     in_window = (index > total) & ok
     j = tl.where(in_window, index - 1 - total, 0)
     slot = tl.load(resume_ptr + j // WINDOW, mask=in_window, other=0)
-    row = tl.where(in_window, cache_ptr + slot * stride_cs + (j % WINDOW) * stride_ck,
-                   x_ptr + tl.maximum(index - 1, 0) * stride_x)
+    row = tl.where(in_window, window_base + slot * stride_cs + (j % WINDOW) * stride_ck,
+                   tl.maximum(index - 1, 0) * stride_x)
     return row, (index >= 1) & ok
 
 
 @triton.jit
 def _conv_tile(
-    x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
+    x_ptr, window_base, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
     stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out, token_block, channel_block,
     TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
 ):
@@ -99,9 +101,9 @@ def _conv_tile(
     acc = tl.zeros((BT, BC), tl.float32)
     for tap in tl.static_range(TAPS):
         index = tl.load(src_ptr + tokens * stride_src + tap, mask=token_ok, other=0)
-        row, read = _table_row_pointers(x_ptr, cache_ptr, resume_ptr, index, token_ok, total,
-                                        stride_x, stride_cs, stride_ck, TAPS - 1)
-        rows = tl.load(row[:, None] + chans[None, :], mask=read[:, None] & chan_ok[None, :], other=0.0)
+        row, read = _table_row_offsets(resume_ptr, index, token_ok, total, window_base, stride_x, stride_cs,
+                                       stride_ck, TAPS - 1)
+        rows = tl.load(x_ptr + row[:, None] + chans[None, :], mask=read[:, None] & chan_ok[None, :], other=0.0)
         weight = tl.load(weight_ptr + chans * stride_weight + tap, mask=chan_ok, other=0.0).to(tl.float32)
         acc += rows.to(tl.float32) * weight[None, :]
     out = acc * tl.sigmoid(acc)
@@ -111,18 +113,18 @@ def _conv_tile(
 
 @triton.jit
 def _indexed_conv_kernel(
-    x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
+    x_ptr, window_base, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
     stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
     TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
 ):
-    _conv_tile(x_ptr, cache_ptr, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
+    _conv_tile(x_ptr, window_base, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
                stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
                tl.program_id(0), tl.program_id(1), TAPS, BT, BC)
 
 
 @triton.jit
 def _save_window(
-    x_ptr, cache_ptr, resume_ptr, save_slots_ptr, src_ptr, total, channels,
+    x_ptr, cache_ptr, window_base, resume_ptr, save_slots_ptr, src_ptr, total, channels,
     stride_x, stride_cs, stride_ck, stride_src, save, channel_block,
     WINDOW: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
 ):
@@ -132,9 +134,9 @@ def _save_window(
     taps = tl.arange(0, BW)
     tap_ok = taps < WINDOW
     index = tl.load(src_ptr + save * stride_src + taps, mask=tap_ok, other=0)
-    row, read = _table_row_pointers(x_ptr, cache_ptr, resume_ptr, index, tap_ok, total,
-                                    stride_x, stride_cs, stride_ck, WINDOW)
-    rows = tl.load(row[:, None] + chans[None, :], mask=read[:, None] & chan_ok[None, :], other=0.0)
+    row, read = _table_row_offsets(resume_ptr, index, tap_ok, total, window_base, stride_x, stride_cs, stride_ck,
+                                   WINDOW)
+    rows = tl.load(x_ptr + row[:, None] + chans[None, :], mask=read[:, None] & chan_ok[None, :], other=0.0)
     slot = tl.load(save_slots_ptr + save)
     tl.store(cache_ptr + slot * stride_cs + taps[:, None] * stride_ck + chans[None, :],
              rows.to(cache_ptr.dtype.element_ty), mask=tap_ok[:, None] & chan_ok[None, :])
@@ -142,20 +144,25 @@ def _save_window(
 
 @triton.jit
 def _save_windows_kernel(
-    x_ptr, cache_ptr, resume_ptr, save_slots_ptr, src_ptr, total, channels,
+    x_ptr, cache_ptr, window_base, resume_ptr, save_slots_ptr, src_ptr, total, channels,
     stride_x, stride_cs, stride_ck, stride_src,
     WINDOW: tl.constexpr, BW: tl.constexpr, BC: tl.constexpr,
 ):
-    _save_window(x_ptr, cache_ptr, resume_ptr, save_slots_ptr, src_ptr, total, channels,
+    _save_window(x_ptr, cache_ptr, window_base, resume_ptr, save_slots_ptr, src_ptr, total, channels,
                  stride_x, stride_cs, stride_ck, stride_src, tl.program_id(0), tl.program_id(1), WINDOW, BW, BC)
 
 
-def _arena_slots(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor) -> torch.Tensor:
+def _arena_slots(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Checks the window arena's layout; the resume slots as a kernel argument (a dummy slot when there are
-    none: the kernels never read it then)."""
+    none: the kernels never read it then) and the arena's offset from x in elements (`_table_row_offsets`)."""
     if window_cache.dim() != 3 or window_cache.shape[-1] != x.shape[1] or window_cache.stride(-1) != 1:
         raise ValueError(f"window arena {tuple(window_cache.shape)} must be [slots, K-1, {x.shape[1]}], unit last stride")
-    return resume_slots if resume_slots.numel() else resume_slots.new_zeros(1)
+    if window_cache.dtype != x.dtype or window_cache.device != x.device:
+        raise ValueError(f"window arena {window_cache.dtype} on {window_cache.device} must match x's {x.dtype} on {x.device}")
+    window_base, rest = divmod(window_cache.data_ptr() - x.data_ptr(), x.element_size())
+    if rest:
+        raise ValueError("the window arena and x must be aligned to their element size")
+    return (resume_slots if resume_slots.numel() else resume_slots.new_zeros(1)), window_base
 
 
 def conv_launch(
@@ -163,10 +170,10 @@ def conv_launch(
     block_t: int = BLOCK_T, block_c: int = BLOCK_C,
 ) -> TileLaunch:
     """Checks the arena; `_conv_tile`'s launch over (token blocks, channel blocks), its output new."""
-    resume_slots = _arena_slots(x, window_cache, resume_slots)
+    resume_slots, window_base = _arena_slots(x, window_cache, resume_slots)
     total, channels = x.shape
     out = torch.empty_like(x)
-    arguments = (x, window_cache, resume_slots, weight, src, out, total, channels, x.stride(0),
+    arguments = (x, window_base, resume_slots, weight, src, out, total, channels, x.stride(0),
                  window_cache.stride(0), window_cache.stride(1), weight.stride(0), src.stride(0), out.stride(0))
     return TileLaunch(arguments, {"TAPS": src.shape[1], "BT": block_t, "BC": block_c},
                       (triton.cdiv(total, block_t), triton.cdiv(channels, block_c)), (out,))
@@ -189,10 +196,10 @@ def save_launch(
     save_src: torch.Tensor,
 ) -> TileLaunch:
     """Checks the arena; `_save_window`'s launch over (saves, channel blocks); it writes the arena in place."""
-    resume_slots = _arena_slots(x, window_cache, resume_slots)
+    resume_slots, window_base = _arena_slots(x, window_cache, resume_slots)
     saves, window = save_src.shape
     total, channels = x.shape
-    arguments = (x, window_cache, resume_slots, save_slots, save_src, total, channels,
+    arguments = (x, window_cache, window_base, resume_slots, save_slots, save_src, total, channels,
                  x.stride(0), window_cache.stride(0), window_cache.stride(1), save_src.stride(0))
     constants = {"WINDOW": window, "BW": triton.next_power_of_2(window), "BC": BLOCK_C}
     return TileLaunch(arguments, constants, (saves, triton.cdiv(channels, BLOCK_C)), ())
