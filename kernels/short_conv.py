@@ -20,8 +20,10 @@ rows at once (one dependent load chain instead of one per tap; at its best tunin
 two masked loads joined by a select of values instead of one load through a select of row pointers. The
 compiler then proves the rows' alignment and loads 16 bytes at a time, not 2 (sm_90 PTX), yet the fused
 front took 0.90 ms instead of 0.70 in a lone 2,000-token round and 1.97 instead of 1.50 with 64 branches;
-not kept. Since 2026-12-01 (session 4) a row is one offset from the stream's first row, the window rows at the
-arena's offset from it (`_table_row_offsets`): one load per tap, 16 bytes at a time.
+not kept. Since fca3265 a row is one offset from the stream's first row, the window rows at the arena's
+offset from it (`_table_row_offsets`): one load per tap, 16 bytes at a time, and 1-4% faster than the pointer
+select (q1 round 38.2 -> 37.7 us, `2026-12-01-bench_conv-0.8B-offsets-ab.json`): the loads' width is not
+what bounds this kernel.
 The engine runs the conv and the window saves inside `gdn_front`'s single launch; the launchers here run
 each part alone (its tests, `benchmarks/bench_conv.py`).
 """
