@@ -215,6 +215,7 @@ def _tile_bounds(rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_
 
 @triton.jit
 def _later(a, b):
+    """The combine of the planner's running maximum (`tl.associative_scan`): the later region start."""
     return tl.maximum(a, b)
 
 
