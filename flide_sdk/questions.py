@@ -10,11 +10,10 @@ Noul = P(yes); Choice confidence = (max p - 1/k) / (1 - 1/k); Score = sum_i i * 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Union
 
 import msgspec
-import numpy as np
 
 from .errors import InvalidQuestionError
 
@@ -58,7 +57,7 @@ class Noul(msgspec.Struct, tag="noul", tag_field="type", frozen=True, forbid_unk
         criteria = self.criteria or {}
         return [criteria.get("true"), criteria.get("false")]
 
-    def answer(self, probabilities: np.ndarray) -> NoulAnswer:
+    def answer(self, probabilities: Sequence[float]) -> NoulAnswer:
         return NoulAnswer(noul=float(probabilities[0]))
 
 
@@ -87,13 +86,13 @@ class Choice(msgspec.Struct, tag="choice", tag_field="type", frozen=True, forbid
     def option_descriptions(self) -> list[Content | None]:
         return list(self.criteria.values())
 
-    def answer(self, probabilities: np.ndarray) -> ChoiceAnswer:
+    def answer(self, probabilities: Sequence[float]) -> ChoiceAnswer:
         names = self.option_names()
-        best = int(np.argmax(probabilities))
+        values = [float(p) for p in probabilities]
         return ChoiceAnswer(
-            choice=names[best],
-            probabilities={name: float(p) for name, p in zip(names, probabilities)},
-            confidence=choice_confidence(probabilities),
+            choice=names[values.index(max(values))],  # the first of equal maxima
+            probabilities=dict(zip(names, values)),
+            confidence=choice_confidence(values),
         )
 
 
@@ -118,13 +117,13 @@ class Score(msgspec.Struct, tag="score", tag_field="type", frozen=True, forbid_u
     def option_descriptions(self) -> list[Content | None]:
         return list(self.criteria)
 
-    def answer(self, probabilities: np.ndarray) -> ScoreAnswer:
-        levels = np.arange(len(probabilities), dtype=np.float64)
+    def answer(self, probabilities: Sequence[float]) -> ScoreAnswer:
+        values = [float(p) for p in probabilities]
         return ScoreAnswer(
-            score=float(np.dot(levels, probabilities)),
-            confidence=score_confidence(probabilities),
+            score=sum(level * p for level, p in enumerate(values)),
+            confidence=score_confidence(values),
             legend=dict(enumerate(self.criteria)),
-            probabilities={level: float(p) for level, p in enumerate(probabilities)},
+            probabilities=dict(enumerate(values)),
         )
 
 
@@ -157,23 +156,23 @@ class ScoreAnswer(msgspec.Struct, tag="score", tag_field="type", frozen=True):
 Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]
 
 
-def choice_confidence(probabilities: np.ndarray) -> float:
+def choice_confidence(probabilities: Sequence[float]) -> float:
     """(max p - 1/k) / (1 - 1/k); a one-option choice is certain."""
     k = len(probabilities)
     if k == 1:
         return 1.0
-    return float((np.max(probabilities) - 1.0 / k) / (1.0 - 1.0 / k))
+    return (float(max(probabilities)) - 1.0 / k) / (1.0 - 1.0 / k)
 
 
-def score_confidence(probabilities: np.ndarray) -> float:
+def score_confidence(probabilities: Sequence[float]) -> float:
     """1 - expected distance to the mode, relative to that of a uniform distribution; clipped at 0."""
-    k = len(probabilities)
+    values = [float(p) for p in probabilities]
+    k = len(values)
     if k == 1:
         return 1.0
-    levels = np.arange(k, dtype=np.float64)
-    mode = float(np.argmax(probabilities))
-    mad_uniform = float(np.abs(levels - (k - 1) / 2).sum() / k)
-    spread = float(np.dot(probabilities, np.abs(levels - mode)))
+    mode = values.index(max(values))
+    mad_uniform = sum(abs(level - (k - 1) / 2) for level in range(k)) / k
+    spread = sum(p * abs(level - mode) for level, p in enumerate(values))
     return max(0.0, 1.0 - spread / mad_uniform)
 
 
