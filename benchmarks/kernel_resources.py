@@ -46,7 +46,6 @@ from flide_sdk.kernels import (
     gated_delta,
     gdn_front,
     gdn_gates,
-    kv_store,
     label_softmax,
     rms_norm,
     rotary,
@@ -60,8 +59,8 @@ from flide_sdk.pool import CheckpointPool
 
 H200_SHARED_BYTES = 232_448  # per block, sm_90 (227 KB)
 TARGET = GPUTarget("cuda", 90, 32)
-MODULES = (attention_front, fork_attention, gated_delta, gdn_front, gdn_gates, kv_store, label_softmax, rms_norm, rotary,
-           short_conv, swiglu)
+MODULES = (attention_front, fork_attention, gated_delta, gdn_front, gdn_gates, label_softmax, rms_norm, rotary, short_conv,
+           swiglu)
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
          torch.int32: "i32", torch.bool: "i1", torch.uint8: "u8"}
 

@@ -7,8 +7,9 @@ position, so no per-round table is built (that took eight elementwise launches a
 [0, Q) normalise and rotate blocks of query head rows (at the readout rows' positions when the queries are
 only there); the rest take blocks of key head rows: each normalises and rotates its keys into the stream's
 contiguous keys and into the key arena at the token's pool position (`kv_slots`: the sink for tokens no
-checkpoint saves), and copies the values alike. Separately these were four launches per layer (q and k
-rotary, the values' copy, `store_kv`). The rotation is `rotary`'s tile (`_norm_rotary_rows`), so each output
+checkpoint saves; which of them lands there last does not matter, nothing reads the sink), and copies the
+values alike. Separately these were four launches per layer (q and k rotary, the values' copy, and a store of
+both into the arenas). The rotation is `rotary`'s tile (`_norm_rotary_rows`), so each output
 is bit for bit what `rms_norm_rotary_triton` computes. `attention_front_reference` is the definition;
 `attention_front_triton` the launch (grid from tensor shapes only: CUDA-graph safe).
 """
@@ -19,7 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-from flide_sdk.kernels.kv_store import store_kv_reference
 from flide_sdk.kernels.rotary import _norm_rotary_rows, rms_norm_rotary_reference, row_blocks
 
 
@@ -38,7 +38,8 @@ def attention_front_reference(
     q = rms_norm_rotary_reference(q, q_weight, eps, cos_table[q_positions], sin_table[q_positions])
     k = rms_norm_rotary_reference(k, k_weight, eps, cos_table[positions], sin_table[positions])
     v = v.contiguous()
-    store_kv_reference(k, v, k_cache, v_cache, slots)
+    k_cache[slots] = k
+    v_cache[slots] = v
     return q, k, v
 
 

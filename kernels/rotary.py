@@ -8,9 +8,11 @@ elementwise ops. Here one program normalises a block of whole head rows and writ
 the definition's roundings for 16-bit dtypes: the norm's output is rounded to the weight's dtype, each of
 the two products is rounded, and so is their sum.
 
-`rms_norm_rotary_reference` is the definition; `rms_norm_rotary_triton` the kernel. x is [T, H, D] with unit
-last stride and any token and head strides (q is a column block of attention's q|gate projection); the
-result is contiguous. Launch shapes depend on tensor shapes only, so the kernel is CUDA-graph safe.
+`rms_norm_rotary_reference` is the definition; `_norm_rotary_rows` the kernel's tile, which the engine runs
+inside attention's front (`attention_front`, at each token's position in tables of every position);
+`rms_norm_rotary_triton` runs it alone on per-token cos/sin, for its tests. x is [T, H, D] with unit last
+stride and any token and head strides (q is a column block of attention's q|gate projection); the result is
+contiguous. Launch shapes depend on tensor shapes only, so the kernel is CUDA-graph safe.
 """
 
 from __future__ import annotations
