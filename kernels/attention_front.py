@@ -58,9 +58,10 @@ def _attention_front_kernel(
         token = row // heads
         stream = tl.load(query_rows_ptr + token, mask=ok, other=0) if QUERY_ROWS else token
         position = tl.load(positions_ptr + stream, mask=ok, other=0)
-        _norm_rotary_rows(q_ptr + token * stride_qt + (row - token * heads) * stride_qh, q_out_ptr + row * width, ok,
+        q_out_rows = q_out_ptr + row * width
+        _norm_rotary_rows(q_ptr + token * stride_qt + (row - token * heads) * stride_qh, q_out_rows, q_out_rows, ok,
                           cos_ptr + position * stride_table, sin_ptr + position * stride_table, q_weight_ptr,
-                          width, rotary, eps, BD, BROT)
+                          width, rotary, eps, BD, BROT, False)
     else:
         row = ((job - q_programs) * BR + tl.arange(0, BR)).to(tl.int64)  # row = token * kv_heads + head
         ok = row < k_rows
@@ -68,12 +69,10 @@ def _attention_front_kernel(
         head = row - token * kv_heads
         position = tl.load(positions_ptr + token, mask=ok, other=0)
         cached = tl.load(slots_ptr + token, mask=ok, other=0) * stride_ct + head * stride_ch
-        cos_rows, sin_rows = cos_ptr + position * stride_table, sin_ptr + position * stride_table
-        k_rows_in = k_ptr + token * stride_kt + head * stride_kh
-        _norm_rotary_rows(k_rows_in, k_out_ptr + row * width, ok, cos_rows, sin_rows, k_weight_ptr, width, rotary,
-                          eps, BD, BROT)
-        _norm_rotary_rows(k_rows_in, k_cache_ptr + cached, ok, cos_rows, sin_rows, k_weight_ptr, width, rotary,
-                          eps, BD, BROT)
+        # the keys computed once, stored into the stream's keys and the arena
+        _norm_rotary_rows(k_ptr + token * stride_kt + head * stride_kh, k_out_ptr + row * width, k_cache_ptr + cached,
+                          ok, cos_ptr + position * stride_table, sin_ptr + position * stride_table, k_weight_ptr,
+                          width, rotary, eps, BD, BROT, True)
         col = tl.arange(0, BD)
         mask = ok[:, None] & (col < width)[None, :]
         values = tl.load(v_ptr + (token * stride_vt + head * stride_vh)[:, None] + col[None, :], mask=mask)

@@ -51,11 +51,12 @@ def _normed(x_rows, weight_ptr, col, col_ok, row_ok, rstd, dtype: tl.constexpr):
 
 @triton.jit
 def _norm_rotary_rows(
-    x_rows, out_rows, row_ok, cos_rows, sin_rows, weight_ptr, width, rotary, eps,
-    BD: tl.constexpr, BROT: tl.constexpr,
+    x_rows, out_rows, copy_rows, row_ok, cos_rows, sin_rows, weight_ptr, width, rotary, eps,
+    BD: tl.constexpr, BROT: tl.constexpr, COPY: tl.constexpr,
 ):
     """rms_norm of the head rows at `x_rows` (pointers, [BR]) with their first `rotary` channels rotated by
-    the cos/sin rows at `cos_rows`/`sin_rows`, stored at `out_rows` (where `row_ok`)."""
+    the cos/sin rows at `cos_rows`/`sin_rows`, stored at `out_rows` and, with COPY, at `copy_rows` too
+    (where `row_ok`)."""
     dtype = out_rows.dtype.element_ty
     col = tl.arange(0, BD)
     col_ok = col < width
@@ -64,7 +65,7 @@ def _norm_rotary_rows(
     weight = tl.load(weight_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
     normed = x * rstd[:, None] * (1.0 + weight)[None, :]
     passing = col_ok & (col >= rotary)  # the channels the rotation leaves alone
-    tl.store(out_rows[:, None] + col[None, :], normed.to(dtype), mask=row_ok[:, None] & passing[None, :])
+    _store_rows(out_rows, copy_rows, col, normed.to(dtype), row_ok[:, None] & passing[None, :], COPY)
 
     # the rotated channels: each reads its partner half channels away, both through the norm again (cached)
     rc = tl.arange(0, BROT)
@@ -78,7 +79,15 @@ def _norm_rotary_rows(
     cos = tl.load(cos_rows[:, None] + rc[None, :], mask=ok, other=0.0).to(tl.float32)
     sin = tl.load(sin_rows[:, None] + rc[None, :], mask=ok, other=0.0).to(tl.float32)
     turned = (own * cos).to(dtype).to(tl.float32) + (partner * sin).to(dtype).to(tl.float32)
-    tl.store(out_rows[:, None] + rc[None, :], turned.to(dtype), mask=ok)
+    _store_rows(out_rows, copy_rows, rc, turned.to(dtype), ok, COPY)
+
+
+@triton.jit
+def _store_rows(out_rows, copy_rows, col, values, mask, COPY: tl.constexpr):
+    """values [BR, len(col)] at columns `col` of the rows at `out_rows` and, with COPY, of `copy_rows`."""
+    tl.store(out_rows[:, None] + col[None, :], values, mask=mask)
+    if COPY:
+        tl.store(copy_rows[:, None] + col[None, :], values, mask=mask)
 
 
 @triton.jit
@@ -89,9 +98,10 @@ def _rms_norm_rotary_kernel(
 ):
     row = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)  # row = token * heads + head
     token = row // heads
-    _norm_rotary_rows(x_ptr + token * stride_token + (row - token * heads) * stride_head, out_ptr + row * width,
+    out_rows = out_ptr + row * width
+    _norm_rotary_rows(x_ptr + token * stride_token + (row - token * heads) * stride_head, out_rows, out_rows,
                       row < rows, cos_ptr + token * stride_cos, sin_ptr + token * stride_sin, weight_ptr, width,
-                      rotary, eps, BD, BROT)
+                      rotary, eps, BD, BROT, False)
 
 
 def row_blocks(width: int) -> tuple[int, int]:
