@@ -32,6 +32,7 @@ median over `--repeat` runs, in milliseconds:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import time
@@ -75,6 +76,8 @@ def real_engine_parts() -> tuple[Renderer, int, Engine]:
     config = json.loads(data_path("configs", "Qwen3.5-0.8B.json").read_text())["text_config"]
     renderer = Renderer.from_checkpoint(data_path("tokenizer", "qwen3.5"), config["max_position_embeddings"])
     model = load_model(tiny_checkpoint(), torch.device("cpu"), torch.float32)
+    # the engine refuses prompts longer than its model's positions: give the tiny model the real model's
+    model.config = dataclasses.replace(model.config, max_position_embeddings=renderer.max_prompt_tokens)
     engine = Engine(model, renderer, torch.device("cpu"), pool_bytes=16 << 20, graphs=False,
                     max_round_tokens=MAX_ROUND_TOKENS, max_round_requests=MAX_ROUND_REQUESTS)
     return renderer, int(config["linear_conv_kernel_dim"]), engine

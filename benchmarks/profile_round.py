@@ -7,6 +7,11 @@ with its questions (short_passages' lone request), each padded to the capacity i
 The forward runs eagerly under torch.profiler (kernel times are those a graph replay runs; launch gaps are
 not counted: `launches` says how many kernels a replay runs). Also times the host side of an ask:
 tokenizing the state.
+
+    ncu --profile-from-start off ... python benchmarks/profile_round.py --ncu ROUND
+
+runs only ROUND (e.g. quality_2000_q1), warmed up, then one forward inside a CUDA profiler range, for Nsight
+Compute's hardware counters of its kernels (no JSON: ncu writes the report).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ def yes_no_questions(count: int) -> dict:
             for i in range(count)}
 
 
-def kernel_table(engine: fl.Engine, label: str, state: str, questions: dict) -> dict:
+def padded_round(engine: fl.Engine, state: str, questions: dict):
+    """The lone request (state, questions) planned and padded to its graph's capacity, on the device."""
     rendered = engine.render(state, questions)
     pool = engine.pool
     spec = RequestSpec(rendered.state_ids, Branches.of([q.ids for q in rendered.questions.values()],
@@ -45,7 +51,11 @@ def kernel_table(engine: fl.Engine, label: str, state: str, questions: dict) -> 
     ladder = capacity_ladder(engine.model.config.conv_kernel, 16384, 64, engine.renderer.max_prompt_tokens)
     capacity = choose(ladder, host)
     padded = pad_round(host, capacity, pool.window_sink, pool.kv_sink, pool.state_rows.zero)
-    rnd = padded.to("cuda")
+    return host, capacity, padded.to("cuda")
+
+
+def kernel_table(engine: fl.Engine, label: str, state: str, questions: dict) -> dict:
+    host, capacity, rnd = padded_round(engine, state, questions)
     rows, prof = device_kernels(lambda: engine.model(rnd, engine.ops, engine._caches))
     return {"round": label, "questions": len(questions), "tokens": host.num_real, "capacity_tokens": capacity.tokens,
             "device_ms_total": sum(row["ms"] for row in rows), "launches": sum(row["calls"] for row in rows),
@@ -68,14 +78,26 @@ def launch_order(prof, count: int) -> list[str] | str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-size", default="0.8B")
+    parser.add_argument("--ncu", metavar="ROUND", help="one forward of ROUND in a CUDA profiler range, nothing else")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = build_random_checkpoint(args.model_size, Path(tmp) / "model")
         engine = fl.Engine.load(path, device="cuda", dtype="bfloat16", graphs=False)
         state, _ = quality_request(engine.renderer)
         passage, passage_questions = race_requests(1)[0]
-        tables = [kernel_table(engine, f"quality_2000_q{count}", state, yes_no_questions(count)) for count in (1, 4, 16, 64)]
-        tables.append(kernel_table(engine, "race_passage", passage, passage_questions))
+        rounds = {f"quality_2000_q{count}": (state, yes_no_questions(count)) for count in (1, 4, 16, 64)}
+        rounds["race_passage"] = (passage, passage_questions)
+        if args.ncu:
+            _, _, rnd = padded_round(engine, *rounds[args.ncu])
+            for _ in range(3):
+                engine.model(rnd, engine.ops, engine._caches)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+            engine.model(rnd, engine.ops, engine._caches)
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+            return
+        tables = [kernel_table(engine, label, *request) for label, request in rounds.items()]
         tokenize = []
         for rep in range(10):
             started = time.perf_counter()
