@@ -5,7 +5,8 @@ window save, on the rounds the end-to-end benchmarks run.
 
 Rounds: one 2,000-token trunk + 1 branch of 40 tokens (questions_per_state, Q = 1), the same trunk + 64
 branches of 40, and 64 requests of a 350-token trunk + 4 branches of 20 (short_passages at 64 clients).
-Inputs are random bf16 [T, C] with the release's conv channels (2 Hk Dk + Hv Dv). Per tuning (tokens and
+Inputs are random bf16 [T, C] with the release's conv channels (2 Hk Dk + Hv Dv), the weights float32 and
+tap-major as the engine keeps them. Per tuning (tokens and
 channels per program, warps): the median time of a CUDA-graph replay and the effective bandwidth of one read
 and one write of x, next to the H200's 4.8 TB/s; the output must equal the default tuning's.
 Errors (the kernel rounds of issue 4, `KERNEL_ROUNDS`: (a), (b) and (c), whose trunk resumes after 8,000
@@ -56,7 +57,7 @@ def errors(channels: int, kernel: int) -> dict[str, dict]:
     for name, spec in KERNEL_ROUNDS.items():
         requests, _ = round_requests(spec)
         rnd = plan_round(requests, kernel).to(DEVICE)
-        x, weight = randn(rnd.ids.shape[0], channels), randn(channels, kernel)
+        x, weight = randn(rnd.ids.shape[0], channels), randn(kernel, channels).float().t()  # as the engine's
         arena = randn(len(spec), kernel - 1, channels)  # request i's checkpoint window in slot i
         slots = rnd.checkpoint.resume_slots
         reference = indexed_conv_reference(x.float(), arena.float(), slots, weight.float(), rnd.conv_src)
@@ -83,7 +84,8 @@ def main() -> None:
         rnd = plan_round(requests, kernel).to(DEVICE)
         total = rnd.ids.shape[0]
         x = torch.randn(total, channels, device=DEVICE, dtype=torch.bfloat16)
-        weight = torch.randn(channels, kernel, device=DEVICE, dtype=torch.bfloat16)
+        # the engine's weights: float32, tap-major ([K, C] storage read as [C, K], `GatedDeltaNet.conv_weight`)
+        weight = torch.randn(kernel, channels, device=DEVICE).t()
         arena = torch.zeros(len(spec) + 1, kernel - 1, channels, device=DEVICE, dtype=torch.bfloat16)
         plan = rnd.checkpoint
         reference = indexed_conv_triton(x, arena, plan.resume_slots, weight, rnd.conv_src)

@@ -127,6 +127,9 @@ def specialise(kernel: JITFunction, args: tuple, meta: dict) -> tuple[dict, dict
                 attrs[(index,)] = [["tt.divisibility", 16]]
         elif isinstance(value, bool):
             signature[name] = "i1"
+        elif isinstance(value, int) and value == 1:  # a launch makes an integer equal to 1 a constant
+            signature[name] = "constexpr"
+            constexprs[(index,)] = value
         elif isinstance(value, int):
             signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
             if value % 16 == 0:

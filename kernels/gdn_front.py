@@ -44,13 +44,13 @@ def gdn_front_reference(
 @triton.jit
 def _gdn_front_kernel(
     x_ptr, window_base, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
-    stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
+    stride_x, stride_cs, stride_ck, stride_weight, stride_tap, stride_src, stride_out,
     a_ptr, b_ptr, a_log_ptr, dt_bias_ptr, g_ptr, beta_ptr, tokens, heads, stride_a, stride_b,
     save_x_ptr, save_cache_ptr, save_window_base, save_resume_ptr, save_slots_ptr, save_src_ptr, save_total,
     save_channels,
     save_stride_x, save_stride_cs, save_stride_ck, stride_save_src,
     gate_programs, save_programs, channel_blocks, save_channel_blocks,
-    TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, GATE_BT: tl.constexpr, BH: tl.constexpr,
+    TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, EVEN_C: tl.constexpr, GATE_BT: tl.constexpr, BH: tl.constexpr,
     WINDOW: tl.constexpr, BW: tl.constexpr, SAVE_BC: tl.constexpr,
 ):
     job = tl.program_id(0)
@@ -65,8 +65,8 @@ def _gdn_front_kernel(
     else:
         job -= gate_programs + save_programs
         _conv_tile(x_ptr, window_base, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
-                   stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
-                   job // channel_blocks, job % channel_blocks, TAPS, BT, BC)
+                   stride_x, stride_cs, stride_ck, stride_weight, stride_tap, stride_src, stride_out,
+                   job // channel_blocks, job % channel_blocks, TAPS, BT, BC, EVEN_C)
 
 
 def gdn_front_triton(

@@ -92,23 +92,48 @@ def _table_row_offsets(resume_ptr, index, ok, total, window_base, stride_x, stri
 @triton.jit
 def _conv_tile(
     x_ptr, window_base, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
-    stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out, token_block, channel_block,
-    TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    stride_x, stride_cs, stride_ck, stride_weight, stride_tap, stride_src, stride_out, token_block, channel_block,
+    TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, EVEN_C: tl.constexpr,
 ):
-    """silu(sum over taps of weight * table row src[t, tap]) for the BT tokens x BC channels of one tile."""
+    """silu(sum over taps of weight * table row src[t, tap]) for the BT tokens x BC channels of one tile
+    (EVEN_C: the channels are a multiple of BC, no channel masks).
+
+    A tile whose every tap reads its own token's stream predecessor (src[t, tap] = 1 + t - (TAPS - 1) + tap:
+    the inside of a segment, most tiles) loads those rows at addresses arithmetic in t; only the other tiles
+    (a segment's first tokens, padding) resolve each token's indices. Both paths add the same rows in the same
+    order. Compiled for sm_90 (Triton 3.6), resolving every tap's indices moved them between threads through
+    shared memory (two barriers a tap), and so did a weight row loaded as [1, BC]; the weights are loaded as
+    [BT, BC] tiles (one row for every token), in the rows' own layout."""
     tokens = token_block * BT + tl.arange(0, BT)
     chans = channel_block * BC + tl.arange(0, BC)
     token_ok = tokens < total
-    chan_ok = chans < channels
-    acc = tl.zeros((BT, BC), tl.float32)
+    if EVEN_C:
+        chan_ok = tl.full((BC,), 1, tl.int1)
+    else:
+        chan_ok = chans < channels
+    other = ~token_ok | (tokens < TAPS - 1)  # a token whose taps are not all stream rows before it
     for tap in tl.static_range(TAPS):
         index = tl.load(src_ptr + tokens * stride_src + tap, mask=token_ok, other=0)
-        row, read = _table_row_offsets(resume_ptr, index, token_ok, total, window_base, stride_x, stride_cs,
-                                       stride_ck, TAPS - 1)
-        rows = tl.load(x_ptr + row[:, None] + chans[None, :], mask=read[:, None] & chan_ok[None, :], other=0.0)
-        weight = tl.load(weight_ptr + chans * stride_weight + tap, mask=chan_ok, other=0.0).to(tl.float32)
-        acc += rows.to(tl.float32) * weight[None, :]
-    out = acc * tl.sigmoid(acc)
+        other |= index != tokens + 1 - (TAPS - 1) + tap
+    plain = tl.sum(other.to(tl.int32)) == 0
+    weight_rows = weight_ptr + tokens[:, None] * 0 + chans[None, :] * stride_weight
+    acc = tl.zeros((BT, BC), tl.float32)
+    if plain:
+        for tap in tl.static_range(TAPS):
+            rows = tl.load(x_ptr + (tokens[:, None] - (TAPS - 1 - tap)) * stride_x + chans[None, :],
+                           mask=chan_ok[None, :], other=0.0)
+            weight = tl.load(weight_rows + tap * stride_tap, mask=chan_ok[None, :], other=0.0)
+            acc += rows.to(tl.float32) * weight.to(tl.float32)
+    else:
+        for tap in tl.static_range(TAPS):
+            index = tl.load(src_ptr + tokens * stride_src + tap, mask=token_ok, other=0)
+            row, read = _table_row_offsets(resume_ptr, index, token_ok, total, window_base, stride_x, stride_cs,
+                                           stride_ck, TAPS - 1)
+            rows = tl.load(x_ptr + row[:, None] + chans[None, :], mask=read[:, None] & chan_ok[None, :], other=0.0)
+            weight = tl.load(weight_rows + tap * stride_tap, mask=chan_ok[None, :], other=0.0)
+            acc += rows.to(tl.float32) * weight.to(tl.float32)
+    # SiLU with the approximate division (div.full.f32, 2 ulp): the IEEE one took a dozen instructions a value
+    out = tl.fdiv(acc, 1.0 + tl.exp(-acc))
     tl.store(out_ptr + tokens[:, None] * stride_out + chans[None, :], out.to(out_ptr.dtype.element_ty),
              mask=token_ok[:, None] & chan_ok[None, :])
 
@@ -116,12 +141,12 @@ def _conv_tile(
 @triton.jit
 def _indexed_conv_kernel(
     x_ptr, window_base, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
-    stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
-    TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+    stride_x, stride_cs, stride_ck, stride_weight, stride_tap, stride_src, stride_out,
+    TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, EVEN_C: tl.constexpr,
 ):
     _conv_tile(x_ptr, window_base, resume_ptr, weight_ptr, src_ptr, out_ptr, total, channels,
-               stride_x, stride_cs, stride_ck, stride_weight, stride_src, stride_out,
-               tl.program_id(0), tl.program_id(1), TAPS, BT, BC)
+               stride_x, stride_cs, stride_ck, stride_weight, stride_tap, stride_src, stride_out,
+               tl.program_id(0), tl.program_id(1), TAPS, BT, BC, EVEN_C)
 
 
 @triton.jit
@@ -176,8 +201,9 @@ def conv_launch(
     total, channels = x.shape
     out = torch.empty_like(x)
     arguments = (x, window_base, resume_slots, weight, src, out, total, channels, x.stride(0),
-                 window_cache.stride(0), window_cache.stride(1), weight.stride(0), src.stride(0), out.stride(0))
-    return TileLaunch(arguments, {"TAPS": src.shape[1], "BT": block_t, "BC": block_c},
+                 window_cache.stride(0), window_cache.stride(1), weight.stride(0), weight.stride(1), src.stride(0),
+                 out.stride(0))
+    return TileLaunch(arguments, {"TAPS": src.shape[1], "BT": block_t, "BC": block_c, "EVEN_C": channels % block_c == 0},
                       (triton.cdiv(total, block_t), triton.cdiv(channels, block_c)), (out,))
 
 

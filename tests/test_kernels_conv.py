@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from flide_sdk.kernels.short_conv import (
+    BLOCK_C,
+    BLOCK_T,
     conv_rows,
     indexed_conv_reference,
     indexed_conv_triton,
@@ -63,6 +65,38 @@ def test_triton_conv_without_resumes_reads_no_window(taps):
     expected = indexed_conv_reference(x, arena, empty, weight, rnd.conv_src)
     got = indexed_conv_triton(x, arena, empty, weight, rnd.conv_src)
     assert float((got - expected).norm() / expected.norm()) <= 1e-5
+
+
+def plain_tiles(src: torch.Tensor, block: int) -> list[bool]:
+    """Per block of `block` tokens: whether every tap of every token is its stream predecessor (the tiles the
+    kernel addresses arithmetically)."""
+    taps = src.shape[1]
+    tokens = torch.arange(src.shape[0])[:, None]
+    ours = (src == tokens + 1 - (taps - 1) + torch.arange(taps)) & (tokens >= taps - 1)
+    return [bool(ours[start : start + block].all()) and start + block <= src.shape[0]
+            for start in range(0, src.shape[0], block)]
+
+
+@pytest.mark.parametrize("channels", [2 * BLOCK_C, CHANNELS])
+def test_triton_conv_plain_and_indexed_tiles_match_reference(channels):
+    """Long segments (tiles read at arithmetic addresses) next to branches and a resumed trunk (tiles that
+    resolve their indices), with the engine's weights (float32, tap-major) and without channel padding."""
+    rng = np.random.default_rng(1)
+    requests = [
+        RequestSpec.of(rng.integers(0, 9, 120), [rng.integers(0, 9, 20), rng.integers(0, 9, 37)], [np.array([1])] * 2),
+        RequestSpec.of(rng.integers(0, 9, 90), [rng.integers(0, 9, 5)], [np.array([1])],
+                       start=50, resume=Resume(2, np.array([0]))),
+    ]
+    rnd = plan_round(requests, 4).to("cpu")
+    kinds = plain_tiles(rnd.conv_src, BLOCK_T)
+    assert any(kinds) and not all(kinds)
+    x = torch.randn(rnd.ids.shape[0], channels).to(torch.bfloat16)
+    arena = torch.randn(3, 3, channels).to(torch.bfloat16)
+    weight = torch.randn(4, channels).t()  # [C, K] over tap-major storage, as `GatedDeltaNet.conv_weight`
+    resume = rnd.checkpoint.resume_slots
+    expected = indexed_conv_reference(x, arena, resume, weight, rnd.conv_src).float()
+    got = indexed_conv_triton(x, arena, resume, weight, rnd.conv_src).float()
+    assert float((got - expected).abs().max()) <= 2 ** -7 * float(expected.abs().max())  # bf16 rounding
 
 
 def test_triton_save_windows_matches_reference():

@@ -256,9 +256,18 @@ class GatedDeltaNet(nn.Module):
         self.norm = Weight(c.gdn_value_dim)
         self.out_proj = Linear(value_dim, c.hidden_size)
         self.fused: FusedProjections | None = None
+        self.conv_taps: torch.Tensor | None = None
 
     def fuse(self) -> None:
         self.fused = FusedProjections([self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a])
+        # the conv weights in float32, stored tap by tap ([K, C]; used as their [C, K] transpose): a kernel loads
+        # a tap's channels 16 bytes at a time and multiplies without converting them (the same values: the conv
+        # already summed in float32)
+        self.conv_taps = self.conv1d.weight[:, 0, :].t().float().contiguous()
+
+    def conv_weight(self) -> torch.Tensor:
+        """The conv weights [C, K]: the float32 tap-major copy once fused."""
+        return self.conv1d.weight[:, 0, :] if self.conv_taps is None else self.conv_taps.t()
 
     def forward(
         self, h: torch.Tensor, rnd: RoundTensors, ops: Ops, rope: tuple, rows: torch.Tensor | None, cache: LayerCache
@@ -271,7 +280,7 @@ class GatedDeltaNet(nn.Module):
         qkv, z, b, a = project(self.fused, [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a], h)
         # resumed trunks read their checkpoints' conv windows straight from the arena (see layout); the
         # windows this round saves are written there in the same pass
-        mixed, g, beta = ops.gdn_front(qkv, a, b, self.conv1d.weight[:, 0, :], self.A_log, self.dt_bias, window_cache,
+        mixed, g, beta = ops.gdn_front(qkv, a, b, self.conv_weight(), self.A_log, self.dt_bias, window_cache,
                                        plan.resume_slots, rnd.conv_src, plan.save_slots, plan.save_window_src)
         q, k, v = mixed.split([key_dim, key_dim, c.gdn_value_heads * c.gdn_value_dim], dim=-1)
         q = q.view(tokens, c.gdn_key_heads, c.gdn_key_dim)
@@ -337,7 +346,8 @@ class Qwen35Model(nn.Module):
         self._rope: tuple | None = None  # ((dtype, device), (cos, sin)): `rope_tables`
 
     def fuse_projections(self) -> None:
-        """Run the projections that read the same input as one GEMM each (after the weights are loaded)."""
+        """Run the projections that read the same input as one GEMM each, and lay the conv weights out tap by tap
+        (after the weights are loaded)."""
         for layer in self.layers:
             (layer.self_attn if layer.is_attention else layer.linear_attn).fuse()
             layer.mlp.fuse()
