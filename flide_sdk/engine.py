@@ -1,7 +1,8 @@
 """`Engine`: the public entry point. Loads a checkpoint, renders asks, and runs them in rounds.
 
 An ask is validated and rendered in the caller (errors raise there, and the engine stays usable), then
-queued. On the round thread, `_select` admits queued asks with state-ready traversal (RadixFlow): each
+queued; a one-off state is tokenized by the round thread when the ask finds the engine idle (its caches are
+warm: it spun through the last round), by the caller otherwise. On the round thread, `_select` admits queued asks with state-ready traversal (RadixFlow): each
 ask looks up the furthest checkpoint matching its trunk; an ask that would resume from a checkpoint
 another admitted ask is producing in this very round waits for the next round, while the scan goes on
 filling the round with independent work, up to the round's token, request and question capacity.
@@ -16,6 +17,7 @@ loop finishes round k after launching round k+1, so host and device work overlap
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections import deque
@@ -38,7 +40,7 @@ from flide_sdk.models.qwen35 import Qwen35Model
 from flide_sdk.ops import Ops, ops_for
 from flide_sdk.pool import Checkpoint, CheckpointPool, PlannedSave
 from flide_sdk.questions import Answer, Question, parse_questions
-from flide_sdk.render import Rendered, RenderedQuestion, Renderer
+from flide_sdk.render import Rendered, RenderedQuestion, Renderer, state_text
 from flide_sdk.rounds import PendingAsk, RoundLoop
 from flide_sdk.typesafe import SystemOneResponse, Usage
 
@@ -259,13 +261,10 @@ class Engine:
             raise EngineClosedError("the engine is closed")
         started, cpu_started = time.perf_counter(), time.thread_time()
         parsed = parse_questions(questions)
-        rendered = self.renderer.render_questions(parsed)
-        self.renderer.check_length(len(trunk), rendered)
-        payload = AskPayload(trunk, parsed, rendered)
-        with self._stats_lock:
-            self._stats["submit_seconds"] += time.perf_counter() - started
-            self._stats["submit_cpu_seconds"] += time.thread_time() - cpu_started
-        return PendingAsk(payload, trunk.fresh + payload.branch_tokens)
+        ask = PendingAsk(None, 0)
+        self._fill(ask, trunk, parsed, self.renderer.render_questions(parsed))
+        self._count_submit(started, cpu_started)
+        return ask
 
     async def submit(self, ask: PendingAsk, queue_timeout: float | None = None) -> SystemOneResponse:
         """Queue a prepared ask (waiting for room while the queue is full) and await its answers.
@@ -280,22 +279,55 @@ class Engine:
     async def ask(self, state: Any, questions: Any, *, queue_timeout: float | None = None) -> SystemOneResponse:
         """Answer `questions` (name -> Noul/Choice/Score, a TypeSafe question, or a dict) about `state`
         (a string, or JSON data). The response maps each name to its answer and carries `model` and `usage`."""
-        return await self.submit(self._prepare_state(state, questions), queue_timeout)
+        return await self.submit(self._state_ask(state, questions), queue_timeout)
 
     def ask_sync(
         self, state: Any, questions: Any, timeout: float | None = None, *, queue_timeout: float | None = None
     ) -> SystemOneResponse:
         """Blocking `ask`, for scripts. Do not call it from the engine's own callbacks."""
-        return self.submit_sync(self._prepare_state(state, questions), timeout, queue_timeout)
+        return self.submit_sync(self._state_ask(state, questions), timeout, queue_timeout)
 
-    def _prepare_state(self, state: Any, questions: Any) -> PendingAsk:
-        """`prepare` for a one-off state; tokenizing the state counts in submit_seconds too."""
+    def _state_ask(self, state: Any, questions: Any) -> PendingAsk:
+        """The queued form of an ask about a one-off state, its questions validated and rendered (bad input
+        raises here), the state tokenized later: by the round thread when the ask finds the engine idle, by
+        the submitting thread otherwise (`RoundLoop.try_submit`). A state too long for the model then fails
+        the ask's future. On the H200's host, tokenizing a 2,000-token state took about three times its
+        back-to-back time on an asking thread that had slept through the previous ask's round; the round
+        thread has spun through it (waiting for the device), so its caches are warm."""
+        if self._loop.closed:
+            raise EngineClosedError("the engine is closed")
         started, cpu_started = time.perf_counter(), time.thread_time()
-        trunk = self.renderer.trunk(state)
+        parsed = parse_questions(questions)
+        rendered = self.renderer.render_questions(parsed)
+        text = state_text(state)
+        ask = PendingAsk(None, 0)
+        ask.prepare = functools.partial(self._prepare_text, ask, text, parsed, rendered)
+        self._count_submit(started, cpu_started)
+        return ask
+
+    def _prepare_text(self, ask: PendingAsk, text: str, parsed: dict[str, Question],
+                      rendered: dict[str, RenderedQuestion]) -> None:
+        """Tokenize a one-off state's text into `ask`'s trunk (its time counts in submit_seconds)."""
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        self._fill(ask, self.renderer.trunk(text), parsed, rendered)
+        self._count_submit(started, cpu_started)
+
+    def _fill(self, ask: PendingAsk, trunk: Trunk, parsed: dict[str, Question],
+              rendered: dict[str, RenderedQuestion]) -> None:
+        self.renderer.check_length(len(trunk), rendered)
+        ask.payload = AskPayload(trunk, parsed, rendered)
+        ask.tokens = trunk.fresh + ask.payload.branch_tokens
+
+    def _count_submit(self, started: float, cpu_started: float) -> None:
         with self._stats_lock:
             self._stats["submit_seconds"] += time.perf_counter() - started
             self._stats["submit_cpu_seconds"] += time.thread_time() - cpu_started
-        return self.prepare(trunk, questions)
+
+    def _prepare_state(self, state: Any, questions: Any) -> PendingAsk:
+        """An ask about a one-off state prepared on this thread (benchmarks time its launch alone)."""
+        ask = self._state_ask(state, questions)
+        ask.prepare_now()
+        return ask
 
     def submit_sync(
         self, ask: PendingAsk, timeout: float | None = None, queue_timeout: float | None = None

@@ -17,7 +17,10 @@ submitted while the loop is idle (nothing queued or in flight, no deadline, admi
 and launched by the submitting thread itself, which saves the hand-off to the round thread on a lone ask's
 critical path (a thread wake-up, 72 us median and 216 us p90 on the H200 host, `host_wake.json`); the round
 thread then finishes it as any other. Only for launches that return at once (the engine accepts asks that
-fit a captured CUDA graph). Closing fails every queued ask with `EngineClosedError`; rounds already launched
+fit a captured CUDA graph). An ask whose preparation is deferred (`PendingAsk.prepare`: the engine's asks about
+a one-off state, whose tokenizing is most of an ask's host work) and that finds the loop idle is queued as it is:
+the round thread prepares, selects and launches it alone (its caches are warm, the asking thread's cold after
+sleeping through the previous round); otherwise the submitting thread prepares it. Closing fails every queued ask with `EngineClosedError`; rounds already launched
 finish. `hold()` pauses admission, so a test can queue several asks and have them admitted together,
 deterministically.
 """
@@ -34,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from flide_sdk.errors import EngineClosedError
+from flide_sdk.errors import EngineClosedError, FlideError
 
 LOG = logging.getLogger(__name__)
 
@@ -42,12 +45,20 @@ LOG = logging.getLogger(__name__)
 @dataclass(eq=False)
 class PendingAsk:
     """One queued ask: its payload for the engine, an estimate of its stream tokens, its future, and when it
-    was queued (time.perf_counter(), set by the loop)."""
+    was queued (time.perf_counter(), set by the loop). An ask whose preparation is deferred carries it in
+    `prepare` (it fills payload and tokens, raising on bad input) until `prepare_now` runs it."""
 
     payload: Any
     tokens: int
     future: Future = field(default_factory=Future)
     queued_at: float = 0.0
+    prepare: Callable[[], None] | None = None
+
+    def prepare_now(self) -> None:
+        """Run the deferred preparation, if any, once."""
+        if self.prepare is not None:
+            prepare, self.prepare = self.prepare, None
+            prepare()
 
 
 class RoundLoop:
@@ -93,33 +104,56 @@ class RoundLoop:
 
     def try_submit(self, ask: PendingAsk) -> bool:
         """Queue `ask` (or launch it on this thread, `launch_in_caller`) if there is room; False when the
-        queue is full."""
+        queue is full. An ask with a deferred preparation that finds the loop idle is queued as it is, for
+        the round thread to prepare and launch; otherwise this thread prepares it first (its errors raise
+        here)."""
         with self._cond:
-            if self._closed:
-                raise EngineClosedError("the engine is closed")
+            self._check_open()
             if len(self._pending) >= self.max_pending:
                 return False
-            ask.queued_at = time.perf_counter()
-            inline = (self.launch_in_caller is not None and self.deadline_s == 0 and not self._held
-                      and not self._launching and not self._pending and not self._in_flight
-                      and self.launch_in_caller(ask))
+            if ask.prepare is not None and self._idle():
+                self._queue(ask)
+                return True
+        ask.prepare_now()
+        with self._cond:
+            self._check_open()
+            if len(self._pending) >= self.max_pending:
+                return False
+            inline = (self.launch_in_caller is not None and self._idle() and self.launch_in_caller(ask))
             if inline:
+                ask.queued_at = time.perf_counter()
                 self._launching = True
             else:
-                self._pending.append(ask)
-                self._cond.notify_all()
+                self._queue(ask)
         if inline:
             self._launch_here(ask)
         return True
 
+    def _idle(self) -> bool:
+        """Nothing queued, launching or in flight, no deadline, admission not held (called locked)."""
+        return (self.deadline_s == 0 and not self._held and not self._launching and not self._pending
+                and not self._in_flight)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+
+    def _queue(self, ask: PendingAsk) -> None:
+        ask.queued_at = time.perf_counter()
+        self._pending.append(ask)
+        self._cond.notify_all()
+
     def _launch_here(self, ask: PendingAsk) -> None:
-        """Select and launch `ask`'s round on this thread, then hand the round to the round thread."""
+        """Prepare `ask` if its preparation was deferred, select and launch its round on this thread, then
+        hand the round to the round thread (a failed preparation fails the ask alone)."""
         flight = None
         try:
-            batch = self._select(deque([ask]))
-            flight = self._launch(batch) if batch else None
+            if not ask.future.cancelled():
+                prepared = self._prepared(ask)
+                batch = self._select(deque([ask])) if prepared else []
+                flight = self._launch(batch) if batch else None
         except BaseException as error:  # a bug in select/launch: this ask fails, the loop goes on
-            LOG.exception("launching an ask on the submitting thread failed")
+            LOG.exception("launching an ask alone failed")
             if not ask.future.done():
                 ask.future.set_exception(error)
         finally:
@@ -129,16 +163,35 @@ class RoundLoop:
                 self._launching = False
                 self._cond.notify_all()
 
+    @staticmethod
+    def _prepared(ask: PendingAsk) -> bool:
+        """Run a deferred preparation; False (the ask failed with its error) if it refused the input (a
+        FlideError: a state too long for the model). The time it took does not count as queueing; any other
+        error is a bug, for the caller to report."""
+        started = time.perf_counter()
+        try:
+            ask.prepare_now()
+        except FlideError as error:
+            if ask.future.set_running_or_notify_cancel():
+                ask.future.set_exception(error)
+            return False
+        ask.queued_at += time.perf_counter() - started
+        return True
+
     def submit(self, ask: PendingAsk) -> None:
-        """Queue `ask`, waiting for room while the queue is full."""
+        """Queue `ask`, waiting for room while the queue is full (a deferred preparation runs on this thread
+        unless the loop is idle, as in `try_submit`)."""
+        with self._cond:
+            self._check_open()
+            if ask.prepare is not None and self._idle():
+                self._queue(ask)
+                return
+        ask.prepare_now()
         with self._cond:
             while not self._closed and len(self._pending) >= self.max_pending:
                 self._cond.wait()
-            if self._closed:
-                raise EngineClosedError("the engine is closed")
-            ask.queued_at = time.perf_counter()
-            self._pending.append(ask)
-            self._cond.notify_all()
+            self._check_open()
+            self._queue(ask)
 
     @contextmanager
     def hold(self) -> Iterator[None]:
@@ -187,14 +240,22 @@ class RoundLoop:
                 ask.future.set_exception(EngineClosedError(reason))
 
     def _step(self) -> bool:
-        """Launch a round, or finish the oldest one in flight; False once closed."""
+        """Launch a round, or finish the oldest one in flight; False once closed. An ask queued with its
+        preparation deferred (it found the loop idle) is prepared and launched alone first."""
         batch: list[PendingAsk] = []
+        deferred = None
         with self._cond:
             while (self._launching or not self._in_flight and (not self._pending or self._held)) and not self._closed:
                 self._cond.wait()
             if self._closed:
                 return False
-            if self._pending and not self._held and len(self._in_flight) < self.depth:
+            if not self._held:
+                deferred = next((ask for ask in self._pending if ask.prepare is not None), None)
+            if deferred is not None:
+                self._pending.remove(deferred)
+                self._launching = True
+                self._cond.notify_all()
+            elif self._pending and not self._held and len(self._in_flight) < self.depth:
                 if not self._in_flight and self.deadline_s > 0:
                     deadline = time.monotonic() + self.deadline_s
                     while not self._closed and not self._held and self._queued_tokens() < self.max_round_tokens:
@@ -206,7 +267,9 @@ class RoundLoop:
                         return not self._closed
                 batch = self._select(self._pending)
                 self._cond.notify_all()  # room in the queue for waiting submitters
-        if batch:
+        if deferred is not None:
+            self._launch_here(deferred)
+        elif batch:
             flight = self._launch(batch)
             if flight is not None:
                 self._in_flight.append(flight)

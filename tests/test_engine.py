@@ -169,11 +169,20 @@ async def test_internal_round_loop_error_fails_asks_instead_of_hanging(tiny_path
         raise RuntimeError("admission bug")
 
     engine._loop._select = broken
+    with engine.admission_paused():  # queued, so admitted by the round loop (a lone ask is launched alone)
+        task = asyncio.ensure_future(engine.ask("state", {"q": fl.Noul("ok?")}))
+        await asyncio.sleep(0.05)
     with pytest.raises(fl.EngineClosedError, match="admission bug"):
-        await asyncio.wait_for(engine.ask("state", {"q": fl.Noul("ok?")}), timeout=30)
+        await asyncio.wait_for(task, timeout=30)
     assert engine.closed
     with pytest.raises(fl.EngineClosedError):
         await engine.ask("state", {"q": fl.Noul("ok?")})
+
+
+async def ask_prepared(engine, state: str, questions=GOOD):
+    """An ask whose trunk is tokenized by the asking thread (`Engine.prepare`, as sessions ask): the kind an
+    idle engine lets the asking thread launch."""
+    return await engine.submit(engine.prepare(engine.renderer.trunk(state), questions))
 
 
 def _launch_threads(engine) -> list[str]:
@@ -199,12 +208,12 @@ async def test_an_idle_engine_launches_an_ask_on_the_asking_thread(tiny_path):
         names = _launch_threads(engine)
         states = [f"lone ask {i} about a late order" for i in range(3)]
         for state in states:
-            got, expected = await engine.ask(state, GOOD), await plain.ask(state, GOOD)
+            got, expected = await ask_prepared(engine, state), await plain.ask(state, GOOD)
             for name in GOOD:
                 assert np.abs(answer_probabilities(got[name]) - answer_probabilities(expected[name])).max() < 1e-6
         assert names == [threading.current_thread().name] * 3
         with engine.admission_paused():
-            tasks = [asyncio.ensure_future(engine.ask(f"held {i}", GOOD)) for i in range(2)]
+            tasks = [asyncio.ensure_future(ask_prepared(engine, f"held {i}")) for i in range(2)]
             await asyncio.sleep(0.05)
         await asyncio.gather(*tasks)
         assert names[3:] == ["flide-rounds"] and engine.stats()["rounds"] == 4
@@ -220,7 +229,7 @@ async def test_asks_launched_by_their_threads_race_safely(tiny_path):
 
         def worker(index: int) -> None:
             for step in range(4):
-                results[4 * index + step] = asyncio.run(engine.ask(f"thread {index} step {step}", GOOD))
+                results[4 * index + step] = asyncio.run(ask_prepared(engine, f"thread {index} step {step}"))
 
         threads = [threading.Thread(target=worker, args=(i,), name=f"asker-{i}") for i in range(6)]
         for thread in threads:
@@ -234,6 +243,75 @@ async def test_asks_launched_by_their_threads_race_safely(tiny_path):
             assert np.abs(answer_probabilities(results[key]["n"]) - answer_probabilities(expected["n"])).max() < 1e-6
 
 
+def _tokenizing_threads(engine) -> list[tuple[str, str]]:
+    """Records (thread, state) of each one-off state tokenized."""
+    names: list[tuple[str, str]] = []
+    trunk = engine.renderer.trunk
+
+    def recording(state):
+        names.append((threading.current_thread().name, state))
+        return trunk(state)
+
+    engine.renderer.trunk = recording
+    return names
+
+
+@pytest.mark.asyncio
+async def test_an_idle_engine_tokenizes_a_one_off_state_on_its_round_thread(tiny_path):
+    """An ask about a one-off state that finds the engine idle is tokenized, admitted and launched by the
+    round thread, and answers exactly as an ask tokenized by its caller; asks queued behind others (here:
+    while admission is held) are tokenized by their callers."""
+    async with fl.Engine.load(tiny_path, device="cpu") as plain, fl.Engine.load(tiny_path, device="cpu") as engine:
+        tokenized = _tokenizing_threads(engine)
+        launched = _launch_threads(engine)
+        for i in range(3):
+            state = f"lone ask {i} about a late order"
+            got, expected = await engine.ask(state, GOOD), await ask_prepared(plain, state)
+            for name in GOOD:
+                assert np.array_equal(answer_probabilities(got[name]), answer_probabilities(expected[name]))
+        assert [name for name, _ in tokenized] == ["flide-rounds"] * 3 and launched == ["flide-rounds"] * 3
+        with engine.admission_paused():
+            tasks = [asyncio.ensure_future(engine.ask(f"held {i}", GOOD)) for i in range(2)]
+            await asyncio.sleep(0.05)
+        await asyncio.gather(*tasks)
+        assert [name for name, _ in tokenized[3:]] == [threading.current_thread().name] * 2
+        assert engine.stats()["asks"] == 5
+
+
+@pytest.mark.asyncio
+async def test_a_state_too_long_tokenized_by_the_round_thread_fails_its_ask_only(tiny_path):
+    async with fl.Engine.load(tiny_path, device="cpu", max_prompt_tokens=200) as engine:
+        tokenized = _tokenizing_threads(engine)
+        with pytest.raises(fl.StateTooLongError, match="max_prompt_tokens=200"):
+            await asyncio.wait_for(engine.ask("word " * 400, GOOD), timeout=30)
+        assert tokenized == [("flide-rounds", "word " * 400)] and engine.stats()["asks"] == 0 and not engine.closed
+        assert set(await asyncio.wait_for(engine.ask("short", GOOD), timeout=30)) == {"n", "c"}
+
+
+@pytest.mark.asyncio
+async def test_an_ask_cancelled_before_the_round_thread_tokenizes_it_is_dropped(tiny_path):
+    async with fl.Engine.load(tiny_path, device="cpu") as engine:
+        tokenized = _tokenizing_threads(engine)
+        gate = threading.Event()
+        launch = engine._loop._launch_here
+
+        def held_launch(ask):
+            gate.wait(30)
+            launch(ask)
+
+        engine._loop._launch_here = held_launch
+        task = asyncio.ensure_future(engine.ask("never tokenized", GOOD))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.sleep(0.05)
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        engine._loop._launch_here = launch
+        assert set(await asyncio.wait_for(engine.ask("after", GOOD), timeout=30)) == {"n", "c"}
+        assert [state for _, state in tokenized] == ["after"] and engine.stats()["asks"] == 1
+
+
 @pytest.mark.asyncio
 async def test_a_failed_launch_on_the_asking_thread_fails_that_ask_only(tiny_path):
     async with fl.Engine.load(tiny_path, device="cpu") as engine:
@@ -245,9 +323,9 @@ async def test_a_failed_launch_on_the_asking_thread_fails_that_ask_only(tiny_pat
 
         engine._loop._select = broken
         with pytest.raises(RuntimeError, match="admission bug"):
-            await asyncio.wait_for(engine.ask("state", GOOD), timeout=30)
+            await asyncio.wait_for(ask_prepared(engine, "state"), timeout=30)
         engine._loop._select = select
-        answers = await asyncio.wait_for(engine.ask("state", GOOD), timeout=30)
+        answers = await asyncio.wait_for(ask_prepared(engine, "state"), timeout=30)
         assert not engine.closed and set(answers) == {"n", "c"}
 
 
@@ -267,7 +345,7 @@ async def test_closing_while_an_ask_is_launched_on_its_thread_still_answers_it(t
         return launch(batch)
 
     engine._loop._launch = close_first
-    answers = await asyncio.wait_for(engine.ask("closing time", GOOD), timeout=60)
+    answers = await asyncio.wait_for(ask_prepared(engine, "closing time"), timeout=60)
     closer.join(60)
     assert set(answers) == {"n", "c"} and names == [threading.current_thread().name] and not engine._loop.running
     with pytest.raises(fl.EngineClosedError):
