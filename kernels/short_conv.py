@@ -23,7 +23,14 @@ front took 0.90 ms instead of 0.70 in a lone 2,000-token round and 1.97 instead 
 not kept. Since fca3265 a row is one offset from the stream's first row, the window rows at the arena's
 offset from it (`_table_row_offsets`): one load per tap, 16 bytes at a time, and 1-4% faster than the pointer
 select (q1 round 38.2 -> 37.7 us, `2026-12-01-bench_conv-0.8B-offsets-ab.json`): the loads' width is not
-what bounds this kernel.
+what bounds this kernel. Nsight Compute then showed it instruction-bound (issue slots busy 65% of cycles, 30% of
+peak memory bandwidth; about 65 instructions per value, `2026-12-01-ncu-0.8B-h200.json`): in the compiled code each
+tap's per-token indices and a weight row loaded as [1, BC] crossed threads through shared memory, with barriers,
+and SiLU took the IEEE division. Since bda6658 a tile of stream predecessors (most tiles) is addressed
+arithmetically, the weights are float32, tap-major and loaded in the rows' layout, and SiLU divides
+approximately: about 33 instructions per value, the conv alone on a lone 2,000-token round 37.7 -> 29.7 us
+(`2026-12-01-bench_conv-0.8B.json`), the fused front in a round's profile 0.683 -> 0.471 ms at Q = 1 and 1.474 ->
+1.059 ms at Q = 64 (`2026-12-01-profile_round-0.8B.json` against `-conv-ab-b4c6a12`, one device call).
 The engine runs the conv and the window saves inside `gdn_front`'s single launch; the launchers here run
 each part alone (its tests, `benchmarks/bench_conv.py`).
 """
