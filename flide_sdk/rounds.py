@@ -17,13 +17,13 @@ submitted while the loop is idle (nothing queued or in flight, no deadline, admi
 and launched by the submitting thread itself, which saves the hand-off to the round thread on a lone ask's
 critical path (a thread wake-up, 72 us median and 216 us p90 on the H200 host, `host_wake.json`); the round
 thread then finishes it as any other. Only for launches that return at once (the engine accepts asks that
-fit a captured CUDA graph). An ask whose preparation is deferred (`PendingAsk.prepare`: the engine's asks about
-a one-off state, whose tokenizing is most of an ask's host work) and that finds the loop idle is queued as it is:
-the round thread prepares, selects and launches it alone (on the H200's host the asking thread, asleep through
-the previous round, ran its host stages two to three times slower than back to back; the round thread had just
-waited for the device: `Engine._state_ask`); otherwise the submitting thread prepares it. Closing fails every queued ask with `EngineClosedError`; rounds already launched
-finish. `hold()` pauses admission, so a test can queue several asks and have them admitted together,
-deterministically.
+fit a captured CUDA graph). An ask whose preparation is deferred (`PendingAsk.prepare`: the engine's asks
+about a one-off state, whose tokenizing is most of an ask's host work) and that finds the loop idle is queued
+as it is: the round thread prepares, selects and launches it alone (on the H200's host the asking thread,
+asleep through the previous round, ran its host stages two to three times slower than back to back; the round
+thread had just waited for the device: `Engine._state_ask`); otherwise the submitting thread prepares it.
+Closing fails every queued ask with `EngineClosedError`; rounds already launched finish. `hold()` pauses
+admission, so a test can queue several asks and have them admitted together, deterministically.
 """
 
 from __future__ import annotations

@@ -50,8 +50,8 @@ def _gdn_front_kernel(
     save_channels,
     save_stride_x, save_stride_cs, save_stride_ck, stride_save_src,
     gate_programs, save_programs, channel_blocks, save_channel_blocks,
-    TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, EVEN_C: tl.constexpr, GATE_BT: tl.constexpr, BH: tl.constexpr,
-    WINDOW: tl.constexpr, BW: tl.constexpr, SAVE_BC: tl.constexpr,
+    TAPS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, EVEN_C: tl.constexpr, GATE_BT: tl.constexpr,
+    BH: tl.constexpr, WINDOW: tl.constexpr, BW: tl.constexpr, SAVE_BC: tl.constexpr,
 ):
     job = tl.program_id(0)
     if job < gate_programs:

@@ -210,8 +210,8 @@ def conv_launch(
     arguments = (x, window_base, resume_slots, weight, src, out, total, channels, x.stride(0),
                  window_cache.stride(0), window_cache.stride(1), weight.stride(0), weight.stride(1), src.stride(0),
                  out.stride(0))
-    return TileLaunch(arguments, {"TAPS": src.shape[1], "BT": block_t, "BC": block_c, "EVEN_C": channels % block_c == 0},
-                      (triton.cdiv(total, block_t), triton.cdiv(channels, block_c)), (out,))
+    constants = {"TAPS": src.shape[1], "BT": block_t, "BC": block_c, "EVEN_C": channels % block_c == 0}
+    return TileLaunch(arguments, constants, (triton.cdiv(total, block_t), triton.cdiv(channels, block_c)), (out,))
 
 
 def indexed_conv_triton(
