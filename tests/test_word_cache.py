@@ -210,8 +210,9 @@ def test_unsupported_tokenizers_disable_it(tiny_path):
 
 def test_a_piece_that_does_not_split_into_itself_is_not_cached(tiny_path):
     encoder = WordEncoder(Tokenizer.from_file(str(tiny_path / "tokenizer.json")))
-    assert encoder._lookup(["ab cd"]) is None and "ab cd" not in encoder.cache
-    assert encoder._lookup([" ab"])[" ab"] == encoder.cache[" ab"]
+    assert not encoder._add_missing(["ab cd"]) and "ab cd" not in encoder.cache
+    assert encoder._add_missing([" ab", " ab", " cd"]) and encoder.cache[" ab"] == np.asarray(
+        encoder.tokenizer.encode(" ab", add_special_tokens=False).ids, np.int64).tobytes()
 
 
 def test_cache_is_bounded_and_exact_after_clearing(tiny_path, monkeypatch):
@@ -227,6 +228,15 @@ def test_cache_is_bounded_and_exact_after_clearing(tiny_path, monkeypatch):
         assert encoder.encode(text).tolist() == ids
         sizes.append(len(encoder.cache))
     assert max(sizes) <= 60 and any(after < before for before, after in itertools.pairwise(sizes))  # cleared
+    # a clear keeps the pieces of the text that made it: encoding that text again finds all of them
+    for text in texts:
+        before = len(encoder.cache)
+        encoder.encode(text)
+        if len(encoder.cache) < before:
+            assert set(encoder.pieces(text)) <= encoder.cache.keys()
+            break
+    else:
+        raise AssertionError("no text cleared the cache")
 
     # several threads at once, clearing as they go: every result still exact, the cache still bounded
     failures = []
