@@ -1,8 +1,8 @@
 """`Engine`: the public entry point. Loads a checkpoint, renders asks, and runs them in rounds.
 
 An ask is validated and rendered in the caller (errors raise there, and the engine stays usable), then
-queued; a one-off state is tokenized by the round thread when the ask finds the engine idle (the asking
-thread slept through the last round and runs cold), by the caller otherwise. On the round thread, `_select`
+queued; a one-off state is tokenized by the round thread when the ask finds the engine idle (its host
+stages ran faster there than on an asking thread that slept through the last round), by the caller otherwise. On the round thread, `_select`
 admits queued asks with state-ready traversal (RadixFlow): each ask looks up the furthest checkpoint
 matching its trunk; an ask that would resume from a checkpoint another admitted ask is producing in this
 very round waits for the next round, while the scan goes on filling the round with independent work, up to
@@ -292,11 +292,10 @@ class Engine:
         """The queued form of an ask about a one-off state, its questions validated and rendered (bad input
         raises here), the state tokenized later: by the round thread when the ask finds the engine idle, by
         the submitting thread otherwise (`RoundLoop.try_submit`). A state too long for the model then fails
-        the ask's future (one raised in the caller otherwise). The host stages of a lone ask on an asking thread
-        that slept through the previous ask's round took two to three times their back-to-back time on the H200's
-        host; the round thread had just waited for the device. In one device call at Q = 1, submit 2.80 -> 2.11 ms,
-        plan 0.71 -> 0.54, launch 0.62 -> 0.47, latency 11.11 -> 10.48 ms (Q = 64: 20.35 -> 18.71;
-        `2026-12-01-questions_per_state-0.8B-handoff-ab.json`)."""
+        the ask's future (one raised in the caller otherwise). The asking thread has slept through the previous
+        ask's round, the round thread has just waited for the device: on the H200's host, in one device call, a
+        lone ask's submit took 2.80 -> 2.11 ms at Q = 1, plan 0.71 -> 0.54, launch 0.62 -> 0.47, its latency
+        11.11 -> 10.48 ms (Q = 64: 20.35 -> 18.71; `2026-12-01-questions_per_state-0.8B-handoff-ab.json`)."""
         if self._loop.closed:
             raise EngineClosedError("the engine is closed")
         started, cpu_started = time.perf_counter(), time.thread_time()

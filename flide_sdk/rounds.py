@@ -19,9 +19,9 @@ critical path (a thread wake-up, 72 us median and 216 us p90 on the H200 host, `
 thread then finishes it as any other. Only for launches that return at once (the engine accepts asks that
 fit a captured CUDA graph). An ask whose preparation is deferred (`PendingAsk.prepare`: the engine's asks
 about a one-off state, whose tokenizing is most of an ask's host work) and that finds the loop idle is queued
-as it is: the round thread prepares, selects and launches it alone (on the H200's host the asking thread,
-asleep through the previous round, ran its host stages two to three times slower than back to back; the round
-thread had just waited for the device: `Engine._state_ask`); otherwise the submitting thread prepares it.
+as it is: the round thread prepares, selects and launches it alone (on the H200's host its host stages took
+about a quarter less time there than on an asking thread asleep through the previous round:
+`Engine._state_ask`); otherwise the submitting thread prepares it.
 Closing fails every queued ask with `EngineClosedError`; rounds already launched finish. `hold()` pauses
 admission, so a test can queue several asks and have them admitted together, deterministically.
 """
