@@ -2,11 +2,11 @@
 
 An ask is validated and rendered in the caller (errors raise there, and the engine stays usable), then
 queued; a one-off state is tokenized by the round thread when the ask finds the engine idle (its host
-stages ran faster there than on an asking thread that slept through the last round), by the caller otherwise. On the round thread, `_select`
-admits queued asks with state-ready traversal (RadixFlow): each ask looks up the furthest checkpoint
-matching its trunk; an ask that would resume from a checkpoint another admitted ask is producing in this
-very round waits for the next round, while the scan goes on filling the round with independent work, up to
-the round's token, request and question capacity.
+stages ran faster there than on an asking thread that slept through the last round), by the caller
+otherwise. On the round thread, `_select` admits queued asks with state-ready traversal (RadixFlow): each
+ask looks up the furthest checkpoint matching its trunk; an ask that would resume from a checkpoint another
+admitted ask is producing in this very round waits for the next round, while the scan goes on filling the
+round with independent work, up to the round's token, request and question capacity.
 `_launch` computes identical trunks once, plans each request's checkpoint save at its stable boundary,
 lays everything out as one flat stream, and starts the model on it: the replay of the smallest captured
 CUDA graph the round fits (`graphs.py`), or an eager forward (CPU, or a round larger than every graph).
