@@ -5,8 +5,9 @@
 No GPU needed: one real-shape round (a trunk and its branches, padded to its capacity as graph rounds are)
 goes through the model with every Triton launch recorded instead of run; each distinct launch (kernel,
 argument types, constexprs, warps, stages) is then compiled for sm_90 (`triton.compile`) with the
-specialisation a CUDA launch would give it (16-divisible pointers and integers), and `ptxas -v` reports its
-registers and spills. A launch needing more shared memory than the H200 gives one block (227 KB) is
+specialisation a CUDA launch would give it (16-divisible pointers and integers, integers equal to 1 made
+constants: counted as plain integers before 2026-12-01, so earlier files describe kernels with a unit stride
+argument as compiled with a runtime stride), and `ptxas -v` reports its registers and spills. A launch needing more shared memory than the H200 gives one block (227 KB) is
 flagged: the run that would have found it on the device costs minutes of device time. Each launch also
 counts its global load and store instructions by bytes per thread (`global_loads` / `global_stores`, from
 the PTX): 2-byte loads of 16-bit tiles mean the compiler could not prove a row's alignment or a mask's
