@@ -313,6 +313,53 @@ async def test_an_ask_cancelled_before_the_round_thread_tokenizes_it_is_dropped(
 
 
 @pytest.mark.asyncio
+async def test_one_off_asks_from_many_threads_are_each_answered_once_as_alone(tiny_path):
+    """Threads asking about one-off states at once: some asks find the engine idle and are tokenized by the
+    round thread, the rest by their own threads; every ask is answered once, as alone."""
+    async with fl.Engine.load(tiny_path, device="cpu") as plain, fl.Engine.load(tiny_path, device="cpu") as engine:
+        tokenized = _tokenizing_threads(engine)
+        results: dict[int, dict] = {}
+
+        def worker(index: int) -> None:
+            for step in range(4):
+                results[4 * index + step] = asyncio.run(engine.ask(f"thread {index} step {step}", GOOD))
+
+        threads = [threading.Thread(target=worker, args=(i,), name=f"asker-{i}") for i in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert sorted(results) == list(range(24)) and engine.stats()["asks"] == 24
+        assert sorted(state for _, state in tokenized) == sorted(f"thread {i} step {j}" for i in range(6) for j in range(4))
+        assert any(name == "flide-rounds" for name, _ in tokenized)
+        for key in (0, 9, 23):
+            expected = await plain.ask(f"thread {key // 4} step {key % 4}", GOOD)
+            assert np.abs(answer_probabilities(results[key]["n"]) - answer_probabilities(expected["n"])).max() < 1e-6
+
+
+@pytest.mark.asyncio
+async def test_closing_while_the_round_thread_tokenizes_an_ask_still_answers_it(tiny_path):
+    """An ask the round thread has taken to tokenize is a launched ask: closing the engine meanwhile lets it
+    finish and refuses later asks."""
+    engine = fl.Engine.load(tiny_path, device="cpu")
+    trunk = engine.renderer.trunk
+    closer = threading.Thread(target=engine.close)
+
+    def close_first(state):
+        closer.start()
+        while not engine.closed:
+            threading.Event().wait(0.001)
+        return trunk(state)
+
+    engine.renderer.trunk = close_first
+    answers = await asyncio.wait_for(engine.ask("closing time", GOOD), timeout=60)
+    closer.join(60)
+    assert set(answers) == {"n", "c"} and not engine._loop.running
+    with pytest.raises(fl.EngineClosedError):
+        await engine.ask("after", GOOD)
+
+
+@pytest.mark.asyncio
 async def test_a_failed_launch_on_the_asking_thread_fails_that_ask_only(tiny_path):
     async with fl.Engine.load(tiny_path, device="cpu") as engine:
         _launch_threads(engine)
