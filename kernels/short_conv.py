@@ -26,9 +26,10 @@ select (q1 round 38.2 -> 37.7 us, `2026-12-01-bench_conv-0.8B-offsets-ab.json`):
 what bounds this kernel. Nsight Compute then showed it instruction-bound (issue slots busy 65% of cycles, 30% of
 peak memory bandwidth; about 65 instructions per value, `2026-12-01-ncu-0.8B-h200.json`): in the compiled code each
 tap's per-token indices and a weight row loaded as [1, BC] crossed threads through shared memory, with barriers,
-and SiLU took the IEEE division. Since bda6658 a tile of stream predecessors (most tiles) is addressed
-arithmetically, the weights are float32, tap-major and loaded in the rows' layout, and SiLU divides
-approximately: about 33 instructions per value, the conv alone on a lone 2,000-token round 37.7 -> 29.7 us
+and every load was masked. Since bda6658 a tile of stream predecessors (most tiles) is addressed
+arithmetically, the weights are float32, tap-major and loaded in the rows' layout, and channels that fill the
+tiles are not masked: about 33 instructions per value (the float32 answers on CUDA unchanged to the printed
+digits, `2026-12-01-fidelity-0.8B.json`), the conv alone on a lone 2,000-token round 37.7 -> 29.7 us
 (`2026-12-01-bench_conv-0.8B.json`), the fused front in a round's profile 0.683 -> 0.471 ms at Q = 1 and 1.474 ->
 1.059 ms at Q = 64 (`2026-12-01-profile_round-0.8B.json` against `-conv-ab-b4c6a12`, one device call).
 The engine runs the conv and the window saves inside `gdn_front`'s single launch; the launchers here run
@@ -139,8 +140,7 @@ def _conv_tile(
             rows = tl.load(x_ptr + row[:, None] + chans[None, :], mask=read[:, None] & chan_ok[None, :], other=0.0)
             weight = tl.load(weight_rows + tap * stride_tap, mask=chan_ok[None, :], other=0.0)
             acc += rows.to(tl.float32) * weight.to(tl.float32)
-    # SiLU with the approximate division (div.full.f32, 2 ulp): the IEEE one took a dozen instructions a value
-    out = tl.fdiv(acc, 1.0 + tl.exp(-acc))
+    out = acc * tl.sigmoid(acc)
     tl.store(out_ptr + tokens[:, None] * stride_out + chans[None, :], out.to(out_ptr.dtype.element_ty),
              mask=token_ok[:, None] & chan_ok[None, :])
 
