@@ -28,7 +28,7 @@ import unicodedata
 from collections.abc import Iterable
 
 import numpy as np
-from tokenizers import Tokenizer, models
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from flide_sdk.history import QWEN_PRETOKENIZER_PATTERN
 
@@ -44,10 +44,10 @@ WHITE_SPACE = " \t\n\r"
 # the cache is cleared whole when it would pass this many pieces (about 120 bytes each with the dict's share:
 # some 25 MB at most); English prose reaches about 10,000 distinct pieces in 15 QuALITY articles
 MAX_CACHED_PIECES = 200_000
-# new pieces up to this many are encoded one by one on the calling thread, more in one parallel batch: a batch
-# call wakes the tokenizer's worker threads (one per CPU), which costs more than a few short pieces (a RACE
-# passage's ask typically brings a handful of new words)
-FEW_MISSING = 16
+# new pieces up to this many are encoded one by one on the calling thread (by the BPE model alone, `_piece_ids`),
+# more in one parallel batch: a batch call wakes the tokenizer's worker threads (one per CPU), which costs more
+# than a few dozen short pieces (a RACE passage brings about 24 new to the cache, a QuALITY state about 9)
+FEW_MISSING = 64
 ADD_ATTEMPTS = 3  # joins tried, each after adding the pieces missing (another thread may clear the cache between)
 # the contractions' apostrophe matched once: the same alternatives in the same order after it, so the same pieces;
 # the split of a 2,000-token state 0.57 -> 0.55 ms (this repository's CPU VM; seven alternatives tried at each
@@ -129,6 +129,17 @@ def supported(tokenizer: Tokenizer) -> bool:
     )
 
 
+def byte_level_chars() -> list[str]:
+    """The byte-level alphabet of GPT-2-style BPE, by byte: the printable Latin-1 bytes stand for themselves,
+    the other 68 for the code points from 256 on, in byte order (checked against the tokenizer's alphabet
+    before use)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
+    chars = {byte: chr(byte) for byte in printable}
+    for offset, byte in enumerate(byte for byte in range(256) if byte not in chars):
+        chars[byte] = chr(256 + offset)
+    return [chars[byte] for byte in range(256)]
+
+
 def _joined(ids_of: dict[str, bytes], pieces: list[str]) -> np.ndarray:
     """The pieces' ids (int64 bytes each) joined into one buffer, read as the array (no copy)."""
     return np.frombuffer(bytearray().join(map(ids_of.__getitem__, pieces)), np.int64)
@@ -156,6 +167,10 @@ class WordEncoder:
         longest_first = sorted(added, key=len, reverse=True)  # at one position: the longest, as the tokenizer
         self._added = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")") if added else None
         self.cache: dict[str, bytes] = dict(self._added_ids)  # piece -> its ids as int64 bytes
+        # a new piece's ids from the BPE model alone (what the tokenizer runs on a piece once it has normalized,
+        # split and byte-mapped it): 24 new pieces 0.41 -> 0.19 ms on this repository's CPU VM
+        self._byte_chars = byte_level_chars()
+        self._direct = set(self._byte_chars) == set(pre_tokenizers.ByteLevel.alphabet())
 
     def pieces(self, text: str) -> list[str] | None:
         """The text's regex pieces, each added token a piece of its own; None if not whitelisted."""
@@ -203,10 +218,10 @@ class WordEncoder:
             if whole is None or whole.end() != len(piece):
                 return False
         if len(missing) <= FEW_MISSING:  # one at a time, on this thread: no wake-up of the tokenizer's threads
-            encodings = [self.tokenizer.encode(piece, add_special_tokens=False) for piece in missing]
+            ids = [self._piece_ids(piece) for piece in missing]
         else:
-            encodings = self.tokenizer.encode_batch_fast(missing, add_special_tokens=False)  # releases the GIL
-        new = {piece: np.asarray(encoding.ids, np.int64).tobytes() for piece, encoding in zip(missing, encodings)}
+            ids = [encoding.ids for encoding in self.tokenizer.encode_batch_fast(missing, add_special_tokens=False)]
+        new = {piece: np.asarray(piece_ids, np.int64).tobytes() for piece, piece_ids in zip(missing, ids)}
         # checked after the tokenizer (other threads fill the cache meanwhile), so the bound holds up to the
         # pieces of the few texts whose inserts interleave
         if len(cache) + len(new) > MAX_CACHED_PIECES:
@@ -216,3 +231,11 @@ class WordEncoder:
             cache.update(kept)
         cache.update(new)
         return True
+
+    def _piece_ids(self, piece: str) -> list[int]:
+        """The tokenizer's ids of one piece that splits into just itself and is no added token: the BPE model's
+        on its byte-level characters (the tokenizer's whole pipeline when the alphabet is not the standard one)."""
+        if not self._direct:
+            return self.tokenizer.encode(piece, add_special_tokens=False).ids
+        chars = "".join(map(self._byte_chars.__getitem__, piece.encode()))
+        return [token.id for token in self.tokenizer.model.tokenize(chars)]

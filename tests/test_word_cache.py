@@ -313,13 +313,38 @@ def test_branch_ids_take_the_fast_path(tiny_path):
             assert question.ids.tolist() == tokenizer.encode(text, add_special_tokens=False).ids
 
 
+def test_new_pieces_take_the_bpe_model_alone(tiny_path):
+    """A new piece's ids come from the BPE model on its byte-level characters (the alphabet checked against the
+    tokenizer's), equal to the tokenizer's for pieces of every whitelisted character."""
+    encoder = WordEncoder(Tokenizer.from_file(str(tiny_path / "tokenizer.json")))
+    assert len(set(word_cache.byte_level_chars())) == 256 and encoder._direct
+    calls = []
+    model_tokenize = encoder.tokenizer.model.tokenize
+
+    class Model:
+        def tokenize(self, chars):
+            calls.append(chars)
+            return model_tokenize(chars)
+
+    tokenizer = encoder.tokenizer
+    encoder.tokenizer = recording = BatchRecorder(tokenizer)
+    recording.model = Model()
+    points = [point for low, high in word_cache.WHITELIST for point in range(low, high + 1)]
+    seen: set[str] = set()
+    for start in range(0, len(points), 24):  # a few dozen new pieces a text: the one-by-one path
+        text = "a" + " ".join("x" + chr(point) * 2 + "y" for point in points[start : start + 24])
+        assert encoder.encode(text).tolist() == tokenizer.encode(text, add_special_tokens=False).ids
+        seen.update(encoder.pieces(text))
+    assert len(calls) == len(seen) > 500 and not recording.batches
+
+
 def test_a_few_new_pieces_are_encoded_without_a_batch_call(tiny_path):
     """A text bringing up to FEW_MISSING new pieces encodes them one by one on the calling thread (a batch call
     would wake the tokenizer's threads); more go in one batch; the ids are the tokenizer's either way."""
     renderer = Renderer.from_checkpoint(tiny_path, 1 << 20)
     encoder, tokenizer = renderer.words, renderer.tokenizer
     encoder.tokenizer = recording = BatchRecorder(tokenizer)
-    words = ["".join(letters) for letters in itertools.product("qxzj", repeat=3)]  # distinct pieces " qxz"...
+    words = ["".join(letters) for letters in itertools.product("qxzj", repeat=4)]  # distinct pieces " qxzj"...
     count = word_cache.FEW_MISSING
     many = " " + " ".join(words[: 3 * count])
     few = many + " " + " ".join(words[3 * count : 4 * count])
