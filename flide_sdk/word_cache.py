@@ -3,14 +3,16 @@
 `WordEncoder.encode(text)` gives the ids that `tokenizer.encode(text, add_special_tokens=False).ids` gives,
 or None when it cannot vouch for them (the caller then asks the tokenizer). It owns the whitelist of
 characters it accepts, the pre-tokenizer pattern rewritten for `re` on that whitelist, the added-token
-split, and the cache of each regex piece's ids. The HF tokenizer runs only for pieces never seen before.
+split, and the cache of each regex piece's ids. Only pieces never seen before are encoded: by the tokenizer's
+BPE model on their byte-level characters (many at once: by the tokenizer, in a batch).
 
 Why it is exact. The Qwen3.5 tokenizer (checked at construction, else `encode` always returns None) extracts
 its added tokens first (leftmost-longest; none strips or needs a whole word, none is normalized), NFC-
 normalizes each segment between them, splits it with a regex (`QWEN_PRETOKENIZER_PATTERN`, pieces isolated),
 maps each piece to byte-level characters and runs BPE (no dropout) inside it; nothing changes ids after. So
 the ids of a text are, per segment, the concatenation over its regex pieces of ids(piece), and ids(piece)
-depends on the piece alone: the tokenizer's ids of the piece by itself, once it splits into just itself.
+depends on the piece alone: the tokenizer's ids of the piece by itself, once it splits into just itself,
+which are the BPE model's ids of its byte-level characters (a piece of W is NFC, as W has no marks).
 What remains is to split as the tokenizer's regex engine (oniguruma) does. On the whitelist W every
 Unicode class the pattern names is a plain, long-stable set (letters, digits, four white-space characters;
 no marks, no character that NFC changes, no long s, which `(?i)` would fold to `s`), so the pattern with
