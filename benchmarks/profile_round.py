@@ -96,6 +96,7 @@ def main() -> None:
             engine.model(rnd, engine.ops, engine._caches)
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
+            engine.close()
             return
         tables = [kernel_table(engine, label, *request) for label, request in rounds.items()]
         tokenize = []

@@ -108,13 +108,8 @@ class RoundLoop:
         queue is full. An ask with a deferred preparation that finds the loop idle is queued as it is, for
         the round thread to prepare and launch; otherwise this thread prepares it first (its errors raise
         here)."""
-        with self._cond:
-            self._check_open()
-            if len(self._pending) >= self.max_pending:
-                return False
-            if ask.prepare is not None and self._idle():
-                self._queue(ask)
-                return True
+        if self._queued_as_is(ask):
+            return True
         ask.prepare_now()
         with self._cond:
             self._check_open()
@@ -129,6 +124,16 @@ class RoundLoop:
         if inline:
             self._launch_here(ask)
         return True
+
+    def _queued_as_is(self, ask: PendingAsk) -> bool:
+        """Queue an ask whose preparation is deferred as it is when the loop is idle (True: the round thread
+        prepares it); False, nothing done, otherwise."""
+        with self._cond:
+            self._check_open()
+            if ask.prepare is None or not self._idle():
+                return False
+            self._queue(ask)
+            return True
 
     def _idle(self) -> bool:
         """Nothing queued, launching or in flight, no deadline, admission not held (called locked)."""
@@ -182,11 +187,8 @@ class RoundLoop:
     def submit(self, ask: PendingAsk) -> None:
         """Queue `ask`, waiting for room while the queue is full (a deferred preparation runs on this thread
         unless the loop is idle, as in `try_submit`)."""
-        with self._cond:
-            self._check_open()
-            if ask.prepare is not None and self._idle():
-                self._queue(ask)
-                return
+        if self._queued_as_is(ask):
+            return
         ask.prepare_now()
         with self._cond:
             while not self._closed and len(self._pending) >= self.max_pending:

@@ -337,21 +337,26 @@ async def test_one_off_asks_from_many_threads_are_each_answered_once_as_alone(ti
             assert np.abs(answer_probabilities(results[key]["n"]) - answer_probabilities(expected["n"])).max() < 1e-6
 
 
+def _closing_first(engine, call):
+    """(the closing thread, `call` wrapped so that it first starts closing `engine` on that thread and waits
+    until the engine is closed)."""
+    closer = threading.Thread(target=engine.close)
+
+    def close_first(*args):
+        closer.start()
+        while not engine.closed:
+            threading.Event().wait(0.001)
+        return call(*args)
+
+    return closer, close_first
+
+
 @pytest.mark.asyncio
 async def test_closing_while_the_round_thread_tokenizes_an_ask_still_answers_it(tiny_path):
     """An ask the round thread has taken to tokenize is a launched ask: closing the engine meanwhile lets it
     finish and refuses later asks."""
     engine = fl.Engine.load(tiny_path, device="cpu")
-    trunk = engine.renderer.trunk
-    closer = threading.Thread(target=engine.close)
-
-    def close_first(state):
-        closer.start()
-        while not engine.closed:
-            threading.Event().wait(0.001)
-        return trunk(state)
-
-    engine.renderer.trunk = close_first
+    closer, engine.renderer.trunk = _closing_first(engine, engine.renderer.trunk)
     answers = await asyncio.wait_for(engine.ask("closing time", GOOD), timeout=60)
     closer.join(60)
     assert set(answers) == {"n", "c"} and not engine._loop.running
@@ -382,16 +387,7 @@ async def test_closing_while_an_ask_is_launched_on_its_thread_still_answers_it(t
     (the round thread waits for the launch before it exits) and refuses later asks."""
     engine = fl.Engine.load(tiny_path, device="cpu")
     names = _launch_threads(engine)
-    launch = engine._loop._launch
-    closer = threading.Thread(target=engine.close)
-
-    def close_first(batch):
-        closer.start()
-        while not engine.closed:
-            threading.Event().wait(0.001)
-        return launch(batch)
-
-    engine._loop._launch = close_first
+    closer, engine._loop._launch = _closing_first(engine, engine._loop._launch)
     answers = await asyncio.wait_for(ask_prepared(engine, "closing time"), timeout=60)
     closer.join(60)
     assert set(answers) == {"n", "c"} and names == [threading.current_thread().name] and not engine._loop.running
