@@ -112,14 +112,25 @@ def test_every_whitelisted_character_in_context(tiny_path):
         check_split(encoder, tokenizer, texts)
 
 
+def chunk_texts(segment: str) -> list[str]:
+    """The texts of a segment's chunks: its part before the first cut, then each cut's space and what follows."""
+    first, *chunks = word_cache.cut_at_spaces(segment)
+    return [first.replace(word_cache.NUL, " ")] + [" " + chunk.replace(word_cache.NUL, " ") for chunk in chunks]
+
+
 def check_split(encoder: WordEncoder, tokenizer: Tokenizer, texts: list[str]) -> None:
     """The split itself is the tokenizer's, not just the ids (a piece split differently may still give the
-    same ids by chance), and its pieces cover the text."""
+    same ids by chance); the chunks cover each segment between added tokens, and split one by one they give
+    the tokenizer's pieces of the whole segment (no piece crosses a cut)."""
     for text in texts:
-        for segment in encoder._added.split(text)[::2]:
+        segments = encoder.segments(text)
+        assert "".join(segments) == text
+        for segment in segments[::2]:
             hf = [segment[a:b] for _, (a, b) in tokenizer.pre_tokenizer.pre_tokenize_str(segment)]
             assert encoder._split.findall(segment) == hf, segment
-        assert "".join(encoder.pieces(text)) == text
+            chunks = chunk_texts(segment)
+            assert "".join(chunks) == segment
+            assert [piece for chunk in chunks for piece in encoder._split.findall(chunk)] == hf, segment
 
 
 def test_added_tokens_leftmost_longest_and_glued(tiny_path):
@@ -217,6 +228,7 @@ def test_a_piece_that_does_not_split_into_itself_is_not_cached(tiny_path):
 
 def test_cache_is_bounded_and_exact_after_clearing(tiny_path, monkeypatch):
     monkeypatch.setattr(word_cache, "MAX_CACHED_PIECES", 60)
+    monkeypatch.setattr(word_cache, "MAX_CACHED_CHUNKS", 60)
     tokenizer = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
     encoder = WordEncoder(tokenizer)
     rng = random.Random(3)
@@ -226,17 +238,25 @@ def test_cache_is_bounded_and_exact_after_clearing(tiny_path, monkeypatch):
     sizes = []
     for text, ids in zip(texts, expected):
         assert encoder.encode(text).tolist() == ids
-        sizes.append(len(encoder.cache))
-    assert max(sizes) <= 60 and any(after < before for before, after in itertools.pairwise(sizes))  # cleared
-    # a clear keeps the pieces of the text that made it: encoding that text again finds all of them
+        sizes.append((len(encoder.cache), len(encoder.chunks)))
+    for cache in (0, 1):  # both bounded, both cleared
+        assert max(size[cache] for size in sizes) <= 60
+        assert any(after[cache] < before[cache] for before, after in itertools.pairwise(sizes))
+    # a clear keeps the chunks of the text that made it, and the pieces of the chunks being added
     for text in texts:
-        before = len(encoder.cache)
+        before = len(encoder.chunks)
         encoder.encode(text)
-        if len(encoder.cache) < before:
-            assert set(encoder.pieces(text)) <= encoder.cache.keys()
+        if len(encoder.chunks) < before:
+            assert set(word_cache.cut_at_spaces(text)[1:]) <= encoder.chunks.keys()
             break
     else:
-        raise AssertionError("no text cleared the cache")
+        raise AssertionError("no text cleared the chunk cache")
+    pieces = [" " + "".join(letters) for letters in itertools.product("hgf", repeat=3)][: 60 - len(encoder._added_ids)]
+    assert encoder._add_missing(pieces[:10])
+    encoder.cache.update({f" z{i}": b"" for i in range(60)})
+    assert encoder._add_missing(pieces) and set(pieces) <= encoder.cache.keys() and " z0" not in encoder.cache
+    assert all(encoder.cache[piece] == np.asarray(tokenizer.encode(piece, add_special_tokens=False).ids,
+                                                  np.int64).tobytes() for piece in pieces)
 
     # several threads at once, clearing as they go: every result still exact, the cache still bounded
     failures = []
@@ -253,7 +273,8 @@ def test_cache_is_bounded_and_exact_after_clearing(tiny_path, monkeypatch):
     for thread in threads:
         thread.join()
     assert not failures
-    assert len(encoder.cache) <= 60 + 4 * 14  # the bound, up to the pieces of texts whose inserts interleave
+    # the bounds, up to the pieces and chunks of texts whose inserts interleave
+    assert len(encoder.cache) <= 60 + 4 * 14 and len(encoder.chunks) <= 60 + 4 * 14
 
 
 def renderers(tiny_path: Path):
@@ -334,7 +355,7 @@ def test_new_pieces_take_the_bpe_model_alone(tiny_path):
     for start in range(0, len(points), 24):  # a few dozen new pieces a text: the one-by-one path
         text = "a" + " ".join("x" + chr(point) * 2 + "y" for point in points[start : start + 24])
         assert encoder.encode(text).tolist() == tokenizer.encode(text, add_special_tokens=False).ids
-        seen.update(encoder.pieces(text))
+        seen.update(encoder._split.findall(text))
     assert len(calls) == len(seen) > 500 and not recording.batches
 
 
