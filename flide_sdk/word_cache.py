@@ -4,7 +4,8 @@ and, for chunks never seen before, a stdlib regex split and a piece -> ids cache
 `WordEncoder.encode(text)` gives the ids that `tokenizer.encode(text, add_special_tokens=False).ids` gives,
 or None when it cannot vouch for them (the caller then asks the tokenizer). It owns the whitelist of
 characters it accepts, the pre-tokenizer pattern rewritten for `re` on that whitelist, the added-token
-split, the cut into chunks and the two caches. Only pieces never seen before are encoded: by the tokenizer's
+split, the cut into chunks and the caches (short segments whole, chunks, pieces). Only pieces never seen before
+are encoded: by the tokenizer's
 BPE model on their byte-level characters (many at once: by the tokenizer, in a batch).
 
 Chunks. A space whose neighbours are both not white space starts a regex piece, and the split past it depends
@@ -14,9 +15,11 @@ before its first such space followed by, for each such space, those of the space
 next one (a chunk). Texts are cut there with `str.split` after every other space has been swapped for NUL
 (outside the whitelist, so never in an accepted text; a NUL stands for a space in a chunk's key), and the chunks'
 ids come from a dict, a chunk's regex pieces only when it is new. A 2,000-token QuALITY state is about 1,200
-chunks; encoding the states questions_per_state asks about took 0.95 -> 0.59 ms, 0.92 -> 0.55 with every chunk
-seen before, a RACE passage seen for the first time 0.25 -> 0.29 ms (its ~30 new chunks split one by one)
-(medians, the two encoders interleaved in one process on this repository's CPU VM).
+chunks; encoding the states questions_per_state asks about took 0.80 -> 0.57 ms, 0.59 -> 0.38 with every chunk
+seen before; a RACE passage seen for the first time 0.17 -> 0.22 ms (its ~30 new chunks; splitting them in one
+go instead of one by one did not help), again under another first line 0.082 -> 0.077 ms (medians, the two
+encoders interleaved in one process on this repository's CPU VM). Texts up to SPLIT_WHOLE characters (questions)
+are split whole, and short segments between added tokens (a chat template's) looked up whole.
 
 Why it is exact. The Qwen3.5 tokenizer (checked at construction, else `encode` always returns None) extracts
 its added tokens first (leftmost-longest; none strips or needs a whole word, none is normalized), NFC-
@@ -63,6 +66,13 @@ MAX_CACHED_PIECES = 200_000
 # than a few dozen short pieces (a RACE passage brings about 24 new to the cache, a QuALITY state about 9)
 FEW_MISSING = 64
 MAX_CACHED_CHUNKS = 100_000  # chunks (about 180 bytes each: some 18 MB at most; QuALITY's 15 articles make about 22,000)
+# plain segments up to this long (between added tokens: a chat template's "\n", "assistant\n", ...) are looked up
+# whole, before any cutting: a RACE question's branch text has five such segments after its question, which the
+# cut and the split took about 40 us to go through (this repository's CPU VM)
+SHORT_SEGMENT = 32
+# plain segments up to this long (a question) go through the regex split whole: new text (a RACE question is
+# mostly new chunks) took longer through the chunks, each new one split on its own, than split whole
+SPLIT_WHOLE = 256
 NUL = "\0"  # stands for a space next to white space in a chunk (the text is cut at the other spaces)
 # the spaces next to white space (runs of spaces, spaces before or after a line break or tab), swapped for NUL
 # pair by pair; after the first swap no two spaces are adjacent, so the last two catch the single spaces that
@@ -211,6 +221,7 @@ class WordEncoder:
         self._added = re.compile("(" + "|".join(map(re.escape, longest_first)) + ")") if added else None
         self.cache: dict[str, bytes] = dict(self._added_ids)  # piece -> its ids as int64 bytes
         self.chunks: dict[str, bytes] = {}  # chunk (NUL for its spaces but the first) -> the ids of " " + it
+        self.short: dict[str, bytes] = {}  # short plain segment -> its ids
         # a new piece's ids from the BPE model alone (what the tokenizer runs on a piece once it has normalized,
         # split and byte-mapped it): 24 new pieces 0.41 -> 0.19 ms on this repository's CPU VM
         self._byte_chars = byte_level_chars()
@@ -240,15 +251,22 @@ class WordEncoder:
             if at % 2:
                 parts.append(self._added_ids[segment])
             elif segment:
-                ids = self._segment_ids(segment)
+                ids = self.short.get(segment) if len(segment) <= SHORT_SEGMENT else None
                 if ids is None:
-                    return None
+                    ids = self._segment_ids(segment)
+                    if ids is None:
+                        return None
+                    if len(segment) <= SHORT_SEGMENT:
+                        _bounded_update(self.short, {segment: ids}, set(), MAX_CACHED_CHUNKS, {})
                 parts.append(ids)
         return np.frombuffer(bytearray().join(parts), np.int64)
 
     def _segment_ids(self, segment: str) -> bytes | None:
         """The ids (int64 bytes) of a whitelisted text without added tokens: its chunks' from the chunk cache, its
-        part before the first chunk from its regex pieces'; None as `encode`."""
+        part before the first chunk from its regex pieces' (a short text's all from its pieces'); None as `encode`."""
+        if len(segment) <= SPLIT_WHOLE:
+            ids = self._pieces_ids([self._split.findall(segment)])
+            return None if ids is None else ids[0]
         chunks = cut_at_spaces(segment)
         first = chunks[0].replace(NUL, " ")
         del chunks[0]

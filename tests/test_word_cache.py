@@ -91,7 +91,15 @@ def test_whitelist_classes_are_what_the_pattern_expects():
         assert excluded not in W
 
 
-def test_fast_ids_equal_the_tokenizers(tiny_path):
+@pytest.fixture(params=["default", "all_cut"])
+def split_whole(request, monkeypatch):
+    """Texts up to SPLIT_WHOLE characters are split whole: `all_cut` sends every text through the chunks."""
+    if request.param == "all_cut":
+        monkeypatch.setattr(word_cache, "SPLIT_WHOLE", 0)
+    return request.param
+
+
+def test_fast_ids_equal_the_tokenizers(tiny_path, split_whole):
     for name, tokenizer in tokenizers(tiny_path):
         encoder = WordEncoder(tokenizer)
         assert encoder.enabled, name
@@ -102,7 +110,7 @@ def test_fast_ids_equal_the_tokenizers(tiny_path):
         check_split(encoder, tokenizer, texts)
 
 
-def test_every_whitelisted_character_in_context(tiny_path):
+def test_every_whitelisted_character_in_context(tiny_path, split_whole):
     texts = [text for char in W for text in in_contexts(char)]
     for name, tokenizer in tokenizers(tiny_path):
         encoder = WordEncoder(tokenizer)
@@ -229,6 +237,7 @@ def test_a_piece_that_does_not_split_into_itself_is_not_cached(tiny_path):
 def test_cache_is_bounded_and_exact_after_clearing(tiny_path, monkeypatch):
     monkeypatch.setattr(word_cache, "MAX_CACHED_PIECES", 60)
     monkeypatch.setattr(word_cache, "MAX_CACHED_CHUNKS", 60)
+    monkeypatch.setattr(word_cache, "SPLIT_WHOLE", 0)  # short texts: through the chunk cache too
     tokenizer = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
     encoder = WordEncoder(tokenizer)
     rng = random.Random(3)
@@ -373,3 +382,21 @@ def test_a_few_new_pieces_are_encoded_without_a_batch_call(tiny_path):
         recording.batches.clear()
         assert encoder.encode(text).tolist() == tokenizer.encode(text, add_special_tokens=False).ids
         assert [len(batch) for batch in recording.batches] == sizes
+
+
+def test_short_segments_are_looked_up_whole(tiny_path):
+    """A chat template's short segments between added tokens come from the short-segment cache once seen; the
+    ids stay the tokenizer's; segments up to SPLIT_WHOLE characters are split whole, longer ones cut into
+    chunks."""
+    encoder = WordEncoder(Tokenizer.from_file(str(tiny_path / "tokenizer.json")))
+    tail = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    cut = []
+    segment_ids = encoder._segment_ids
+    encoder._segment_ids = lambda segment: cut.append(segment) or segment_ids(segment)
+    long = "a question that is longer than a short segment can be, about " * 5
+    for question in ("Is it so?", long, "Is it so?"):
+        text = question + tail
+        assert encoder.encode(text).tolist() == encoder.tokenizer.encode(text, add_special_tokens=False).ids
+    assert cut == ["Is it so?", "\n", "assistant\n", "\n\n", long]
+    assert set(encoder.short) == {"Is it so?", "\n", "assistant\n", "\n\n"}
+    assert len(long) > word_cache.SPLIT_WHOLE and set(word_cache.cut_at_spaces(long)[1:]) == set(encoder.chunks)
