@@ -485,6 +485,7 @@ class Engine:
                     self._stats[key] += seconds
             self._stats["graph_replays" if launch is not None else "eager_runs"] += 1
             self._stats["tokens_padded"] += host.num_real if launch is None else launch.capacity.tokens
+        self.renderer.words.fill_chunks()  # the device computes meanwhile: cache the chunks of new texts now
         return InFlight(groups, host.num_real, result, started)
 
     def _run_eager(self, host: HostRound) -> np.ndarray:

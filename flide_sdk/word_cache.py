@@ -5,21 +5,24 @@ and, for chunks never seen before, a stdlib regex split and a piece -> ids cache
 or None when it cannot vouch for them (the caller then asks the tokenizer). It owns the whitelist of
 characters it accepts, the pre-tokenizer pattern rewritten for `re` on that whitelist, the added-token
 split, the cut into chunks and the caches (short segments whole, chunks, pieces). Only pieces never seen before
-are encoded: by the tokenizer's
-BPE model on their byte-level characters (many at once: by the tokenizer, in a batch).
+are encoded: by the tokenizer's BPE model on their byte-level characters (many at once: by the tokenizer, in a
+batch).
 
 Chunks. A space whose neighbours are both not white space starts a regex piece, and the split past it depends
 on the text past it alone: the pattern has no lookbehind, and a piece holds a space after its first character
 only if it is all white space (which such a space is not next to). So a text's ids are those of its part
 before its first such space followed by, for each such space, those of the space and what follows it up to the
-next one (a chunk). Texts are cut there with `str.split` after every other space has been swapped for NUL
+next one (a chunk). Long texts are cut there with `str.split` after every other space has been swapped for NUL
 (outside the whitelist, so never in an accepted text; a NUL stands for a space in a chunk's key), and the chunks'
-ids come from a dict, a chunk's regex pieces only when it is new. A 2,000-token QuALITY state is about 1,200
-chunks; encoding the states questions_per_state asks about took 0.80 -> 0.57 ms, 0.59 -> 0.38 with every chunk
-seen before; a RACE passage seen for the first time 0.17 -> 0.22 ms (its ~30 new chunks; splitting them in one
-go instead of one by one did not help), again under another first line 0.082 -> 0.077 ms (medians, the two
-encoders interleaved in one process on this repository's CPU VM). Texts up to SPLIT_WHOLE characters (questions)
-are split whole, and short segments between added tokens (a chat template's) looked up whole.
+ids come from a dict, a few new chunks' from their regex pieces'. A text whose chunks are mostly new (sampled
+from its start before cutting it, and from all its chunks when a look-up misses) is split whole instead, and its
+chunks are cached later by `fill_chunks`, which the engine calls while the device computes a round. What it buys
+depends on how much a text repeats what came before: the 2,000-token states questions_per_state asks about
+(windows over 15 articles, each 97 tokens on from the last over the same article) took 0.90 -> 0.62 ms to encode
+while their articles were first seen and 0.80 -> 0.57 after; a first window of an article not seen before (its
+common words cached from ten others) 2.70 -> 2.81 ms, later ones about 5% new chunks 1.18 -> 1.15 ms; texts of up
+to SPLIT_WHOLE characters (questions, RACE passages, an agent step's messages) are split whole, as before (medians,
+the two encoders interleaved in one process, each with its own tokenizer, this repository's CPU VM).
 
 Why it is exact. The Qwen3.5 tokenizer (checked at construction, else `encode` always returns None) extracts
 its added tokens first (leftmost-longest; none strips or needs a whole word, none is normalized), NFC-
@@ -40,8 +43,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import operator
 import re
 import unicodedata
+from collections import deque
 from collections.abc import Iterable
 
 import numpy as np
@@ -70,9 +75,17 @@ MAX_CACHED_CHUNKS = 100_000  # chunks (about 180 bytes each: some 18 MB at most;
 # whole, before any cutting: a RACE question's branch text has five such segments after its question, which the
 # cut and the split took about 40 us to go through (this repository's CPU VM)
 SHORT_SEGMENT = 32
-# plain segments up to this long (a question) go through the regex split whole: new text (a RACE question is
-# mostly new chunks) took longer through the chunks, each new one split on its own, than split whole
-SPLIT_WHOLE = 256
+# plain segments up to this long (a question, a RACE passage, an agent step's new messages) go through the regex
+# split whole: on texts that short the cut and the look-ups gained little when warm and cost 10-25% when the text was
+# new (a RACE passage seen for the first time, 0.143 -> 0.183 ms through the chunks; this repository's CPU VM)
+SPLIT_WHOLE = 2048
+# a longer text more than 1 / this of whose chunks are new (in a sample of about CHUNK_SAMPLE of them, spread over
+# it) is split whole, its chunks cached later from that split by `fill_chunks` (for a new article, splitting each
+# new chunk on its own took about as long again as the whole split, and caching them all as long again)
+NEW_CHUNKS_SPLIT_WHOLE = 8
+CHUNK_SAMPLE = 64
+PROBE_CHARS = 512  # a long text's start whose chunks are sampled before cutting it whole (a new text is not cut)
+UNFILLED_TEXTS = 8  # texts split whole whose chunks wait for `fill_chunks` (older ones are dropped)
 NUL = "\0"  # stands for a space next to white space in a chunk (the text is cut at the other spaces)
 # the spaces next to white space (runs of spaces, spaces before or after a line break or tab), swapped for NUL
 # pair by pair; after the first swap no two spaces are adjacent, so the last two catch the single spaces that
@@ -186,7 +199,7 @@ def cut_at_spaces(segment: str) -> list[str]:
     return marked.split(" ")
 
 
-def _bounded_update(cache: dict[str, bytes], new: dict[str, bytes], keep: set[str], limit: int,
+def _bounded_update(cache: dict[str, bytes], new: dict[str, bytes], keep: Iterable[str], limit: int,
                     base: dict[str, bytes]) -> None:
     """Add `new` to `cache`; when that would pass `limit` entries, clear it first down to `base` and the
     entries of `keep` (the keys of the text being encoded)."""
@@ -222,6 +235,8 @@ class WordEncoder:
         self.cache: dict[str, bytes] = dict(self._added_ids)  # piece -> its ids as int64 bytes
         self.chunks: dict[str, bytes] = {}  # chunk (NUL for its spaces but the first) -> the ids of " " + it
         self.short: dict[str, bytes] = {}  # short plain segment -> its ids
+        # texts split whole whose chunks are not cached yet: (the text, its regex pieces, their ids)
+        self._unfilled: deque[tuple[str, list[str], list[bytes]]] = deque(maxlen=UNFILLED_TEXTS)
         # a new piece's ids from the BPE model alone (what the tokenizer runs on a piece once it has normalized,
         # split and byte-mapped it): 24 new pieces 0.41 -> 0.19 ms on this repository's CPU VM
         self._byte_chars = byte_level_chars()
@@ -263,45 +278,96 @@ class WordEncoder:
 
     def _segment_ids(self, segment: str) -> bytes | None:
         """The ids (int64 bytes) of a whitelisted text without added tokens: its chunks' from the chunk cache, its
-        part before the first chunk from its regex pieces' (a short text's all from its pieces'); None as `encode`."""
+        part before the first chunk from its regex pieces' (a short text's all from its pieces'); None as `encode`.
+        A text whose start, or whose chunks, are mostly new is split whole, its chunks cached later (`fill_chunks`)."""
         if len(segment) <= SPLIT_WHOLE:
-            ids = self._pieces_ids([self._split.findall(segment)])
-            return None if ids is None else ids[0]
+            ids = self._piece_bytes(self._split.findall(segment))
+            return None if ids is None else b"".join(ids)
+        if self._mostly_new(cut_at_spaces(segment[:PROBE_CHARS])[1:-1]):  # the probe's last chunk may be cut short
+            return self._split_deferring(segment)
         chunks = cut_at_spaces(segment)
         first = chunks[0].replace(NUL, " ")
         del chunks[0]
-        head = self._pieces_ids([self._split.findall(first)]) if first else [b""]
+        head = self._piece_bytes(self._split.findall(first))
         if head is None:
             return None
+        head_ids = b"".join(head)
         for _ in range(ADD_ATTEMPTS):
             try:
-                return head[0] + b"".join(map(self.chunks.__getitem__, chunks))
+                return head_ids + b"".join(map(self.chunks.__getitem__, chunks))
             except KeyError:  # chunks never seen before (or, again, cleared by another thread meanwhile)
-                if not self._add_chunks(chunks):
+                if self._mostly_new(chunks):
+                    return self._split_deferring(segment)
+                distinct = set(chunks)
+                if not self._add_chunks(list(distinct.difference(self.chunks)), distinct):
                     return None
         return None  # the cache kept being cleared under this call: the caller asks the tokenizer
 
-    def _add_chunks(self, chunks: list[str]) -> bool:
-        """Cache the ids of the chunks missing from the chunk cache, from their regex pieces' (False, nothing
-        cached, if a piece is declined); a clear keeps the text's other chunks."""
-        distinct = set(chunks)
-        missing = list(distinct.difference(self.chunks))
+    def _mostly_new(self, chunks: list[str]) -> bool:
+        """Whether more than 1 / NEW_CHUNKS_SPLIT_WHOLE of a sample of about CHUNK_SAMPLE chunks, spread over
+        `chunks`, are missing from the chunk cache."""
+        sample = chunks[:: max(1, len(chunks) // CHUNK_SAMPLE)]
+        return (len(sample) - sum(map(self.chunks.__contains__, sample))) * NEW_CHUNKS_SPLIT_WHOLE > len(sample)
+
+    def _add_chunks(self, missing: list[str], distinct: set[str]) -> bool:
+        """Cache the ids of a text's few new chunks, each from its regex pieces' (False, nothing cached, if a
+        piece is declined); a clear keeps the text's other chunks (`distinct`)."""
         findall = self._split.findall
-        ids = self._pieces_ids([findall(" " + chunk.replace(NUL, " ")) for chunk in missing])
+        split = [findall(" " + chunk.replace(NUL, " ")) for chunk in missing]
+        ids = self._piece_bytes(list(itertools.chain.from_iterable(split)))
         if ids is None:
             return False
-        _bounded_update(self.chunks, dict(zip(missing, ids)), distinct, MAX_CACHED_CHUNKS, {})
+        new, at = {}, 0
+        for chunk, pieces in zip(missing, split):
+            new[chunk] = b"".join(ids[at : at + len(pieces)])
+            at += len(pieces)
+        _bounded_update(self.chunks, new, distinct, MAX_CACHED_CHUNKS, {})
         return True
 
-    def _pieces_ids(self, split: list[list[str]]) -> list[bytes] | None:
-        """The ids (int64 bytes) of each list of pieces, from the piece cache, the pieces missing from it added
-        first, all at once (a new text's many pieces in one batch); None as `encode`."""
+    def _split_deferring(self, segment: str) -> bytes | None:
+        """The segment's ids from its regex pieces' (as without chunks); cutting it and caching its chunks are left
+        to `fill_chunks` (a new 2,000-token state has about 1,200: caching them here took about as long as the rest)."""
+        pieces = self._split.findall(segment)
+        ids = self._piece_bytes(pieces)
+        if ids is None:
+            return None
+        self._unfilled.append((segment, pieces, ids))
+        return b"".join(ids)
+
+    def fill_chunks(self) -> None:
+        """Cache the chunks of the texts recently split whole, as slices of their ids: the pieces fall at the
+        chunks' ends (no piece crosses a cut), so a chunk's ids are the ids of the pieces between its ends. Meant
+        for idle host time (the engine calls it once a round is launched, while the device computes); only the
+        last UNFILLED_TEXTS texts wait for it."""
+        while self._unfilled:
+            try:
+                segment, pieces, ids = self._unfilled.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            chunks = cut_at_spaces(segment)
+            head_chars = len(chunks[0])
+            del chunks[0]
+            joined = b"".join(ids)
+            # bytes of ids up to each piece's end, by the characters up to it; a chunk's ends are pieces' ends
+            bytes_at = dict(zip(itertools.accumulate(map(len, pieces), initial=0),
+                                itertools.accumulate(map(len, ids), initial=0)))
+            bounds = map(operator.add, itertools.accumulate(map(len, chunks), initial=head_chars), itertools.count())
+            try:
+                positions = list(map(bytes_at.__getitem__, bounds))
+            except KeyError:  # cannot happen (see the module docstring)
+                raise AssertionError("a regex piece crosses a clean space") from None
+            new = dict(zip(chunks, map(joined.__getitem__, map(slice, positions, positions[1:]))))
+            _bounded_update(self.chunks, new, new.keys(), MAX_CACHED_CHUNKS, {})
+
+    def _piece_bytes(self, pieces: list[str]) -> list[bytes] | None:
+        """Each piece's ids (int64 bytes) from the piece cache, the pieces missing from it added first, all at once
+        (a new text's many pieces in one batch); None as `encode`."""
         cache = self.cache
         for _ in range(ADD_ATTEMPTS):
             try:
-                return [b"".join(map(cache.__getitem__, pieces)) for pieces in split]
+                return list(map(cache.__getitem__, pieces))
             except KeyError:  # pieces never seen before (or, again, cleared by another thread meanwhile)
-                if not self._add_missing(list(itertools.chain.from_iterable(split))):
+                if not self._add_missing(pieces):
                     return None
         return None
 

@@ -393,3 +393,25 @@ async def test_closing_while_an_ask_is_launched_on_its_thread_still_answers_it(t
     assert set(answers) == {"n", "c"} and names == [threading.current_thread().name] and not engine._loop.running
     with pytest.raises(fl.EngineClosedError):
         await engine.ask("after", GOOD)
+
+
+@pytest.mark.asyncio
+async def test_chunks_of_a_new_state_are_cached_once_its_round_is_launched(tiny_path):
+    """A long state of new text is tokenized by one regex split, its chunks cached by the launching thread once its
+    round is launched (while the device computes); asking about it again under another first line then reads
+    the chunks, and every answer equals the answer of an engine whose word encoder is off."""
+    words = [f"w{i}{chr(97 + i % 26)}" for i in range(600)]
+    body = " ".join(words) + ". The end"
+    async with fl.Engine.load(tiny_path, device="cpu") as plain, fl.Engine.load(tiny_path, device="cpu") as engine:
+        plain.renderer.words.enabled = False
+        encoder = engine.renderer.words
+        filled = []
+        fill = encoder.fill_chunks
+        encoder.fill_chunks = lambda: filled.append((threading.current_thread().name, len(encoder._unfilled))) or fill()
+        for first in ("One", "Two"):
+            state = f"{first}: {body}"
+            got, expected = await engine.ask(state, GOOD), await plain.ask(state, GOOD)
+            for name in GOOD:
+                assert np.array_equal(answer_probabilities(got[name]), answer_probabilities(expected[name]))
+        assert filled[0] == ("flide-rounds", 1) and all(pending == 0 for _, pending in filled[1:])
+        assert set(words[:-1]) <= encoder.chunks.keys() and not encoder._unfilled

@@ -91,11 +91,14 @@ def test_whitelist_classes_are_what_the_pattern_expects():
         assert excluded not in W
 
 
-@pytest.fixture(params=["default", "all_cut"])
+@pytest.fixture(params=["default", "all_cut", "all_cut_one_by_one"])
 def split_whole(request, monkeypatch):
-    """Texts up to SPLIT_WHOLE characters are split whole: `all_cut` sends every text through the chunks."""
-    if request.param == "all_cut":
+    """Texts up to SPLIT_WHOLE characters are split whole: the others send every text through the chunks, new
+    chunks cached from one split of the text when many are new, or (`one_by_one`) each split on its own."""
+    if request.param != "default":
         monkeypatch.setattr(word_cache, "SPLIT_WHOLE", 0)
+    if request.param == "all_cut_one_by_one":
+        monkeypatch.setattr(word_cache, "NEW_CHUNKS_SPLIT_WHOLE", 0)
     return request.param
 
 
@@ -107,6 +110,7 @@ def test_fast_ids_equal_the_tokenizers(tiny_path, split_whole):
         for text, expected in zip(texts, hf_ids(tokenizer, texts)):
             ids = encoder.encode(text)
             assert ids is not None and ids.dtype == np.int64 and ids.tolist() == expected, (name, text)
+            encoder.fill_chunks()
         check_split(encoder, tokenizer, texts)
 
 
@@ -117,6 +121,7 @@ def test_every_whitelisted_character_in_context(tiny_path, split_whole):
         for text, expected in zip(texts, hf_ids(tokenizer, texts)):
             ids = encoder.encode(text)
             assert ids is not None and ids.tolist() == expected, (name, text)
+            encoder.fill_chunks()
         check_split(encoder, tokenizer, texts)
 
 
@@ -247,6 +252,7 @@ def test_cache_is_bounded_and_exact_after_clearing(tiny_path, monkeypatch):
     sizes = []
     for text, ids in zip(texts, expected):
         assert encoder.encode(text).tolist() == ids
+        encoder.fill_chunks()
         sizes.append((len(encoder.cache), len(encoder.chunks)))
     for cache in (0, 1):  # both bounded, both cleared
         assert max(size[cache] for size in sizes) <= 60
@@ -255,6 +261,7 @@ def test_cache_is_bounded_and_exact_after_clearing(tiny_path, monkeypatch):
     for text in texts:
         before = len(encoder.chunks)
         encoder.encode(text)
+        encoder.fill_chunks()
         if len(encoder.chunks) < before:
             assert set(word_cache.cut_at_spaces(text)[1:]) <= encoder.chunks.keys()
             break
@@ -275,6 +282,7 @@ def test_cache_is_bounded_and_exact_after_clearing(tiny_path, monkeypatch):
             k = (offset * 37 + i) % len(texts)
             if encoder.encode(texts[k]).tolist() != expected[k]:
                 failures.append(k)
+            encoder.fill_chunks()
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
     for thread in threads:
@@ -393,10 +401,44 @@ def test_short_segments_are_looked_up_whole(tiny_path):
     cut = []
     segment_ids = encoder._segment_ids
     encoder._segment_ids = lambda segment: cut.append(segment) or segment_ids(segment)
-    long = "a question that is longer than a short segment can be, about " * 5
+    long = "a question that is longer than a short segment can be, about " * 40
     for question in ("Is it so?", long, "Is it so?"):
         text = question + tail
         assert encoder.encode(text).tolist() == encoder.tokenizer.encode(text, add_special_tokens=False).ids
     assert cut == ["Is it so?", "\n", "assistant\n", "\n\n", long]
     assert set(encoder.short) == {"Is it so?", "\n", "assistant\n", "\n\n"}
+    encoder.fill_chunks()
     assert len(long) > word_cache.SPLIT_WHOLE and set(word_cache.cut_at_spaces(long)[1:]) == set(encoder.chunks)
+
+
+def test_new_chunks_are_cached_later_from_one_split(tiny_path, monkeypatch):
+    """A long text most of whose chunks are new is split whole, and its chunks are cached by `fill_chunks` from
+    that split (only the last UNFILLED_TEXTS texts wait); one with a few new chunks splits those alone, at once.
+    Every cached chunk holds the tokenizer's ids of " " + it."""
+    tokenizer = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
+    encoder = WordEncoder(tokenizer)
+    calls = {"whole": 0, "few": 0}
+    for name, method in (("whole", "_split_deferring"), ("few", "_add_chunks")):
+        original = getattr(encoder, method)
+        setattr(encoder, method, lambda *args, name=name, original=original: calls.__setitem__(name, calls[name] + 1)
+                or original(*args))
+    rng = random.Random(5)
+    words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 7))) for _ in range(700)]
+    text = "Start:  " + " ".join(w + rng.choice(["", ",", ".\n", "\n\n", "  x", "'s"]) for w in words) + " \t end "
+    assert len(text) > word_cache.SPLIT_WHOLE
+    assert encoder.encode(text).tolist() == tokenizer.encode(text, add_special_tokens=False).ids
+    assert calls == {"whole": 1, "few": 0} and not encoder.chunks
+    encoder.fill_chunks()
+    assert set(word_cache.cut_at_spaces(text)[1:]) == set(encoder.chunks)
+    for chunk, ids in encoder.chunks.items():
+        real = " " + chunk.replace(word_cache.NUL, " ")
+        assert np.frombuffer(ids, np.int64).tolist() == tokenizer.encode(real, add_special_tokens=False).ids, chunk
+    again = text.replace("Start:", "Then:") + " one more"
+    assert encoder.encode(again).tolist() == tokenizer.encode(again, add_special_tokens=False).ids
+    assert calls == {"whole": 1, "few": 1}
+    # texts split whole beyond the last UNFILLED_TEXTS are dropped, not kept for ever
+    monkeypatch.setattr(word_cache, "UNFILLED_TEXTS", 2)
+    encoder = WordEncoder(tokenizer)
+    for i in range(5):
+        encoder.encode(f"Text {i}: " + " ".join(rng.sample(words, 600)))
+    assert len(encoder._unfilled) == 2
