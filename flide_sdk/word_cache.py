@@ -96,7 +96,7 @@ NUL = "\0"  # stands for a space next to white space in a chunk (the text is cut
 _SPACE_RUNS = ("  ", NUL * 2)
 _NEXT_TO = {ws: ((ws + " ", ws + NUL), (" " + ws, NUL + ws)) for ws in "\n\t\r"}
 _NEXT_TO_NUL = ((NUL + " ", NUL * 2), (" " + NUL, NUL * 2))
-ADD_ATTEMPTS = 3  # joins tried, each after adding the pieces missing (another thread may clear the cache between)
+ADD_ATTEMPTS = 3  # piece look-ups tried, each after adding the pieces missing (another thread may clear the cache between)
 # the contractions' apostrophe matched once: the same alternatives in the same order after it, so the same pieces;
 # the split of a 2,000-token state 0.57 -> 0.55 ms (this repository's CPU VM; seven alternatives tried at each
 # position before)
@@ -295,16 +295,19 @@ class WordEncoder:
         if head is None:
             return None
         head_ids = b"".join(head)
-        for _ in range(ADD_ATTEMPTS):
-            try:
-                return head_ids + b"".join(map(self.chunks.__getitem__, chunks))
-            except KeyError:  # chunks never seen before (or, again, cleared by another thread meanwhile)
-                if self._mostly_new(chunks):
-                    return self._split_deferring(segment)
-                distinct = set(chunks)
-                if not self._add_chunks(list(distinct.difference(self.chunks)), distinct):
-                    return None
-        return None  # the cache kept being cleared under this call: the caller asks the tokenizer
+        ids = list(map(self.chunks.get, chunks))
+        if all(ids):  # a chunk's ids are never empty: None marks the chunks not cached
+            return head_ids + b"".join(ids)
+        # chunks never seen before (a unique text has a few), or cleared by another thread meanwhile
+        if self._mostly_new(chunks):
+            return self._split_deferring(segment)
+        missing_at = list(itertools.compress(itertools.count(), map(operator.is_, ids, itertools.repeat(None))))
+        new = self._add_chunks(list(dict.fromkeys(map(chunks.__getitem__, missing_at))), chunks)
+        if new is None:
+            return None
+        for at in missing_at:
+            ids[at] = new[chunks[at]]
+        return head_ids + b"".join(ids)
 
     def _mostly_new(self, chunks: list[str]) -> bool:
         """Whether more than 1 / NEW_CHUNKS_SPLIT_WHOLE of a sample of about CHUNK_SAMPLE chunks, spread over
@@ -312,20 +315,20 @@ class WordEncoder:
         sample = chunks[:: max(1, len(chunks) // CHUNK_SAMPLE)]
         return (len(sample) - sum(map(self.chunks.__contains__, sample))) * NEW_CHUNKS_SPLIT_WHOLE > len(sample)
 
-    def _add_chunks(self, missing: list[str], distinct: set[str]) -> bool:
-        """Cache the ids of a text's few new chunks, each from its regex pieces' (False, nothing cached, if a
-        piece is declined); a clear keeps the text's other chunks (`distinct`)."""
+    def _add_chunks(self, missing: list[str], chunks: list[str]) -> dict[str, bytes] | None:
+        """Cache the ids of a text's few new chunks, each from its regex pieces', and return them (None, nothing
+        cached, if a piece is declined); a clear keeps the text's other chunks (`chunks`)."""
         findall = self._split.findall
         split = [findall(" " + chunk.replace(NUL, " ")) for chunk in missing]
         ids = self._piece_bytes(list(itertools.chain.from_iterable(split)))
         if ids is None:
-            return False
+            return None
         new, at = {}, 0
         for chunk, pieces in zip(missing, split):
             new[chunk] = b"".join(ids[at : at + len(pieces)])
             at += len(pieces)
-        _bounded_update(self.chunks, new, distinct, MAX_CACHED_CHUNKS, {})
-        return True
+        _bounded_update(self.chunks, new, chunks, MAX_CACHED_CHUNKS, {})
+        return new
 
     def _split_deferring(self, segment: str) -> bytes | None:
         """The segment's ids from its regex pieces' (as without chunks); cutting it and caching its chunks are left
