@@ -252,10 +252,9 @@ class RoundLoop:
                 self._cond.wait()
             if self._closed:
                 return False
-            if not self._held:
-                deferred = next((ask for ask in self._pending if ask.prepare is not None), None)
-            if deferred is not None:
-                self._pending.remove(deferred)
+            # a deferred ask is queued only into an empty queue (`_queued_as_is`), so it can only be the first
+            if not self._held and self._pending and self._pending[0].prepare is not None:
+                deferred = self._pending.popleft()
                 self._launching = True
                 self._cond.notify_all()
             elif self._pending and not self._held and len(self._in_flight) < self.depth:

@@ -49,6 +49,7 @@ import re
 import unicodedata
 from collections import deque
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -214,6 +215,14 @@ def _bounded_update(cache: dict[str, bytes], new: dict[str, bytes], keep: Iterab
     cache.update(new)
 
 
+class SplitText(NamedTuple):
+    """A text split whole whose chunks wait for `WordEncoder.fill_chunks`: its regex pieces and their ids."""
+
+    segment: str
+    pieces: list[str]
+    ids: list[bytes]
+
+
 class WordEncoder:
     """Exact ids of whitelisted texts from a piece -> ids cache; None for what it does not vouch for.
 
@@ -238,8 +247,8 @@ class WordEncoder:
         self.cache: dict[str, bytes] = dict(self._added_ids)  # piece -> its ids as int64 bytes
         self.chunks: dict[str, bytes] = {}  # chunk (NUL for its spaces but the first) -> the ids of " " + it
         self.short: dict[str, bytes] = {}  # short plain segment -> its ids
-        # texts split whole whose chunks are not cached yet: (the text, its regex pieces, their ids)
-        self._unfilled: deque[tuple[str, list[str], list[bytes]]] = deque(maxlen=UNFILLED_TEXTS)
+        # texts split whole whose chunks are not cached yet
+        self._unfilled: deque[SplitText] = deque(maxlen=UNFILLED_TEXTS)
         # a new piece's ids from the BPE model alone (what the tokenizer runs on a piece once it has normalized,
         # split and byte-mapped it): 24 new pieces 0.41 -> 0.19 ms on this repository's CPU VM
         self._byte_chars = byte_level_chars()
@@ -284,17 +293,15 @@ class WordEncoder:
         part before the first chunk from its regex pieces' (a short text's all from its pieces'); None as `encode`.
         A text whose start, or whose chunks, are mostly new is split whole, its chunks cached later (`fill_chunks`)."""
         if len(segment) <= SPLIT_WHOLE:
-            ids = self._piece_bytes(self._split.findall(segment))
-            return None if ids is None else b"".join(ids)
+            return self._split_ids(segment)
         if self._mostly_new(cut_at_spaces(segment[:PROBE_CHARS])[1:-1]):  # the probe's last chunk may be cut short
             return self._split_deferring(segment)
         chunks = cut_at_spaces(segment)
         first = chunks[0].replace(NUL, " ")
         del chunks[0]
-        head = self._piece_bytes(self._split.findall(first))
-        if head is None:
+        head_ids = self._split_ids(first)
+        if head_ids is None:
             return None
-        head_ids = b"".join(head)
         ids = list(map(self.chunks.get, chunks))
         if all(ids):  # a chunk's ids are never empty: None marks the chunks not cached
             return head_ids + b"".join(ids)
@@ -337,7 +344,7 @@ class WordEncoder:
         ids = self._piece_bytes(pieces)
         if ids is None:
             return None
-        self._unfilled.append((segment, pieces, ids))
+        self._unfilled.append(SplitText(segment, pieces, ids))
         return b"".join(ids)
 
     def fill_chunks(self) -> None:
@@ -366,6 +373,11 @@ class WordEncoder:
                 continue
             new = dict(zip(chunks, map(joined.__getitem__, map(slice, positions, positions[1:]))))
             _bounded_update(self.chunks, new, new.keys(), MAX_CACHED_CHUNKS, {})
+
+    def _split_ids(self, text: str) -> bytes | None:
+        """The ids (int64 bytes) of a whitelisted text without added tokens, from its regex pieces'."""
+        ids = self._piece_bytes(self._split.findall(text))
+        return None if ids is None else b"".join(ids)
 
     def _piece_bytes(self, pieces: list[str]) -> list[bytes] | None:
         """Each piece's ids (int64 bytes) from the piece cache, the pieces missing from it added first, all at once

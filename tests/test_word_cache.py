@@ -448,8 +448,8 @@ def test_fill_chunks_leaves_a_misaligned_text_uncached(tiny_path, caplog):
     """Caching chunks is only a shortcut: a waiting text whose pieces do not fall at its chunks' ends (impossible
     for the regex split; forced here) is logged and skipped, and the texts after it are still cached."""
     encoder = WordEncoder(Tokenizer.from_file(str(tiny_path / "tokenizer.json")))
-    encoder._unfilled.append(("ab cd", ["ab cd"], [np.int64(7).tobytes()]))
-    encoder._unfilled.append(("ab cd", ["ab", " cd"], [np.int64(1).tobytes(), np.int64(2).tobytes()]))
+    encoder._unfilled.append(word_cache.SplitText("ab cd", ["ab cd"], [np.int64(7).tobytes()]))
+    encoder._unfilled.append(word_cache.SplitText("ab cd", ["ab", " cd"], [np.int64(1).tobytes(), np.int64(2).tobytes()]))
     encoder.fill_chunks()
     assert encoder.chunks == {"cd": np.int64(2).tobytes()} and not encoder._unfilled
     assert "crosses a clean space" in caplog.text
