@@ -27,8 +27,9 @@ median over `--repeat` runs, in milliseconds:
 - select_race64: the round thread admitting 64 queued RACE asks (`Engine._traverse`: checkpoint lookup,
   state-ready traversal, merging identical trunks) into a round;
 - round: what a round does on the host before the device copy (`Engine._launch`, `GraphRunner.launch`):
-  `plan_round`, `choose` on the ladder of a CUDA engine, and `pad_into` the pinned-buffer views of the
-  chosen capacity (`StagingLayout`), for Q = 1 and Q = 64 on the 2,000-token state, for the RACE passages
+  its `RoundPlan` (plan_ms), `choose` on the ladder of a CUDA engine, and `pad_into` (the plan writing its
+  arrays into the pinned-buffer views of the chosen capacity, `StagingLayout`; pad_into_ms), for Q = 1 and
+  Q = 64 on the 2,000-token state, for the RACE passages
   that fill one round (16,384 tokens) and, planned only (no graph fits), for all 64 of them. Each request
   saves a checkpoint at its stable boundary, as a one-off ask does.
 """
@@ -63,7 +64,7 @@ from flide_sdk import render
 from flide_sdk.capacity import capacity_ladder, choose, pad_into
 from flide_sdk.engine import AskPayload, Engine
 from flide_sdk.graphs import StagingLayout
-from flide_sdk.layout import PAGE, Branches, RequestSpec, Save, StateRows, plan_round
+from flide_sdk.layout import PAGE, Branches, RequestSpec, RoundPlan, Save, StateRows
 from flide_sdk.models.checkpoint import load_model
 from flide_sdk.render import Renderer
 from flide_sdk.testing import tiny_checkpoint
@@ -113,12 +114,13 @@ class Stager:
         self.views = {layout.capacity: layout.views(self.flat) for layout in layouts}
         self.conv_kernel = conv_kernel
 
-    def plan(self, specs: list[RequestSpec]):
-        return plan_round(specs, self.conv_kernel, ROWS, KV_PAGES * PAGE)
+    def plan(self, specs: list[RequestSpec]) -> RoundPlan:
+        """The round's plan, as `Engine._launch` makes it (its arrays are written by `stage`)."""
+        return RoundPlan(specs, self.conv_kernel, ROWS, KV_PAGES * PAGE)
 
-    def stage(self, host) -> None:
-        capacity = choose(self.ladder, host)
-        pad_into(host, capacity, self.views[capacity], SLOTS, KV_PAGES * PAGE, ROWS.zero)
+    def stage(self, plan: RoundPlan) -> None:
+        capacity = choose(self.ladder, plan)
+        pad_into(plan, capacity, self.views[capacity], SLOTS, KV_PAGES * PAGE, ROWS.zero)
 
     def round_ms(self, specs: list[RequestSpec], repeat: int) -> dict[str, Any]:
         host = self.plan(specs)

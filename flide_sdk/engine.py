@@ -35,7 +35,7 @@ from flide_sdk.capacity import capacity_ladder
 from flide_sdk.errors import EngineClosedError, QueueFullError
 from flide_sdk.graphs import BUFFERS, GraphRunner, Launch
 from flide_sdk.history import BLOCK, Trunk
-from flide_sdk.layout import PAGE, Branches, HostRound, RequestSpec, Resume, Save, plan_round
+from flide_sdk.layout import PAGE, Branches, HostRound, RequestSpec, Resume, RoundPlan, Save
 from flide_sdk.models.checkpoint import load_model
 from flide_sdk.models.qwen35 import Qwen35Model
 from flide_sdk.ops import Ops, ops_for
@@ -459,11 +459,11 @@ class Engine:
                     if save is not None:
                         saves.append(save)
                 specified = time.perf_counter()
-                host = plan_round(specs, self.model.config.conv_kernel, self.pool.state_rows, self.pool.kv_sink)
+                plan = RoundPlan(specs, self.model.config.conv_kernel, self.pool.state_rows, self.pool.kv_sink)
                 planned, cpu_planned = time.perf_counter(), time.thread_time()
                 self.pool.copy_pages([copy for save in saves for copy in save.page_copies])
-                launch = None if self._graphs is None else self._graphs.launch(host)
-                result = launch if launch is not None else self._run_eager(host)
+                launch = None if self._graphs is None else self._graphs.launch(plan)
+                result = launch if launch is not None else self._run_eager(plan.host_round())
             except Exception as error:  # a failed round fails its asks, never the loop
                 for save in saves:
                     self.pool.abort(save)
@@ -486,9 +486,9 @@ class Engine:
                 for key, seconds in launch.host_seconds.items():
                     self._stats[key] += seconds
             self._stats["graph_replays" if launch is not None else "eager_runs"] += 1
-            self._stats["tokens_padded"] += host.num_real if launch is None else launch.capacity.tokens
+            self._stats["tokens_padded"] += plan.num_real if launch is None else launch.capacity.tokens
         self.renderer.words.fill_chunks()  # the device computes meanwhile: cache the chunks of new texts now
-        return InFlight(groups, host.num_real, result, started)
+        return InFlight(groups, plan.num_real, result, started)
 
     def _run_eager(self, host: HostRound) -> np.ndarray:
         return self.model(host.to(self.device), self.ops, self._caches).cpu().numpy()

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from flide_sdk.capacity import Capacity, choose, pad_into
-from flide_sdk.layout import Branches, HostRound, RequestSpec, StateRows, plan_round
+from flide_sdk.layout import Branches, RequestSpec, RoundPlan, StateRows, plan_round
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
 from flide_sdk.ops import Ops
 
@@ -158,9 +158,9 @@ class GraphRunner:
                  self.ladder[0].tokens, self.ladder[-1].tokens, report.seconds, report.memory_bytes / 1e9)
         return report
 
-    def launch(self, host: HostRound) -> Launch | None:
-        """Stage, copy and replay `host` on the smallest graph it fits; None if it fits none (run it eagerly)."""
-        capacity = choose(self.ladder, host)
+    def launch(self, plan: RoundPlan) -> Launch | None:
+        """Stage, copy and replay a round on the smallest graph it fits; None if it fits none (run it eagerly)."""
+        capacity = choose(self.ladder, plan)
         if capacity is None or capacity not in self._captured:
             return None
         captured = self._captured[capacity]
@@ -170,7 +170,7 @@ class GraphRunner:
         if self._replayed[buffer] is not None:
             self._replayed[buffer].synchronize()  # the replay that last used this buffer pair is done
         freed = time.perf_counter()
-        pad_into(host, capacity, captured.host_views[buffer], self.window_sink, self.kv_sink, self.rows.zero)
+        pad_into(plan, capacity, captured.host_views[buffer], self.window_sink, self.kv_sink, self.rows.zero)
         padded = time.perf_counter()
         events = self._events[buffer]
         events[0].record()
@@ -180,4 +180,4 @@ class GraphRunner:
         replayed = time.perf_counter()
         host_seconds = {"buffer_wait_seconds": freed - started, "pad_seconds": padded - freed,
                         "replay_call_seconds": replayed - padded}
-        return Launch(captured.probabilities[buffer][: host.num_questions], events, capacity, host_seconds)
+        return Launch(captured.probabilities[buffer][: plan.num_questions], events, capacity, host_seconds)

@@ -1,10 +1,16 @@
 """The flat stream of a round (DESIGN.md §5): token packing and every piece of metadata the kernels read.
 
 A round is a list of requests, each a trunk (the state) and branches (one per question). The stream packs
-each request's trunk then its branches, with no padding between requests. `plan_round` turns the list of
-requests into host arrays (numpy, vectorised over tokens, branches and chunks: no per-token Python);
-`pad_round` pads them to fixed capacities (padding only at the tail, so a captured CUDA graph can read
-any round that fits); `HostRound.to(device)` copies them. Nothing here looks at the model's weights.
+each request's trunk then its branches, with no padding between requests. `RoundPlan` lays the list of
+requests out as Python lists per piece (a trunk or a branch), segment and question, and writes the host
+arrays from them with a few vectorised numpy calls per array (no per-token Python), either at the round's
+own size (`plan_round`, a `HostRound`) or straight into the arrays of a fixed capacity, padded only at the
+tail, so a captured CUDA graph can read any round that fits (`capacity.pad_into`); `HostRound.to(device)`
+copies them. Token-wise metadata other than the ids is one [5, T] block (`TOKEN_ROWS`) and a level's
+per-segment tables one [5, S] block (`SEGMENT_ROWS`): one copy each into a staging buffer. Before
+(29f7a42, the numpy planner), a lone ask's plan and staging took about 150 numpy calls: 0.37 -> 0.18 ms at
+Q = 1 and 0.70 -> 0.45 ms at Q = 64 on this repository's CPU VM, interleaved in one process. Nothing here
+looks at the model's weights.
 
 A request may *resume* from a checkpoint at position r (its trunk in the stream then starts at r: keys and
 values of [0, r) come from pool pages, the Gated DeltaNet state and conv window from a pool slot) and may
@@ -31,6 +37,7 @@ slot for tokens that are not saved).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -209,37 +216,42 @@ class RoundTensors:
     readout: ReadoutPlan
 
 
+TOKEN_ROWS = ("positions", "key_lo", "ctx_hi", "seg_lo", "request_of")  # the rows of `HostRound.token_rows`
+SEGMENT_ROWS = ("init_row", "final_row", "chunk_count", "step_base", "chain")  # the rows of `HostLevel.segment_rows`
+
+
+def _row(block: str, index: int, doc: str) -> property:
+    """A named row of one of the object's blocks, as a property."""
+    return property(lambda self: getattr(self, block)[index], doc=doc)
+
+
 @dataclass
 class HostLevel:
-    chunk_tokens: np.ndarray
-    active: list[int]
-    init_row: np.ndarray
-    final_row: np.ndarray
-    chunk_count: np.ndarray
-    step_base: np.ndarray
-    chain: np.ndarray  # the next level's segment continuing each segment's final state, -1 if none (`DeltaLevel`)
-    sizes: np.ndarray  # [len(chunk_tokens), len(init_row)]: what padding a round keeps (capacity.pad_into)
+    chunk_tokens: np.ndarray  # [chunks, GDN_CHUNK] stream index per chunk position (padding: the round's tokens)
+    segment_rows: np.ndarray  # [5, segments]: SEGMENT_ROWS, one block (one copy into a staging buffer)
+    sizes: np.ndarray  # [len(chunk_tokens), segments]: the real rows, which padding keeps (capacity.pad_into)
+    active: list[int]  # host: active segments at scan step j (non-increasing)
     chained: bool = False  # every segment continues one of the level before (`DeltaLevel.chained`)
+
+    init_row = _row("segment_rows", 0, "state row each segment starts from")
+    final_row = _row("segment_rows", 1, "row its final state is written to (DISCARD_ROW: none)")
+    chunk_count = _row("segment_rows", 2, "chunks (scan steps) of each segment")
+    step_base = _row("segment_rows", 3, "segment s's chunk j > 0 is row step_base[s] + j")
+    chain = _row("segment_rows", 4, "the next level's segment continuing each segment's final state, -1 if none")
 
 
 @dataclass
 class HostRound:
-    """The host arrays of a round; `to(device)` gives the `RoundTensors` the model reads."""
+    """The host arrays of a round (as `RoundPlan.write` lays them out); `to(device)` gives the `RoundTensors`
+    the model reads."""
 
+    plan: RoundPlan
     ids: np.ndarray
-    positions: np.ndarray
-    key_lo: np.ndarray
-    ctx_hi: np.ndarray
-    seg_lo: np.ndarray
-    request_of: np.ndarray
+    token_rows: np.ndarray  # [5, T]: TOKEN_ROWS, one block
     history_len: np.ndarray
     page_offset: np.ndarray
     pages: np.ndarray
-    num_real: int  # real tokens; rows past it (to len(ids)) are padding
-    request_bounds: list[tuple[int, int]]
-    history: list[tuple[int, np.ndarray | None]]
     levels: list[HostLevel]
-    num_rows: int
     conv_src: np.ndarray
     resume_slots: np.ndarray
     save_slots: np.ndarray
@@ -247,6 +259,28 @@ class HostRound:
     kv_slots: np.ndarray
     readout_rows: np.ndarray
     label_ids: np.ndarray
+
+    positions = _row("token_rows", 0, "position of each token in its standalone prompt")
+    key_lo = _row("token_rows", 1, "first stream index of the token's request")
+    ctx_hi = _row("token_rows", 2, "end of the fully visible range [key_lo, ctx_hi)")
+    seg_lo = _row("token_rows", 3, "start of the token's own causal segment")
+    request_of = _row("token_rows", 4, "request index of each token")
+
+    @property
+    def num_real(self) -> int:
+        return self.plan.num_real
+
+    @property
+    def num_rows(self) -> int:
+        return self.plan.rows.num_rows
+
+    @property
+    def request_bounds(self) -> list[tuple[int, int]]:
+        return self.plan.request_bounds
+
+    @property
+    def history(self) -> list[tuple[int, np.ndarray | None]]:
+        return [(r.start, r.resume.pages if r.resume else None) for r in self.plan.requests]
 
     @property
     def num_tokens(self) -> int:
@@ -272,19 +306,17 @@ class HostRound:
 
     def tensors(self, t: dict[str, torch.Tensor]) -> RoundTensors:
         """The `RoundTensors` view of device tensors named as in `arrays()` (the host lists come from self)."""
-        levels = [
-            DeltaLevel(t[f"level{i}.chunk_tokens"], level.active, t[f"level{i}.init_row"], t[f"level{i}.final_row"],
-                       t[f"level{i}.chunk_count"], t[f"level{i}.step_base"], t[f"level{i}.chain"], t[f"level{i}.sizes"],
-                       level.chained)
-            for i, level in enumerate(self.levels)
-        ]
-        attention = AttentionPlan(
-            t["key_lo"], t["ctx_hi"], t["seg_lo"], t["request_of"], t["history_len"], t["page_offset"], t["pages"],
-            t["num_tokens"], self.request_bounds, self.history,
-        )
+        levels = []
+        for i, level in enumerate(self.levels):
+            init_row, final_row, chunk_count, step_base, chain = t[f"level{i}.segment_rows"]
+            levels.append(DeltaLevel(t[f"level{i}.chunk_tokens"], level.active, init_row, final_row, chunk_count,
+                                     step_base, chain, t[f"level{i}.sizes"], level.chained))
+        positions, key_lo, ctx_hi, seg_lo, request_of = t["token_rows"]
+        attention = AttentionPlan(key_lo, ctx_hi, seg_lo, request_of, t["history_len"], t["page_offset"], t["pages"],
+                                  t["num_tokens"], self.request_bounds, self.history)
         return RoundTensors(
             ids=t["ids"],
-            positions=t["positions"],
+            positions=positions,
             attention=attention,
             delta=DeltaPlan(levels, self.num_rows),
             conv_src=t["conv_src"],
@@ -293,193 +325,315 @@ class HostRound:
         )
 
 
-DEVICE_FIELDS = ("ids", "positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "history_len", "page_offset",
-                 "pages", "conv_src", "resume_slots", "save_slots", "save_window_src", "kv_slots", "readout_rows",
-                 "label_ids")
-LEVEL_FIELDS = ("chunk_tokens", "init_row", "final_row", "chunk_count", "step_base", "chain", "sizes")
+DEVICE_FIELDS = ("ids", "token_rows", "history_len", "page_offset", "pages", "conv_src", "resume_slots", "save_slots",
+                 "save_window_src", "kv_slots", "readout_rows", "label_ids")
+LEVEL_FIELDS = ("chunk_tokens", "segment_rows", "sizes")
+_CHUNK_OFFSETS = np.arange(GDN_CHUNK, dtype=np.int64)
+
+
+class LevelPlan:
+    """One Gated DeltaNet level of a round (host lists): segments longest first; the segments' first chunks
+    come first (row s: segment s's chunk 0, what a level's step 0 reads), then each segment's later chunks in
+    order, one segment after the other, so a segment's chunks past its first are consecutive rows
+    (`step_base`): the scan's tile addresses are then affine in the step and its loads can be issued ahead."""
+
+    def __init__(self, segments: list[tuple[int, int, int, int]]) -> None:
+        """segments: (stream start, tokens, init row, final row), each at least one token, in stream order."""
+        ordered = sorted(segments, key=lambda segment: -segment[1])  # stable: ties keep stream order
+        counts = [-(-length // GDN_CHUNK) for _, length, _, _ in ordered]
+        self.row_start = [start for start, _, _, _ in ordered]
+        self.row_end = [start + length for start, length, _, _ in ordered]
+        step_base, base = [], len(ordered) - 1
+        for (start, length, _, _), count in zip(ordered, counts):
+            step_base.append(base)
+            if count > 1:
+                self.row_start.extend(range(start + GDN_CHUNK, start + count * GDN_CHUNK, GDN_CHUNK))
+                self.row_end.extend([start + length] * (count - 1))
+            base += count - 1
+        self.init_rows = [init for _, _, init, _ in ordered]
+        self.final_rows = [final for _, _, _, final in ordered]
+        self.segment_rows = [self.init_rows, self.final_rows, counts, step_base, [-1] * len(ordered)]
+        self.chained = False
+
+    def active(self) -> list[int]:
+        """Active segments at each scan step (non-increasing; the reference ops loop over them)."""
+        counts = self.segment_rows[2]
+        active = [0] * (counts[0] if counts else 0)
+        for count in counts:
+            active[count - 1] += 1
+        for step in range(len(active) - 2, -1, -1):
+            active[step] += active[step + 1]
+        return active
+
+    @property
+    def chunks(self) -> int:
+        return len(self.row_start)
+
+    @property
+    def segments(self) -> int:
+        return len(self.init_rows)
+
+    def write(self, chunk_tokens: np.ndarray, segment_rows: np.ndarray, sizes: np.ndarray, pad: int,
+              pad_column: np.ndarray) -> None:
+        """The level's tables into arrays of at least its sizes: chunk positions past a segment's end and padding
+        rows read stream index `pad`; padding segments are `pad_column` (SEGMENT_ROWS' padding values)."""
+        chunks, segments = self.chunks, self.segments
+        if chunks:
+            head = chunk_tokens[:chunks]
+            np.add(np.array(self.row_start, dtype=np.int64)[:, None], _CHUNK_OFFSETS, out=head)
+            np.putmask(head, head >= np.array(self.row_end, dtype=np.int64)[:, None], pad)
+            segment_rows[:, :segments] = self.segment_rows
+        chunk_tokens[chunks:] = pad
+        segment_rows[:, segments:] = pad_column
+        sizes[0], sizes[1] = chunks, segments
+
+
+class RoundPlan:
+    """A round's requests as one flat stream, planned on the host as lists per piece (a trunk or a branch),
+    Gated DeltaNet segment and question: a round has few of them, and Python lists cost far less per element
+    than a numpy call costs per call (a lone ask's plan and staging were about 150 numpy calls). It knows the
+    counts a capacity must hold (`Capacity.fits`); `write` then builds every array straight into the arrays of
+    any capacity it fits (a graph's pinned staging views, padded at the tail) with a few vectorised calls per
+    array, and `host_round` into arrays of its own size.
+
+    rows: where states live (default: a compact standalone table, `StateRows.compact`). kv_sink: the flat
+    pool position that keys/values of unsaved tokens are written to (-1: the last position of the arena).
+    Empty levels are kept (with no chunks), so a round always has three levels.
+    """
+
+    def __init__(self, requests: Sequence[RequestSpec], conv_kernel: int, rows: StateRows | None = None,
+                 kv_sink: int = -1) -> None:
+        rows = rows or StateRows.compact(requests)
+        if len(requests) > rows.scratch_count:
+            raise ValueError(f"{len(requests)} requests but {rows.scratch_count} scratch state rows")
+        self.requests, self.conv_kernel, self.rows, self.kv_sink = list(requests), conv_kernel, rows, kv_sink
+        # per piece: token_rows' values (position - stream index, key_lo, ctx_hi, seg_lo, request), then
+        # what its first tokens' conv taps before it read: stream start, first position, its request's
+        # first position, trunk start and resume index
+        self._pieces: list[tuple[int, int, int, int, int]] = []
+        self._conv: list[tuple[int, int, int, int, int]] = []
+        self._lengths: list[int] = []
+        self._ids: list[np.ndarray] = []
+        self._saves: list[tuple[int, int, Save, int, int]] = []  # trunk start, tokens saved, save, first, resume index
+        self.readout: list[int] = []
+        self.request_bounds: list[tuple[int, int]] = []
+        self.label_width = 1
+        self.num_pages = 0
+        segments: tuple[list, list, list] = ([], [], [])
+        cursor = resumes = 0
+        for index, request in enumerate(self.requests):
+            first, computed = request.start, len(request.trunk)
+            if computed < 1:
+                raise ValueError("every request computes at least one trunk token")
+            if (first > 0) != (request.resume is not None):
+                raise ValueError("a request starts past position 0 exactly when it resumes from a checkpoint")
+            init, scratch, resume_index = rows.zero, rows.scratch + index, -1
+            if request.resume is not None:
+                init, resume_index = rows.slot_base + request.resume.slot, resumes
+                resumes += 1
+                self.num_pages += len(request.resume.pages[: -(-first // PAGE)])
+            start = cursor
+            split, trunk_final = computed, scratch
+            if request.save is not None:
+                at = request.save.at
+                if not first < at <= first + computed:
+                    raise ValueError("a save point lies outside its request's computed trunk (start, end]")
+                split, save_row = at - first, rows.slot_base + request.save.slot
+                segments[0].append((start, split, init, save_row))
+                if split < computed:
+                    segments[1].append((start + split, computed - split, save_row, scratch))
+                else:
+                    trunk_final = save_row
+                self._saves.append((start, split, request.save, first, resume_index))
+            else:
+                segments[0].append((start, computed, init, scratch))
+            self._pieces.append((first - start, start, start, start, index))
+            self._conv.append((start, first, first, start, resume_index))
+            self._lengths.append(computed)
+            self._ids += (request.trunk, request.branches.ids)
+            at, position = start + computed, first + computed
+            for length in request.branches.lengths.tolist():
+                self._pieces.append((position - at, start, start + computed, at, index))
+                self._conv.append((at, position, first, start, resume_index))
+                self._lengths.append(length)
+                segments[2].append((at, length, trunk_final, DISCARD_ROW))
+                at += length
+                self.readout.append(at - 1)
+            self.label_width = max(self.label_width, request.branches.labels.shape[1])
+            self.request_bounds.append((start, at))
+            cursor = at
+        self.num_real = cursor
+        self.num_resumes = resumes
+        self.levels = [LevelPlan(level) for level in segments]
+        # a trunk's remainder starts from its first part's final row: the scan runs both in one program
+        continuing = {init: k for k, init in enumerate(self.levels[1].init_rows)}
+        self.levels[0].segment_rows[4] = [continuing.get(final, -1) for final in self.levels[0].final_rows]
+        self.levels[1].chained = True
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests)
+
+    @property
+    def num_questions(self) -> int:
+        return len(self.readout)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shape of every array of the round unpadded, named as `HostRound.arrays()`."""
+        real, count, saves, window = self.num_real, self.num_requests, len(self._saves), self.conv_kernel - 1
+        shapes: dict[str, tuple[int, ...]] = {
+            "ids": (real,), "token_rows": (len(TOKEN_ROWS), real), "history_len": (count,), "page_offset": (count,),
+            "pages": (self.num_pages,), "conv_src": (real, self.conv_kernel), "resume_slots": (self.num_resumes,),
+            "save_slots": (saves,), "save_window_src": (saves, window), "kv_slots": (real,),
+            "readout_rows": (self.num_questions,), "label_ids": (self.num_questions, self.label_width),
+        }
+        for index, level in enumerate(self.levels):
+            shapes[f"level{index}.chunk_tokens"] = (level.chunks, GDN_CHUNK)
+            shapes[f"level{index}.segment_rows"] = (len(SEGMENT_ROWS), level.segments)
+            shapes[f"level{index}.sizes"] = (2,)
+        return shapes
+
+    def host_round(self) -> HostRound:
+        """The round's arrays unpadded (the eager path and the reference ops)."""
+        arrays = {name: np.empty(shape, dtype=np.int64) for name, shape in self.shapes().items()}
+        self.write(arrays, window_sink=-1, kv_sink=self.kv_sink, zero_row=self.rows.zero)
+        levels = [HostLevel(arrays[f"level{i}.chunk_tokens"], arrays[f"level{i}.segment_rows"],
+                            arrays[f"level{i}.sizes"], level.active(), level.chained)
+                  for i, level in enumerate(self.levels)]
+        return HostRound(self, levels=levels, **{name: arrays[name] for name in DEVICE_FIELDS})
+
+    def write(self, out: dict[str, np.ndarray], window_sink: int, kv_sink: int, zero_row: int) -> None:
+        """Every array of the round into `out` (arrays of at least its sizes, shaped as `shapes()` names them;
+        with `num_tokens` where a graph reads it), padding only at the tail, so a captured graph can read any
+        round that fits. Padding tokens form one region of their own after the real tokens (they see nothing
+        real and nothing real sees them), padded segments and chunks are empty (each level's `sizes` keeps the
+        real counts, so the Gated DeltaNet kernels never visit them), padded saves go to `window_sink` and
+        padding tokens' keys/values to `kv_sink`, padded segments start from `zero_row`, padded readout rows
+        read the first padding token (and one label, so their softmax stays finite).
+
+        Conv-table rows: the zero row, the stream tokens (row 1 + t), then per resumed request its saved window
+        (K - 1 rows after all stream rows of the arrays, padding included)."""
+        real, count, window = self.num_real, self.num_requests, self.conv_kernel - 1
+        total = len(out["ids"])
+        ids = out["ids"]
+        if self._ids:
+            np.concatenate(self._ids, out=ids[:real], casting="unsafe")
+        ids[real:] = 0
+        rows = out["token_rows"]
+        lengths = np.array(self._lengths, dtype=np.int64)
+        if real:
+            rows[:, :real] = np.repeat(np.array(self._pieces, dtype=np.int64).T, lengths, axis=1)
+            rows[0, :real] += _iota(real)
+        rows[:, real:] = np.array([[0], [real], [real], [real], [count]], dtype=np.int64)
+
+        # conv sources: token t's tap j reads row t + 1 - (K - 1 - j) inside its piece; the first K - 1 tokens
+        # of a piece read the taps before it from their trunk's rows, its resumed window or the zero row
+        conv = out["conv_src"]
+        conv[:real] = _conv_rows(self.conv_kernel, real)
+        conv[real:] = 0
+        if self._conv:
+            lead, back = _lead_taps(window)
+            start, position, first, trunk_start, resume_index = np.array(self._conv, dtype=np.int64).T[:, :, None]
+            q = position + (lead - back)  # the position each such tap reads
+            src = np.where(q >= first, trunk_start + (q - first) + 1,
+                           np.where(q >= 0, 1 + total + resume_index * window + (q - first) + window, 0))
+            flat = (start + lead) * self.conv_kernel + (window - back)  # into conv_src's rows (contiguous)
+            if lengths.min() < window:  # pieces shorter than the window: only their own tokens
+                valid = lead < lengths[:, None]
+                flat, src = flat[valid], src[valid]
+            np.put(conv, flat, src)
+
+        kv = out["kv_slots"]
+        kv[:real] = self.kv_sink
+        kv[real:] = kv_sink
+        windows = []
+        for start, saved, save, first, resume_index in self._saves:
+            kv[start : start + saved] = save.kv_slots
+            for q in range(save.at - window, save.at):
+                windows.append(start + q - first + 1 if q >= first
+                               else 1 + total + resume_index * window + q - first + window if q >= 0 else 0)
+        save_window_src = out["save_window_src"]
+        save_window_src[: len(self._saves)] = np.array(windows, dtype=np.int64).reshape(-1, window)
+        save_window_src[len(self._saves) :] = 0
+
+        questions = self.num_questions
+        readout = out["readout_rows"]
+        readout[:questions] = self.readout
+        readout[questions:] = real
+        labels = out["label_ids"]
+        if questions:
+            table = Branches.join([request.branches for request in self.requests]).labels
+            labels[:questions, : table.shape[1]] = table
+            labels[:questions, table.shape[1] :] = -1
+        labels[questions:] = -1
+        labels[questions:, 0] = 0
+
+        history_len, page_offset, pages = out["history_len"], out["page_offset"], out["pages"]
+        history_len[:count] = [request.start for request in self.requests]
+        history_len[count:] = 0
+        offsets, used, parts = [], 0, []
+        for request in self.requests:
+            offsets.append(used)
+            if request.resume is not None:
+                parts.append(np.asarray(request.resume.pages[: -(-request.start // PAGE)]))
+                used += len(parts[-1])
+        page_offset[:count] = offsets
+        page_offset[count:] = 0
+        if parts:
+            np.concatenate(parts, out=pages[:used], casting="unsafe")
+        pages[used:] = 0
+        resume_slots, save_slots = out["resume_slots"], out["save_slots"]
+        resume_slots[: self.num_resumes] = [r.resume.slot for r in self.requests if r.resume is not None]
+        resume_slots[self.num_resumes :] = window_sink
+        save_slots[: len(self._saves)] = [save.slot for _, _, save, _, _ in self._saves]
+        save_slots[len(self._saves) :] = window_sink
+        if "num_tokens" in out:
+            out["num_tokens"][0] = real
+
+        pad_column = np.array([[zero_row], [DISCARD_ROW], [0], [0], [-1]], dtype=np.int64)
+        for index, level in enumerate(self.levels):
+            prefix = f"level{index}."
+            level.write(out[prefix + "chunk_tokens"], out[prefix + "segment_rows"], out[prefix + "sizes"], total,
+                        pad_column)
+
+
+def _iota(count: int) -> np.ndarray:
+    """0, 1, ..., count - 1 (int64, read-only: the head of one array kept for all rounds, grown as needed)."""
+    return _kept(0, count)
+
+
+def _conv_rows(conv_kernel: int, count: int) -> np.ndarray:
+    """[count, K]: token t's conv taps inside its piece, oldest first, read rows t + 1 - (K - 1 - j) (read-only,
+    kept; a copy of it costs a tenth of building it)."""
+    return _kept(conv_kernel, count)
+
+
+_KEPT: dict[int, np.ndarray] = {}
+
+
+def _kept(conv_kernel: int, count: int) -> np.ndarray:
+    kept = _KEPT.get(conv_kernel)
+    if kept is None or len(kept) < count:
+        size = max(count, 4096, 2 * (0 if kept is None else len(kept)))
+        kept = np.arange(size, dtype=np.int64)
+        if conv_kernel:
+            kept = kept[:, None] + np.arange(2 - conv_kernel, 2, dtype=np.int64)
+        kept.flags.writeable = False
+        _KEPT[conv_kernel] = kept
+    return kept[:count]
+
+
+@functools.cache
+def _lead_taps(window: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lead, back) pairs [1, n] with lead < window and back > lead: token `lead` of a piece, tap reading `back`
+    tokens back, before the piece."""
+    pairs = [(lead, back) for lead in range(window) for back in range(lead + 1, window + 1)]
+    lead, back = (np.array([p[i] for p in pairs], dtype=np.int64)[None, :] for i in (0, 1))
+    return lead, back
 
 
 def plan_round(
     requests: Sequence[RequestSpec], conv_kernel: int, rows: StateRows | None = None, kv_sink: int = -1
 ) -> HostRound:
-    """Lay out `requests` as one flat stream and build all metadata (host side, numpy, vectorised).
-
-    rows: where states live (default: a compact standalone table, `StateRows.compact`). kv_sink: the flat
-    pool position that keys/values of unsaved tokens are written to (-1: the last position of the arena).
-    Empty levels are kept (with no chunks), so a round always has NUM_LEVELS levels.
-    """
-    rows = rows or StateRows.compact(requests)
-    if len(requests) > rows.scratch_count:
-        raise ValueError(f"{len(requests)} requests but {rows.scratch_count} scratch state rows")
-    count = len(requests)
-    first = np.fromiter((r.start for r in requests), dtype=np.int64, count=count)
-    computed = np.fromiter((len(r.trunk) for r in requests), dtype=np.int64, count=count)
-    if (computed < 1).any():
-        raise ValueError("every request computes at least one trunk token")
-    resumed = np.fromiter((r.resume is not None for r in requests), dtype=bool, count=count)
-    if ((first > 0) != resumed).any():
-        raise ValueError("a request starts past position 0 exactly when it resumes from a checkpoint")
-    branches = Branches.join([r.branches for r in requests]) if requests else Branches.of([], [])
-    per_request = np.fromiter((len(r.branches) for r in requests), dtype=np.int64, count=count)
-    branch_request = np.repeat(np.arange(count), per_request)
-
-    # pieces in stream order: each request's trunk, then its branches; per-token metadata repeats per-piece values
-    piece_len = np.empty(count + len(branches), dtype=np.int64)
-    piece_request = np.empty_like(piece_len)
-    trunk_piece = np.arange(count) + _offsets(per_request)
-    is_trunk_piece = np.zeros(len(piece_len), dtype=bool)
-    is_trunk_piece[trunk_piece] = True
-    piece_len[is_trunk_piece], piece_len[~is_trunk_piece] = computed, branches.lengths
-    piece_request[is_trunk_piece], piece_request[~is_trunk_piece] = np.arange(count), branch_request
-    piece_start = _offsets(piece_len)
-    total = int(piece_len.sum())
-    trunk_start = piece_start[trunk_piece]
-    branch_start = piece_start[~is_trunk_piece]
-    branch_tokens = np.bincount(branch_request, weights=branches.lengths, minlength=count).astype(np.int64)
-    request_end = trunk_start + computed + branch_tokens
-
-    past_trunk = np.where(is_trunk_piece, 0, computed[piece_request])  # a branch continues after its whole trunk
-    piece_position = first[piece_request] + past_trunk  # position of each piece's first token
-    piece_key_lo = trunk_start[piece_request]
-    request_of = np.repeat(piece_request, piece_len)
-    positions = np.arange(total, dtype=np.int64) + np.repeat(piece_position - piece_start, piece_len)
-    key_lo = np.repeat(piece_key_lo, piece_len)
-    ctx_hi = np.repeat(piece_key_lo + past_trunk, piece_len)
-    seg_lo = np.repeat(piece_start, piece_len)  # a trunk piece starts at its trunk's start
-    parts = [part for r in requests for part in (r.trunk, r.branches.ids)]
-    ids = np.concatenate(parts, dtype=np.int64, casting="unsafe") if parts else np.zeros(0, dtype=np.int64)
-
-    # conv sources: stream rows 1 + t, resumed windows 1 + total + resume_index * (K - 1) + j, else 0
-    window_rows = conv_kernel - 1
-    resume_index = np.cumsum(resumed) - 1
-    taps = np.arange(-window_rows, 1, dtype=np.int64)
-
-    def trunk_rows(request: np.ndarray, q: np.ndarray) -> np.ndarray:
-        """Conv-table row of the conv input at absolute trunk position q of `request` (q < its trunk end)."""
-        f = first[request]
-        window = 1 + total + resume_index[request] * window_rows + q - f + window_rows
-        return np.where(q >= f, trunk_start[request] + q - f + 1, np.where(q >= 0, window, 0))
-
-    # a tap inside its own piece reads the stream row of that token (a trunk is contiguous across its save
-    # point); only the first K - 1 tokens of a piece have taps before it: trunk rows, the resumed window or 0
-    conv_src = np.empty((total, conv_kernel), dtype=np.int64)
-    stream_rows = np.arange(2 - conv_kernel, total + 1, dtype=np.int64)
-    for tap in range(conv_kernel):  # column by column: token t's tap j reads row t + 1 + taps[j]
-        conv_src[:, tap] = stream_rows[tap : tap + total]
-    piece, lead = np.nonzero(np.arange(window_rows)[None, :] < piece_len[:, None])
-    lead_tokens = piece_start[piece] + lead
-    before = (lead[:, None] + taps[None, :]) < 0
-    conv_src[lead_tokens] = np.where(
-        before, trunk_rows(piece_request[piece, None], (piece_position[piece] + lead)[:, None] + taps[None, :]),
-        conv_src[lead_tokens])
-
-    # Gated DeltaNet segments
-    save_at = np.fromiter((r.save.at if r.save else 0 for r in requests), dtype=np.int64, count=count)
-    saves = np.fromiter((r.save is not None for r in requests), dtype=bool, count=count)
-    if (saves & ~((first < save_at) & (save_at <= first + computed))).any():
-        raise ValueError("a save point lies outside its request's computed trunk (start, end]")
-    split = np.where(saves, save_at - first, computed)
-    scratch = rows.scratch + np.arange(count, dtype=np.int64)
-    save_row = np.fromiter((rows.slot_base + r.save.slot if r.save else -1 for r in requests), dtype=np.int64,
-                           count=count)
-    init = np.fromiter((rows.slot_base + r.resume.slot if r.resume else rows.zero for r in requests),
-                       dtype=np.int64, count=count)
-    trunk_final = np.where(saves & (split == computed), save_row, scratch)
-    remainder = saves & (split < computed)
-    levels = [
-        _plan_level(trunk_start, split, init, np.where(saves, save_row, scratch), total),
-        _plan_level((trunk_start + split)[remainder], (computed - split)[remainder], save_row[remainder],
-                    scratch[remainder], total),
-        _plan_level(branch_start, branches.lengths, trunk_final[branch_request],
-                    np.full(len(branches), DISCARD_ROW, dtype=np.int64), total),
-    ]
-    # a trunk's remainder starts from its first part's final row: the scan runs both in one program
-    levels[0].chain = _continuations(levels[0].final_row, levels[1].init_row)
-    levels[1].chained = True
-
-    # checkpoint traffic
-    kv_slots = np.full(total, kv_sink, dtype=np.int64)
-    for request, start, n in zip(requests, trunk_start.tolist(), split.tolist()):
-        if request.save is not None:
-            kv_slots[start : start + n] = request.save.kv_slots
-    saving = np.flatnonzero(saves)
-    save_window_src = trunk_rows(saving[:, None], save_at[saving, None] + taps[None, :-1]).reshape(-1, window_rows)
-
-    history_len = first.copy()
-    page_count = -(-first // PAGE)
-    page_offset = _offsets(page_count)
-    pages = np.concatenate([np.asarray(r.resume.pages, dtype=np.int64)[:n]
-                            for r, n in zip(requests, page_count.tolist()) if r.resume] + [np.zeros(0, np.int64)])
-
-    return HostRound(
-        ids=ids,
-        positions=positions,
-        key_lo=key_lo,
-        ctx_hi=ctx_hi,
-        seg_lo=seg_lo,
-        request_of=request_of,
-        history_len=history_len,
-        page_offset=page_offset,
-        pages=pages,
-        num_real=total,
-        request_bounds=list(zip(trunk_start.tolist(), request_end.tolist())),
-        history=[(int(r.start), r.resume.pages if r.resume else None) for r in requests],
-        levels=levels,
-        num_rows=rows.num_rows,
-        conv_src=conv_src,
-        resume_slots=np.array([r.resume.slot for r in requests if r.resume], dtype=np.int64),
-        save_slots=np.array([r.save.slot for r in requests if r.save], dtype=np.int64),
-        save_window_src=save_window_src,
-        kv_slots=kv_slots,
-        readout_rows=branch_start + branches.lengths - 1,
-        label_ids=branches.labels,
-    )
-
-
-def _continuations(final_row: np.ndarray, init_row: np.ndarray) -> np.ndarray:
-    """For each segment ending in `final_row` (rows unique: a save slot or a request's scratch row), the
-    segment of the next level starting from that row, or -1."""
-    if len(init_row) == 0:
-        return np.full(len(final_row), -1, dtype=np.int64)
-    order = np.argsort(init_row)
-    match = order[np.minimum(np.searchsorted(init_row[order], final_row), len(order) - 1)]
-    return np.where(init_row[match] == final_row, match, -1).astype(np.int64, copy=False)
-
-
-def _offsets(counts: np.ndarray) -> np.ndarray:
-    """Exclusive prefix sums: where each of a list of consecutive runs of `counts` starts."""
-    return (np.cumsum(counts) - counts).astype(np.int64, copy=False)
-
-
-def _plan_level(start: np.ndarray, length: np.ndarray, init_row: np.ndarray, final_row: np.ndarray,
-                pad_index: int) -> HostLevel:
-    """Chunk table of one level (vectorised): segments longest first; the segments' first chunks come first
-    (row s: segment s's chunk 0, what a level's step 0 reads), then each segment's later chunks in order, one
-    segment after the other, so a segment's chunks past its first are consecutive rows (`step_base`): the
-    scan's tile addresses are then affine in the step and its loads can be issued steps ahead."""
-    none = np.full(len(length), -1, dtype=np.int64)  # chains are set by plan_round
-    if len(length) == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return HostLevel(np.zeros((0, GDN_CHUNK), dtype=np.int64), [], empty, empty, empty, empty, none,
-                         np.zeros(2, np.int64))
-    if len(length) == 1 and length[0] > 0:  # one segment (a lone request's trunk levels): its chunks in order
-        tokens, steps = int(length[0]), -(-int(length[0]) // GDN_CHUNK)
-        chunk_tokens = np.arange(int(start[0]), int(start[0]) + steps * GDN_CHUNK, dtype=np.int64).reshape(steps, -1)
-        chunk_tokens[-1, tokens - (steps - 1) * GDN_CHUNK :] = pad_index
-        return HostLevel(chunk_tokens, [1] * steps, init_row.copy(), final_row.copy(), np.array([steps], dtype=np.int64),
-                         np.zeros(1, dtype=np.int64), none, np.array([steps, 1], dtype=np.int64))
-    order = np.argsort(-length, kind="stable")
-    start, length, init_row, final_row = start[order], length[order], init_row[order], final_row[order]
-    counts = (-(-length // GDN_CHUNK)).astype(np.int64, copy=False)  # non-increasing
-    active = (counts[None, :] > np.arange(counts[0])[:, None]).sum(axis=1)
-    firsts = int(active[0]) if len(active) else 0  # segments with a chunk: the first rows
-    later = np.maximum(counts - 1, 0)
-    step_base = firsts + _offsets(later) - 1
-    later_segment = np.repeat(np.arange(len(counts), dtype=np.int64), later)
-    later_rows = np.arange(firsts, firsts + len(later_segment), dtype=np.int64)
-    segment = np.concatenate([np.arange(firsts, dtype=np.int64), later_segment])
-    chunk = np.concatenate([np.zeros(firsts, dtype=np.int64), later_rows - step_base[later_segment]])
-    chunk_tokens = (start[segment] + chunk * GDN_CHUNK)[:, None] + np.arange(GDN_CHUNK)[None, :]
-    chunk_tokens = np.where(chunk_tokens < (start + length)[segment, None], chunk_tokens, pad_index)
-    sizes = np.array([len(chunk_tokens), len(init_row)], dtype=np.int64)
-    return HostLevel(chunk_tokens, active.tolist(), init_row, final_row, counts, step_base, none, sizes)
+    """Lay out `requests` as one flat stream and build all metadata, unpadded (`RoundPlan`)."""
+    return RoundPlan(requests, conv_kernel, rows, kv_sink).host_round()
