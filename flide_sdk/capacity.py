@@ -84,7 +84,7 @@ class Capacity:
 
     def fits(self, round_: RoundPlan | HostRound) -> bool:
         """Whether a round (unpadded) fits, with at least one padding token (padded readout rows read it)."""
-        plan = round_.plan if isinstance(round_, HostRound) else round_
+        plan = plan_of(round_)
         return (
             plan.num_real < self.tokens
             and plan.num_requests <= self.requests
@@ -94,6 +94,11 @@ class Capacity:
             and all(level.segments <= s and level.chunks <= c
                     for level, s, c in zip(plan.levels, self.segments, self.chunks))
         )
+
+
+def plan_of(round_: RoundPlan | HostRound) -> RoundPlan:
+    """The plan of a round given as its plan or as its unpadded arrays."""
+    return round_.plan if isinstance(round_, HostRound) else round_
 
 
 def capacity_ladder(
@@ -121,7 +126,7 @@ def capacity_ladder(
 
 def choose(ladder: list[Capacity], round_: RoundPlan | HostRound) -> Capacity | None:
     """The smallest capacity a round fits, or None (the round runs eagerly)."""
-    plan = round_.plan if isinstance(round_, HostRound) else round_
+    plan = plan_of(round_)
     first = bisect.bisect_right(ladder, plan.num_real, key=lambda capacity: capacity.tokens)  # fewer tokens never fit
     return next((capacity for capacity in ladder[first:] if capacity.fits(plan)), None)
 
@@ -134,7 +139,7 @@ def pad_into(round_: RoundPlan | HostRound, capacity: Capacity, out: dict[str, n
     window_sink: a pool slot that padded conv-window saves write to (and padded resumes read);
     kv_sink: the flat pool position padding tokens' keys/values go to; zero_row: the always-zero state row.
     """
-    plan = round_.plan if isinstance(round_, HostRound) else round_
+    plan = plan_of(round_)
     plan.write(out, window_sink, kv_sink, zero_row)
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -331,13 +332,29 @@ LEVEL_FIELDS = ("chunk_tokens", "segment_rows", "sizes")
 _CHUNK_OFFSETS = np.arange(GDN_CHUNK, dtype=np.int64)
 
 
+# rows of a round plan's host lists, plain tuples: a lone ask with 64 questions builds about 200 of them per round,
+# and a NamedTuple costs 20x a tuple to build
+Segment = tuple[int, int, int, int]  # a Gated DeltaNet segment: stream start, tokens, init row, final row
+
+
+class TrunkSave(NamedTuple):
+    """A request's checkpoint as a round plan writes it: the trunk's stream start, the tokens it saves (from its
+    start to the save point), the save, and the request's first position and resume index (-1: none)."""
+
+    stream_start: int
+    tokens: int
+    save: Save
+    first: int
+    resume_index: int
+
+
 class LevelPlan:
     """One Gated DeltaNet level of a round (host lists): segments longest first; the segments' first chunks
     come first (row s: segment s's chunk 0, what a level's step 0 reads), then each segment's later chunks in
     order, one segment after the other, so a segment's chunks past its first are consecutive rows
     (`step_base`): the scan's tile addresses are then affine in the step and its loads can be issued ahead."""
 
-    def __init__(self, segments: list[tuple[int, int, int, int]]) -> None:
+    def __init__(self, segments: list[Segment]) -> None:
         """segments: (stream start, tokens, init row, final row), each at least one token, in stream order."""
         ordered = sorted(segments, key=lambda segment: -segment[1])  # stable: ties keep stream order
         counts = [-(-length // GDN_CHUNK) for _, length, _, _ in ordered]
@@ -350,9 +367,9 @@ class LevelPlan:
                 self.row_start.extend(range(start + GDN_CHUNK, start + count * GDN_CHUNK, GDN_CHUNK))
                 self.row_end.extend([start + length] * (count - 1))
             base += count - 1
-        self.init_rows = [init for _, _, init, _ in ordered]
-        self.final_rows = [final for _, _, _, final in ordered]
-        self.segment_rows = [self.init_rows, self.final_rows, counts, step_base, [-1] * len(ordered)]
+        init_rows = [init for _, _, init, _ in ordered]
+        final_rows = [final for _, _, _, final in ordered]
+        self.segment_rows = [init_rows, final_rows, counts, step_base, [-1] * len(ordered)]  # SEGMENT_ROWS
         self.chained = False
 
     def active(self) -> list[int]:
@@ -371,7 +388,7 @@ class LevelPlan:
 
     @property
     def segments(self) -> int:
-        return len(self.init_rows)
+        return len(self.segment_rows[0])
 
     def write(self, chunk_tokens: np.ndarray, segment_rows: np.ndarray, sizes: np.ndarray, pad: int,
               pad_column: np.ndarray) -> None:
@@ -414,12 +431,12 @@ class RoundPlan:
         self._conv: list[tuple[int, int, int, int, int]] = []
         self._lengths: list[int] = []
         self._ids: list[np.ndarray] = []
-        self._saves: list[tuple[int, int, Save, int, int]] = []  # trunk start, tokens saved, save, first, resume index
+        self._saves: list[TrunkSave] = []
         self.readout: list[int] = []
         self.request_bounds: list[tuple[int, int]] = []
         self.label_width = 1
         self.num_pages = 0
-        segments: tuple[list, list, list] = ([], [], [])
+        segments: tuple[list[Segment], list[Segment], list[Segment]] = ([], [], [])
         cursor = resumes = 0
         for index, request in enumerate(self.requests):
             first, computed = request.start, len(request.trunk)
@@ -444,7 +461,7 @@ class RoundPlan:
                     segments[1].append((start + split, computed - split, save_row, scratch))
                 else:
                     trunk_final = save_row
-                self._saves.append((start, split, request.save, first, resume_index))
+                self._saves.append(TrunkSave(start, split, request.save, first, resume_index))
             else:
                 segments[0].append((start, computed, init, scratch))
             self._pieces.append((first - start, start, start, start, index))
@@ -466,8 +483,9 @@ class RoundPlan:
         self.num_resumes = resumes
         self.levels = [LevelPlan(level) for level in segments]
         # a trunk's remainder starts from its first part's final row: the scan runs both in one program
-        continuing = {init: k for k, init in enumerate(self.levels[1].init_rows)}
-        self.levels[0].segment_rows[4] = [continuing.get(final, -1) for final in self.levels[0].final_rows]
+        first_parts, remainders = self.levels[0].segment_rows, self.levels[1].segment_rows
+        continuing = {init: k for k, init in enumerate(remainders[0])}
+        first_parts[4] = [continuing.get(final, -1) for final in first_parts[1]]
         self.levels[1].chained = True
 
     @property
@@ -547,7 +565,7 @@ class RoundPlan:
         kv[:real] = self.kv_sink
         kv[real:] = kv_sink
         windows = []
-        for start, saved, save, first, resume_index in self._saves:
+        for start, saved, save, first, resume_index in self._saves:  # TrunkSave
             kv[start : start + saved] = save.kv_slots
             for q in range(save.at - window, save.at):
                 windows.append(start + q - first + 1 if q >= first
@@ -585,7 +603,7 @@ class RoundPlan:
         resume_slots, save_slots = out["resume_slots"], out["save_slots"]
         resume_slots[: self.num_resumes] = [r.resume.slot for r in self.requests if r.resume is not None]
         resume_slots[self.num_resumes :] = window_sink
-        save_slots[: len(self._saves)] = [save.slot for _, _, save, _, _ in self._saves]
+        save_slots[: len(self._saves)] = [trunk_save.save.slot for trunk_save in self._saves]
         save_slots[len(self._saves) :] = window_sink
         if "num_tokens" in out:
             out["num_tokens"][0] = real
