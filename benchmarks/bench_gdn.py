@@ -69,9 +69,7 @@ KNOB_CHOICES = {  # first value = the kernel's default
     "block_v": [32, 64, 128],
     "split_v": [None, 1, 2],
     "scan_warps": [4, 8, 2],
-    "scan_stages": [2, 1, 3],
-    "out_block_v": [128, 64, 32],
-    "out_warps": [4, 8],
+    "scan_stages": [3, 2, 1],
 }
 PRECISE = {"store_dtype": torch.float32, "scan_warps": 8}
 CONV_KERNEL = 4  # the releases' short-convolution width (plan_round's conv tables; unused by the GDN)

@@ -34,9 +34,7 @@ CONFIGS = [  # the default, then every knob value of bench_gdn's sweep (one of t
     {"scan_warps": 2},
     {"scan_stages": 1},
     {"scan_stages": 3},
-    {"out_block_v": 64},
-    {"out_block_v": 32},
-    {"out_warps": 8},
+    {"scan_stages": 2},
     {"chunk_programs": 1, "scan_programs": 1},
 ]
 

@@ -23,7 +23,7 @@ steps=${*:-attention gdn fidelity}
 # died together of an illegal memory access, the first being 3 scan stages): the scan's pipeline depth (its
 # tile loads issued stages - 1 steps ahead since the segment-major chunk table), its warps and V tile, and
 # the output kernel's V tile. The scan is the lone round's largest GDN kernel.
-GDN_OPTIONS=${GDN_OPTIONS:-'[{"scan_stages": 2}, {"scan_stages": 4}, {"scan_warps": 8}, {"block_v": 64}, {"block_v": 64, "scan_warps": 8}, {"out_block_v": 64}]'}
+GDN_OPTIONS=${GDN_OPTIONS:-'[{"scan_stages": 2}, {"scan_warps": 8}, {"block_v": 64}, {"block_v": 64, "scan_warps": 8}, {"split_v": 2}]'}
 sizes=${SIZES:-0.8B 4B}  # model sizes of the per-size steps
 # An engine benchmark against transformers (with flash-linear-attention) at one model size: JSON and stderr
 # in $OUT, the log gets the stderr tail and the targets line.

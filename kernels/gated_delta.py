@@ -201,7 +201,7 @@ def _of_level(level, first_ptr, second_ptr, third_ptr):
 @triton.jit
 def _chunk_prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, sizes0_ptr, sizes1_ptr, sizes2_ptr,
-    w_ptr, u_ptr, a_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
+    w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
     total, start1, start2, scale, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
@@ -240,7 +240,8 @@ def _chunk_prep_kernel(
         gamma = tl.exp(tl.where(row >= col, cum[:, None] - cum[None, :], float("-inf")))
         q = tl.load(q_ptr + tok[:, None] * stride_qt + key_head * stride_qh + dk[None, :], mask=ok[:, None], other=0.0)
         k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :], mask=ok[:, None], other=0.0)
-        # the chunk's raw key rows, contiguous and zero on padding rows, for the scan's update products
+        # the chunk's raw query and key rows, contiguous and zero on padding rows, for the scan's products
+        tl.store(q_rows_ptr + base * L * DK + row * DK + dk[None, :], q)
         tl.store(k_rows_ptr + base * L * DK + row * DK + dk[None, :], k)
         q32 = q.to(tl.float32)
         k32 = k.to(tl.float32)
@@ -253,7 +254,7 @@ def _chunk_prep_kernel(
         # causal q-k block (stored) and the system A = strictly-lower(diag(beta) K K^T * Gamma) (to scratch);
         # the Gram products come from the raw rows (exact for 16-bit inputs) and are normalised afterwards
         a = q_rnorm[:, None] * k_rnorm[None, :] * tl.dot(q, tl.trans(k), input_precision=PREC) * gamma
-        tl.store(a_ptr + base * L * L + row * L + col, a.to(a_ptr.dtype.element_ty), mask=ok[:, None])
+        tl.store(a_ptr + base * L * L + row * L + col, tl.where(ok[:, None], a, 0.0).to(a_ptr.dtype.element_ty))
         system = (beta * k_rnorm)[:, None] * k_rnorm[None, :] * tl.dot(k, tl.trans(k), input_precision=PREC) * gamma
         if SUB == L:  # T by doubling over the whole chunk, in registers (no scratch)
             t = _unit_lower_inverse(tl.where(row > col, system, 0.0), L, LOG2_SUB, PREC)
@@ -294,55 +295,63 @@ def _chunk_prep_kernel(
 
 
 @triton.jit
-def _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols,
-                DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr):
-    """What one chunk (row `base` of the [chunk * head] tables) of the scan reads: K, W, the U tile, the
-    k gates and the chunk's decay."""
+def _scan_tiles(base, tokens_ptr, k_rows_ptr, w_ptr, u_ptr, q_rows_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr,
+                cols, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr):
+    """What one chunk (row `base` of the [chunk * head] tables, tokens at `tokens_ptr`) of the scan reads: its
+    stream rows, K, W, the U tile, the query rows, the causal q-k block, the q and k gates and the chunk's decay."""
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
+    tok = tl.load(tokens_ptr + i)
     k = tl.load(k_rows_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
     w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
     u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
+    q = tl.load(q_rows_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
+    a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :])
+    q_gate = tl.load(q_gate_ptr + base * L + i)
     k_gate = tl.load(k_gate_ptr + base * L + i)
     decay = tl.load(decay_ptr + base)
-    return k, w, u, k_gate, decay
+    return tok, k, w, u, q, a, q_gate, k_gate, decay
 
 
 @triton.jit
-def _scan_step(state, base, store_outputs, k, w, u, k_gate, decay, v_new_ptr, h_ptr, cols,
-               DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr):
-    """One chunk of the scan from its tiles (`_scan_tiles` of row `base`): stores the state at its start and
-    v_new = U - W S when `store_outputs`, returns the state at its end. Products take their operands in the
-    storage dtype of W and U."""
-    i = tl.arange(0, L)
-    dk = tl.arange(0, DK)
-    v_new = u.to(tl.float32) - tl.dot(w, state.to(w.dtype), input_precision=PREC)
-    if store_outputs:
-        tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], state.to(h_ptr.dtype.element_ty))
-        tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :], v_new.to(v_new_ptr.dtype.element_ty))
+def _scan_step(state, tok, k, w, u, q, a, q_gate, k_gate, decay, out_ptr, total, head, stride_ot, stride_oh, cols,
+               PREC: tl.constexpr):
+    """One chunk of the scan from its tiles (`_scan_tiles`): stores the chunk's outputs
+    o = (q exp(cum)) S + (q K^T * Gamma) v_new, with v_new = U - W S (S the state at the chunk's start, both
+    rounded to the storage dtype of W and U, in which the products take them), and returns the state at its end."""
+    low = state.to(w.dtype)
+    v_new = u.to(tl.float32) - tl.dot(w, low, input_precision=PREC)
+    out = q_gate[:, None] * tl.dot(q.to(w.dtype), low, input_precision=PREC)
+    out += tl.dot(a, v_new.to(w.dtype), input_precision=PREC)
+    tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=(tok < total)[:, None])
     update = (k_gate[:, None] * v_new).to(w.dtype)
     return state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
 
 
 @triton.jit
-def _scan_chunks(state, first_row, later_base, steps, head, heads, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
-                 v_new_ptr, h_ptr, cols, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr):
-    """The state slice moved through a segment's `steps` chunks: chunk 0 at table row `first_row`, chunk
-    j > 0 at `later_base + j` (arithmetic in j, so the pipeline issues a step's tile loads ahead)."""
+def _scan_chunks(state, first_row, later_base, steps, tokens_ptr, level_start, head, heads, k_rows_ptr, w_ptr, u_ptr,
+                 q_rows_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, out_ptr, total, stride_ot, stride_oh, cols,
+                 DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr):
+    """The state slice moved through a segment's `steps` chunks, their outputs stored: chunk 0 at table row
+    `first_row`, chunk j > 0 at `later_base + j` (arithmetic in j, so the pipeline issues a step's tile loads
+    ahead); a row's tokens are row - `level_start` of the level's table at `tokens_ptr`."""
     for j in range(steps):
-        base = tl.where(j == 0, first_row, later_base + j) * heads + head
-        k, w, u, k_gate, decay = _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L)
-        # the output kernel starts a segment's first chunk from its init row itself
-        state = _scan_step(state, base, j > 0, k, w, u, k_gate, decay, v_new_ptr, h_ptr, cols, DK, DV, L, PREC)
+        chunk = tl.where(j == 0, first_row, later_base + j)
+        tok, k, w, u, q, a, q_gate, k_gate, decay = _scan_tiles(
+            chunk * heads + head, tokens_ptr + (chunk - level_start) * L, k_rows_ptr, w_ptr, u_ptr, q_rows_ptr, a_ptr,
+            q_gate_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L)
+        state = _scan_step(state, tok, k, w, u, q, a, q_gate, k_gate, decay, out_ptr, total, head, stride_ot,
+                           stride_oh, cols, PREC)
     return state
 
 
 @triton.jit
 def _state_scan_kernel(
-    k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
-    chunk_count_ptr, step_base_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
-    chain_ptr, next_count_ptr, next_step_base_ptr, next_final_row_ptr, next_rows,
-    stride_sr, stride_sh, stride_sk,
+    k_rows_ptr, w_ptr, u_ptr, q_rows_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, states_ptr, out_ptr,
+    tokens_ptr, chunk_count_ptr, step_base_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
+    chain_ptr, next_tokens_ptr, next_count_ptr, next_step_base_ptr, next_final_row_ptr, next_rows, total,
+    stride_sr, stride_sh, stride_sk, stride_ot, stride_oh,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
     L: tl.constexpr, PREC: tl.constexpr, CHAIN: tl.constexpr,
 ):
@@ -351,11 +360,9 @@ def _state_scan_kernel(
     first P run in parallel). The segment axis is the grid's last, so the programs of the first segments
     start first: a graph's grid is sized for its capacity, and most of a lone ask's programs find no segment.
 
-    Per tile the [DK, BV] slice of the state lives in registers through all the segment's chunks. Each step
-    past the first stores the state at the chunk's start (h) and v_new = U - W S, then moves S to the chunk's
-    end: only the two products the recurrence needs are sequential; the outputs come from
-    `_chunk_output_kernel`, which computes a first chunk's v_new from the init row itself. So a segment of
-    one chunk whose final state is discarded (a short branch) needs nothing from the scan and returns at once.
+    Per tile the [DK, BV] slice of the state lives in registers from the segment's init row through all its
+    chunks, and each step stores its chunk's outputs (`_scan_step`): only the two products the recurrence
+    needs are sequential, the output products ride along (no state or v_new goes through memory).
     Everything a step reads is contiguous per (chunk, head), zero on padding rows: no gathers, no masks.
     A segment's chunk j is row `segment` for j = 0 and `step_base[segment] + j` after it: the addresses are
     arithmetic in j (no load in the loop decides them), so the compiler's pipeline issues a step's tile loads
@@ -370,81 +377,30 @@ def _state_scan_kernel(
     for segment in range(tl.program_id(2), tl.load(sizes_ptr + 1), tl.num_programs(2)):
         steps = tl.load(chunk_count_ptr + segment)
         final_row = tl.load(final_row_ptr + segment)
-        if (steps > 1) | (final_row >= 0):
+        follow = -1
+        if CHAIN:
+            follow = tl.load(chain_ptr + segment)
+        if (steps > 0) | (final_row >= 0) | (follow >= 0):
             init_row = tl.load(init_row_ptr + segment)
             step_base = tl.load(step_base_ptr + segment)
             for tile in range(TILES):
                 cols = (tl.program_id(1) * TILES + tile) * BV + tl.arange(0, BV)
                 state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
                 state = tl.load(state_ptrs + init_row * stride_sr)
-                state = _scan_chunks(state, segment, step_base, steps, head, heads, k_rows_ptr, w_ptr, u_ptr,
-                                     k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, cols, DK, DV, L, PREC)
+                state = _scan_chunks(state, segment, step_base, steps, tokens_ptr, 0, head, heads, k_rows_ptr, w_ptr,
+                                     u_ptr, q_rows_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, out_ptr, total,
+                                     stride_ot, stride_oh, cols, DK, DV, L, PREC)
                 if final_row >= 0:
                     tl.store(state_ptrs + final_row * stride_sr, state)
-                if CHAIN:
-                    follow = tl.load(chain_ptr + segment)
-                    if follow >= 0:
-                        later_base = next_rows + tl.load(next_step_base_ptr + follow)
-                        state = _scan_chunks(state, next_rows + follow, later_base, tl.load(next_count_ptr + follow),
-                                             head, heads, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr,
-                                             h_ptr, cols, DK, DV, L, PREC)
-                        next_final = tl.load(next_final_row_ptr + follow)
-                        if next_final >= 0:
-                            tl.store(state_ptrs + next_final * stride_sr, state)
-
-
-@triton.jit
-def _chunk_output_kernel(
-    q_ptr, a_ptr, q_gate_ptr, w_ptr, u_ptr, v_new_ptr, h_ptr, states_ptr, out_ptr,
-    tokens0_ptr, tokens1_ptr, tokens2_ptr, count0_ptr, count1_ptr, count2_ptr, init0_ptr, init1_ptr, init2_ptr,
-    sizes0_ptr, sizes1_ptr, sizes2_ptr, total, start1, start2,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_sr, stride_sh, stride_sk,
-    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, L: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """Per (value head, chunk, V tile) o = (q exp(cum)) S_j + (q K^T * Gamma) v_new for the chunk's tokens,
-    for the real chunk rows of up to three levels at once; a program takes loop steps pid, pid + P, ... of
-    its head and V tile, each step a real row (`_real_row`, as in the prep).
-
-    S_j is the state at the chunk's start and v_new = U - W S_j the chunk's corrected values, both left by
-    the scan for a segment's later chunks. A segment's first chunk (row s of its level with s < segments and
-    chunk_count[s] > 0: step 0 holds a level's rows 0..) reads S_0 from the segment's init row of the state table,
-    which no segment of the level writes, and computes its v_new here, exactly as the scan does (the same
-    products and roundings).
-    """
-    head = tl.program_id(0)
-    i = tl.arange(0, L)
-    dk = tl.arange(0, DK)
-    cols = tl.program_id(2) * BV + tl.arange(0, BV)
-    end0, end1, end2 = _real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
-    for step in range(tl.program_id(1), end2, tl.num_programs(1)):
-        chunk, local, level = _real_row(step, end0, end1, start1, start2)
-        row_ptr = _of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
-        base = chunk * tl.num_programs(0) + head
-        tok = tl.load(row_ptr + i)
-        ok = tok < total
-        q = tl.load(q_ptr + tok[:, None] * stride_qt + (head // GROUP) * stride_qh + dk[None, :],
-                    mask=ok[:, None], other=0.0)
-        segments = tl.load(_of_level(level, sizes0_ptr, sizes1_ptr, sizes2_ptr) + 1)
-        first = tl.load(_of_level(level, count0_ptr, count1_ptr, count2_ptr) + local, mask=local < segments, other=0) > 0
-        if first:
-            init_row = tl.load(_of_level(level, init0_ptr, init1_ptr, init2_ptr) + local)
-            h = tl.load(states_ptr + init_row * stride_sr + head * stride_sh + dk[:, None] * stride_sk
-                        + cols[None, :]).to(h_ptr.dtype.element_ty)
-            w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
-            u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
-            v_new = (u.to(tl.float32) - tl.dot(w, h, input_precision=PREC)).to(v_new_ptr.dtype.element_ty)
-        else:
-            h = tl.load(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :])
-            v_new = tl.load(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
-        q_gate = tl.load(q_gate_ptr + base * L + i)
-        # the prep stored the causal block with zeros above the diagonal (Gamma is 0 there) for its real rows:
-        # a row-wise mask keeps the load vectorised (a causal mask made it 2 bytes at a time, sm_90 PTX)
-        a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :], mask=ok[:, None], other=0.0)
-        out = q_gate[:, None] * tl.dot(q.to(h.dtype), h, input_precision=PREC)
-        out += tl.dot(a, v_new, input_precision=PREC)
-        tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+                if follow >= 0:  # only with CHAIN
+                    later_base = next_rows + tl.load(next_step_base_ptr + follow)
+                    state = _scan_chunks(state, next_rows + follow, later_base, tl.load(next_count_ptr + follow),
+                                         next_tokens_ptr, next_rows, head, heads, k_rows_ptr, w_ptr, u_ptr,
+                                         q_rows_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, out_ptr, total,
+                                         stride_ot, stride_oh, cols, DK, DV, L, PREC)
+                    next_final = tl.load(next_final_row_ptr + follow)
+                    if next_final >= 0:
+                        tl.store(state_ptrs + next_final * stride_sr, state)
 
 
 PROGRAMS_PER_SM = 4  # the default cap of a launch's programs, per multiprocessor
@@ -493,8 +449,6 @@ def gated_delta_triton(
     prep_warps: int = 4,
     scan_warps: int = 4,
     scan_stages: int = 3,
-    out_block_v: int = 128,
-    out_warps: int = 4,
     store_dtype: torch.dtype | None = None,
     wy_low_precision: bool = False,
     chunk_programs: int | None = None,
@@ -550,9 +504,6 @@ def gated_delta_triton(
     split = min(split_v or dv, dv // max(bv, 1))
     if bv < min_tile or bv & (bv - 1) or split < 1 or dv % (bv * split):
         raise ValueError(f"block_v = {bv} and split_v = {split} do not tile Dv = {dv}")
-    obv = min(out_block_v, dv)
-    if obv < min_tile or obv & (obv - 1):
-        raise ValueError(f"out_block_v = {obv} does not tile Dv = {dv}")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -570,6 +521,7 @@ def gated_delta_triton(
         w = torch.empty(chunks, v_heads, chunk, dk, dtype=store, device=q.device)
         u = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
         a = torch.empty(chunks, v_heads, chunk, chunk, dtype=store, device=q.device)
+        q_rows = torch.empty(chunks, v_heads, chunk, dk, dtype=q.dtype, device=q.device)
         k_rows = torch.empty(chunks, v_heads, chunk, dk, dtype=k.dtype, device=q.device)
         q_gate = torch.empty(chunks, v_heads, chunk, dtype=torch.float32, device=q.device)
         k_gate = torch.empty_like(q_gate)
@@ -578,17 +530,13 @@ def gated_delta_triton(
         tokens = [level.chunk_tokens for level in levels]
         _chunk_prep_kernel[(v_heads, min(chunks, max(1, chunk_programs // v_heads)))](
             q, k, v, g, beta, *tokens, *sizes,
-            w, u, a, k_rows, q_gate, k_gate, decay, system,
+            w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
             total, start1, start2, dk**-0.5, L2_EPS,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
             COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low_precision and store.itemsize == 2, num_warps=prep_warps,
         )
-        # written by the scan for every chunk of a segment past its first: the state at the chunk's start and
-        # v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
-        h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
-        v_new = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
         # a level all of whose segments continue the one before (`DeltaLevel.chained`: a plan's trunk
         # remainders) is scanned by the launch of the level before; any other level has a launch of its own
         scans = [_ScanLaunch(level, None, slice(first, first + size), count)
@@ -599,18 +547,12 @@ def gated_delta_triton(
             rows = scan.rows
             carried = scan.following or scan.level  # the next level's tables (read only with CHAIN)
             _state_scan_kernel[(v_heads, split, min(scan.segments, max(1, scan_programs // (v_heads * split))))](
-                k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
-                scan.level.chunk_count, scan.level.step_base, scan.level.init_row, scan.level.final_row,
-                scan.level.sizes, scan.level.chain, carried.chunk_count, carried.step_base, carried.final_row, start1,
-                states.stride(0), states.stride(1), states.stride(2),
+                k_rows[rows], w[rows], u[rows], q_rows[rows], a[rows], q_gate[rows], k_gate[rows], decay[rows],
+                states, out, scan.level.chunk_tokens, scan.level.chunk_count, scan.level.step_base,
+                scan.level.init_row, scan.level.final_row, scan.level.sizes, scan.level.chain, carried.chunk_tokens,
+                carried.chunk_count, carried.step_base, carried.final_row, start1, total,
+                states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CHAIN=scan.following is not None,
                 num_warps=scan_warps, num_stages=scan_stages,
             )
-        _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
-            q, a, q_gate, w, u, v_new, h, states, out, *tokens,
-            *(level.chunk_count for level in levels), *(level.init_row for level in levels), *sizes,
-            total, start1, start2,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
-            GROUP=group, DK=dk, DV=dv, BV=obv, L=chunk, PREC=prec, num_warps=out_warps,
-        )
     return out

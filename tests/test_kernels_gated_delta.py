@@ -101,9 +101,9 @@ def test_triton_matches_reference_on_a_random_round():
 
 @pytest.mark.parametrize(
     "knobs",
-    [{"block_v": 16, "split_v": 1}, {"block_v": 16}, {"out_block_v": 16}, {"sub_block": 32}, {"sub_block": 64},
+    [{"block_v": 16, "split_v": 1}, {"block_v": 16}, {"sub_block": 32}, {"sub_block": 64},
      {"scan_stages": 2}],
-    ids=["two-tiles-per-program", "two-programs", "two-output-tiles", "sub-block-32", "sub-block-64",
+    ids=["two-tiles-per-program", "two-programs", "sub-block-32", "sub-block-64",
          "scan-two-stages"],
 )
 def test_triton_matches_reference_with_gqa_and_tiling(knobs):
