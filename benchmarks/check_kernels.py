@@ -35,6 +35,8 @@ CONFIGS = [  # the default, then every knob value of bench_gdn's sweep (one of t
     {"scan_stages": 1},
     {"scan_stages": 3},
     {"scan_stages": 2},
+    {"fused_trunks": 0},
+    {"fused_trunks": 64},
     {"chunk_programs": 1, "scan_programs": 1},
 ]
 

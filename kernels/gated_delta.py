@@ -295,65 +295,89 @@ def _chunk_prep_kernel(
 
 
 @triton.jit
-def _scan_tiles(base, tokens_ptr, k_rows_ptr, w_ptr, u_ptr, q_rows_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr,
-                cols, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr):
-    """What one chunk (row `base` of the [chunk * head] tables, tokens at `tokens_ptr`) of the scan reads: its
-    stream rows, K, W, the U tile, the query rows, the causal q-k block, the q and k gates and the chunk's decay."""
+def _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols,
+                DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr):
+    """What one chunk (row `base` of the [chunk * head] tables) of the scan reads for the recurrence: K, W,
+    the U tile, the k gates and the chunk's decay."""
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
-    tok = tl.load(tokens_ptr + i)
     k = tl.load(k_rows_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
     w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
     u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
-    q = tl.load(q_rows_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
-    a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :])
-    q_gate = tl.load(q_gate_ptr + base * L + i)
     k_gate = tl.load(k_gate_ptr + base * L + i)
     decay = tl.load(decay_ptr + base)
-    return tok, k, w, u, q, a, q_gate, k_gate, decay
+    return k, w, u, k_gate, decay
 
 
 @triton.jit
-def _scan_step(state, tok, k, w, u, q, a, q_gate, k_gate, decay, out_ptr, total, head, stride_ot, stride_oh, cols,
-               PREC: tl.constexpr):
-    """One chunk of the scan from its tiles (`_scan_tiles`): stores the chunk's outputs
-    o = (q exp(cum)) S + (q K^T * Gamma) v_new, with v_new = U - W S (S the state at the chunk's start, both
-    rounded to the storage dtype of W and U, in which the products take them), and returns the state at its end."""
-    low = state.to(w.dtype)
-    v_new = u.to(tl.float32) - tl.dot(w, low, input_precision=PREC)
-    out = q_gate[:, None] * tl.dot(q.to(w.dtype), low, input_precision=PREC)
-    out += tl.dot(a, v_new.to(w.dtype), input_precision=PREC)
-    tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=(tok < total)[:, None])
+def _output_tiles(base, tokens_ptr, q_rows_ptr, a_ptr, q_gate_ptr, DK: tl.constexpr, L: tl.constexpr):
+    """What one chunk of the scan reads for its outputs (FUSED): its stream rows (at `tokens_ptr`), the query
+    rows, the causal q-k block and the q gates."""
+    i = tl.arange(0, L)
+    dk = tl.arange(0, DK)
+    tok = tl.load(tokens_ptr + i)
+    q = tl.load(q_rows_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
+    a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :])
+    q_gate = tl.load(q_gate_ptr + base * L + i)
+    return tok, q, a, q_gate
+
+
+@triton.jit
+def _scan_step(state, v_new, k, w, k_gate, decay, PREC: tl.constexpr):
+    """The state at the end of a chunk from the state at its start and the chunk's v_new = U - W S."""
     update = (k_gate[:, None] * v_new).to(w.dtype)
     return state * decay + tl.dot(tl.trans(k.to(w.dtype)), update, input_precision=PREC)
 
 
 @triton.jit
-def _scan_chunks(state, first_row, later_base, steps, tokens_ptr, level_start, head, heads, k_rows_ptr, w_ptr, u_ptr,
-                 q_rows_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, out_ptr, total, stride_ot, stride_oh, cols,
-                 DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr):
-    """The state slice moved through a segment's `steps` chunks, their outputs stored: chunk 0 at table row
-    `first_row`, chunk j > 0 at `later_base + j` (arithmetic in j, so the pipeline issues a step's tile loads
-    ahead); a row's tokens are row - `level_start` of the level's table at `tokens_ptr`."""
+def _scan_chunks(state, first_row, later_base, steps, head, heads, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
+                 v_new_ptr, h_ptr, tokens_ptr, level_start, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr, total, stride_ot,
+                 stride_oh, cols, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr,
+                 FUSED: tl.constexpr):
+    """The state slice moved through a segment's `steps` chunks: chunk 0 at table row `first_row`, chunk
+    j > 0 at `later_base + j` (arithmetic in j, so the pipeline issues a step's tile loads ahead). Per chunk,
+    with FUSED, its outputs o = (q exp(cum)) S + (q K^T * Gamma) v_new are stored (a row's tokens are row -
+    `level_start` of the level's table at `tokens_ptr`); otherwise, past chunk 0, the state at its start S and
+    v_new = U - W S, for `_chunk_output_kernel`. S and v_new enter the products in the storage dtype of W and
+    U, rounded as the output kernel reads them, so both ways give the same outputs."""
+    i = tl.arange(0, L)
+    dk = tl.arange(0, DK)
     for j in range(steps):
         chunk = tl.where(j == 0, first_row, later_base + j)
-        tok, k, w, u, q, a, q_gate, k_gate, decay = _scan_tiles(
-            chunk * heads + head, tokens_ptr + (chunk - level_start) * L, k_rows_ptr, w_ptr, u_ptr, q_rows_ptr, a_ptr,
-            q_gate_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L)
-        state = _scan_step(state, tok, k, w, u, q, a, q_gate, k_gate, decay, out_ptr, total, head, stride_ot,
-                           stride_oh, cols, PREC)
+        base = chunk * heads + head
+        k, w, u, k_gate, decay = _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L)
+        low = state.to(w.dtype)
+        v_new = u.to(tl.float32) - tl.dot(w, low, input_precision=PREC)
+        if FUSED:
+            tok, q, a, q_gate = _output_tiles(base, tokens_ptr + (chunk - level_start) * L, q_rows_ptr, a_ptr,
+                                              q_gate_ptr, DK, L)
+            out = q_gate[:, None] * tl.dot(q.to(w.dtype), low, input_precision=PREC)
+            out += tl.dot(a, v_new.to(w.dtype), input_precision=PREC)
+            tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=(tok < total)[:, None])
+        elif j > 0:  # the output kernel starts a segment's first chunk from its init row itself
+            tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], low.to(h_ptr.dtype.element_ty))
+            tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :], v_new.to(v_new_ptr.dtype.element_ty))
+        state = _scan_step(state, v_new, k, w, k_gate, decay, PREC)
     return state
 
 
 @triton.jit
+def _fused_round(trunk_sizes_ptr, fused_trunks):
+    """Whether the trunk scan computes the outputs of its chunks itself this round (FUSED): when the round has at
+    most `fused_trunks` trunks (level 0's real segments)."""
+    return tl.load(trunk_sizes_ptr + 1) <= fused_trunks
+
+
+@triton.jit
 def _state_scan_kernel(
-    k_rows_ptr, w_ptr, u_ptr, q_rows_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, states_ptr, out_ptr,
-    tokens_ptr, chunk_count_ptr, step_base_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
-    chain_ptr, next_tokens_ptr, next_count_ptr, next_step_base_ptr, next_final_row_ptr, next_rows, total,
+    k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
+    chunk_count_ptr, step_base_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
+    chain_ptr, next_count_ptr, next_step_base_ptr, next_final_row_ptr, next_rows,
+    tokens_ptr, next_tokens_ptr, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr, total, trunk_sizes_ptr, fused_trunks,
     stride_sr, stride_sh, stride_sk, stride_ot, stride_oh,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
-    L: tl.constexpr, PREC: tl.constexpr, CHAIN: tl.constexpr,
+    L: tl.constexpr, PREC: tl.constexpr, CHAIN: tl.constexpr, FUSED: tl.constexpr, GATED: tl.constexpr,
 ):
     """Per (value head, V split, segment): TILES V tiles of BV columns, one after the other; a program
     takes segments pid, pid + P, ... of the level's real segments (`sizes[1]`; sorted longest first, so the
@@ -361,8 +385,12 @@ def _state_scan_kernel(
     start first: a graph's grid is sized for its capacity, and most of a lone ask's programs find no segment.
 
     Per tile the [DK, BV] slice of the state lives in registers from the segment's init row through all its
-    chunks, and each step stores its chunk's outputs (`_scan_step`): only the two products the recurrence
-    needs are sequential, the output products ride along (no state or v_new goes through memory).
+    chunks (`_scan_chunks`): only the two products the recurrence needs are sequential. With FUSED the output
+    products ride along each step, so nothing else goes through memory; the launch runs only in rounds with at
+    most `fused_trunks` trunks (`_fused_round`). Otherwise (with GATED, only in the other rounds) each step past
+    the first stores the state at the chunk's start and v_new, and `_chunk_output_kernel`, which computes a first
+    chunk's v_new from the init row itself, takes the outputs in parallel: a segment of one chunk whose final
+    state is discarded (a short branch) needs nothing from this scan and is skipped.
     Everything a step reads is contiguous per (chunk, head), zero on padding rows: no gathers, no masks.
     A segment's chunk j is row `segment` for j = 0 and `step_base[segment] + j` after it: the addresses are
     arithmetic in j (no load in the loop decides them), so the compiler's pipeline issues a step's tile loads
@@ -374,33 +402,102 @@ def _state_scan_kernel(
     head = tl.program_id(0)
     heads = tl.num_programs(0)
     dk = tl.arange(0, DK)
-    for segment in range(tl.program_id(2), tl.load(sizes_ptr + 1), tl.num_programs(2)):
+    segments = tl.load(sizes_ptr + 1)
+    if FUSED:
+        segments = tl.where(_fused_round(trunk_sizes_ptr, fused_trunks), segments, 0)
+    elif GATED:
+        segments = tl.where(_fused_round(trunk_sizes_ptr, fused_trunks), 0, segments)
+    for segment in range(tl.program_id(2), segments, tl.num_programs(2)):
         steps = tl.load(chunk_count_ptr + segment)
         final_row = tl.load(final_row_ptr + segment)
         follow = -1
         if CHAIN:
             follow = tl.load(chain_ptr + segment)
-        if (steps > 0) | (final_row >= 0) | (follow >= 0):
+        needed = (final_row >= 0) | (follow >= 0)
+        if FUSED:  # every chunk has outputs to compute
+            needed = needed | (steps > 0)
+        else:  # a first chunk's outputs are the output kernel's
+            needed = needed | (steps > 1)
+        if needed:
             init_row = tl.load(init_row_ptr + segment)
             step_base = tl.load(step_base_ptr + segment)
             for tile in range(TILES):
                 cols = (tl.program_id(1) * TILES + tile) * BV + tl.arange(0, BV)
                 state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
                 state = tl.load(state_ptrs + init_row * stride_sr)
-                state = _scan_chunks(state, segment, step_base, steps, tokens_ptr, 0, head, heads, k_rows_ptr, w_ptr,
-                                     u_ptr, q_rows_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, out_ptr, total,
-                                     stride_ot, stride_oh, cols, DK, DV, L, PREC)
+                state = _scan_chunks(state, segment, step_base, steps, head, heads, k_rows_ptr, w_ptr, u_ptr,
+                                     k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, tokens_ptr, 0, q_rows_ptr, a_ptr,
+                                     q_gate_ptr, out_ptr, total, stride_ot, stride_oh, cols, DK, DV, L, PREC, FUSED)
                 if final_row >= 0:
                     tl.store(state_ptrs + final_row * stride_sr, state)
                 if follow >= 0:  # only with CHAIN
                     later_base = next_rows + tl.load(next_step_base_ptr + follow)
                     state = _scan_chunks(state, next_rows + follow, later_base, tl.load(next_count_ptr + follow),
-                                         next_tokens_ptr, next_rows, head, heads, k_rows_ptr, w_ptr, u_ptr,
-                                         q_rows_ptr, a_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, out_ptr, total,
-                                         stride_ot, stride_oh, cols, DK, DV, L, PREC)
+                                         head, heads, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr,
+                                         h_ptr, next_tokens_ptr, next_rows, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr,
+                                         total, stride_ot, stride_oh, cols, DK, DV, L, PREC, FUSED)
                     next_final = tl.load(next_final_row_ptr + follow)
                     if next_final >= 0:
                         tl.store(state_ptrs + next_final * stride_sr, state)
+
+
+@triton.jit
+def _chunk_output_kernel(
+    q_ptr, a_ptr, q_gate_ptr, w_ptr, u_ptr, v_new_ptr, h_ptr, states_ptr, out_ptr,
+    tokens0_ptr, tokens1_ptr, tokens2_ptr, count0_ptr, count1_ptr, count2_ptr, init0_ptr, init1_ptr, init2_ptr,
+    sizes0_ptr, sizes1_ptr, sizes2_ptr, total, start1, start2, fused_trunks,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_sr, stride_sh, stride_sk,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, L: tl.constexpr,
+    PREC: tl.constexpr, CHAIN: tl.constexpr,
+):
+    """Per (value head, chunk, V tile) o = (q exp(cum)) S_j + (q K^T * Gamma) v_new for the chunk's tokens,
+    for the real chunk rows of up to three levels at once; a program takes loop steps pid, pid + P, ... of
+    its head and V tile, each step a real row (`_real_row`, as in the prep). In a round whose trunk scan took
+    its outputs (`_fused_round`), the rows of level 0 (and of level 1 with CHAIN: they were scanned with it)
+    are skipped.
+
+    S_j is the state at the chunk's start and v_new = U - W S_j the chunk's corrected values, both left by
+    the scan for a segment's later chunks. A segment's first chunk (row s of its level with s < segments and
+    chunk_count[s] > 0: step 0 holds a level's rows 0..) reads S_0 from the segment's init row of the state table,
+    which no segment of the level writes, and computes its v_new here, exactly as the scan does (the same
+    products and roundings).
+    """
+    head = tl.program_id(0)
+    i = tl.arange(0, L)
+    dk = tl.arange(0, DK)
+    cols = tl.program_id(2) * BV + tl.arange(0, BV)
+    end0, end1, end2 = _real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
+    scanned_end = end0  # the rows the trunk scan covers: level 0's, and level 1's with CHAIN
+    if CHAIN:
+        scanned_end = end1
+    first_step = tl.where(_fused_round(sizes0_ptr, fused_trunks), scanned_end, 0)
+    for step in range(first_step + tl.program_id(1), end2, tl.num_programs(1)):
+        chunk, local, level = _real_row(step, end0, end1, start1, start2)
+        row_ptr = _of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
+        base = chunk * tl.num_programs(0) + head
+        tok = tl.load(row_ptr + i)
+        ok = tok < total
+        q = tl.load(q_ptr + tok[:, None] * stride_qt + (head // GROUP) * stride_qh + dk[None, :],
+                    mask=ok[:, None], other=0.0)
+        segments = tl.load(_of_level(level, sizes0_ptr, sizes1_ptr, sizes2_ptr) + 1)
+        first = tl.load(_of_level(level, count0_ptr, count1_ptr, count2_ptr) + local, mask=local < segments, other=0) > 0
+        if first:
+            init_row = tl.load(_of_level(level, init0_ptr, init1_ptr, init2_ptr) + local)
+            h = tl.load(states_ptr + init_row * stride_sr + head * stride_sh + dk[:, None] * stride_sk
+                        + cols[None, :]).to(h_ptr.dtype.element_ty)
+            w = tl.load(w_ptr + base * L * DK + i[:, None] * DK + dk[None, :])
+            u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
+            v_new = (u.to(tl.float32) - tl.dot(w, h, input_precision=PREC)).to(v_new_ptr.dtype.element_ty)
+        else:
+            h = tl.load(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :])
+            v_new = tl.load(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
+        q_gate = tl.load(q_gate_ptr + base * L + i)
+        # the prep stored the causal block with zeros above the diagonal (Gamma is 0 there) and on padding rows
+        a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :])
+        out = q_gate[:, None] * tl.dot(q.to(h.dtype), h, input_precision=PREC)
+        out += tl.dot(a, v_new, input_precision=PREC)
+        tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
 PROGRAMS_PER_SM = 4  # the default cap of a launch's programs, per multiprocessor
@@ -449,6 +546,9 @@ def gated_delta_triton(
     prep_warps: int = 4,
     scan_warps: int = 4,
     scan_stages: int = 3,
+    out_block_v: int = 128,
+    out_warps: int = 4,
+    fused_trunks: int | None = None,
     store_dtype: torch.dtype | None = None,
     wy_low_precision: bool = False,
     chunk_programs: int | None = None,
@@ -504,10 +604,18 @@ def gated_delta_triton(
     split = min(split_v or dv, dv // max(bv, 1))
     if bv < min_tile or bv & (bv - 1) or split < 1 or dv % (bv * split):
         raise ValueError(f"block_v = {bv} and split_v = {split} do not tile Dv = {dv}")
+    obv = min(out_block_v, dv)
+    if obv < min_tile or obv & (obv - 1):
+        raise ValueError(f"out_block_v = {obv} does not tile Dv = {dv}")
+    store = store_dtype or q.dtype
+    if fused_trunks is None:  # as many trunks as the fused scan runs in one wave of programs (one per multiprocessor)
+        fused_trunks = multiprocessors(q.device) // (v_heads * split)
+    # with 4-byte storage the fused scan's tiles pass the H200's shared memory (238 KB of 227 at 3 stages)
+    fusing = fused_trunks > 0 and (store.itemsize <= 2 or not q.is_cuda)
+    fused_trunks = fused_trunks if fusing else -1  # -1: no round is fused (`_fused_round`)
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    store = store_dtype or q.dtype
     chunk = GDN_CHUNK
     group = v_heads // k_heads
     for levels in _level_groups(plan.levels):
@@ -537,22 +645,38 @@ def gated_delta_triton(
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
             COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low_precision and store.itemsize == 2, num_warps=prep_warps,
         )
+        # written by the unfused scan for every chunk of a segment past its first: the state at the chunk's start
+        # and v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
+        h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
+        v_new = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
         # a level all of whose segments continue the one before (`DeltaLevel.chained`: a plan's trunk
-        # remainders) is scanned by the launch of the level before; any other level has a launch of its own
+        # remainders) is scanned by the launch of the level before; any other level has a launch of its own.
+        # The trunk level has two: the fused and the unfused scan, of which a round runs one (`_fused_round`)
+        chained = levels[1].chained
         scans = [_ScanLaunch(level, None, slice(first, first + size), count)
                  for level, first, size, count in zip(levels, (0, start1, start2), table_rows, table_segments)]
-        if levels[1].chained:
+        if chained:
             scans = [_ScanLaunch(levels[0], levels[1], slice(0, start2), table_segments[0]), scans[2]]
-        for scan in scans:
+        launches = [(scans[0], True, False)] if fusing else []
+        launches += [(scans[0], False, fusing)] + [(scan, False, False) for scan in scans[1:]]
+        for scan, fused, gated in launches:
             rows = scan.rows
             carried = scan.following or scan.level  # the next level's tables (read only with CHAIN)
             _state_scan_kernel[(v_heads, split, min(scan.segments, max(1, scan_programs // (v_heads * split))))](
-                k_rows[rows], w[rows], u[rows], q_rows[rows], a[rows], q_gate[rows], k_gate[rows], decay[rows],
-                states, out, scan.level.chunk_tokens, scan.level.chunk_count, scan.level.step_base,
-                scan.level.init_row, scan.level.final_row, scan.level.sizes, scan.level.chain, carried.chunk_tokens,
-                carried.chunk_count, carried.step_base, carried.final_row, start1, total,
+                k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
+                scan.level.chunk_count, scan.level.step_base, scan.level.init_row, scan.level.final_row,
+                scan.level.sizes, scan.level.chain, carried.chunk_count, carried.step_base, carried.final_row, start1,
+                scan.level.chunk_tokens, carried.chunk_tokens, q_rows[rows], a[rows], q_gate[rows], out, total,
+                levels[0].sizes, fused_trunks,
                 states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CHAIN=scan.following is not None,
-                num_warps=scan_warps, num_stages=scan_stages,
+                FUSED=fused, GATED=gated, num_warps=scan_warps, num_stages=scan_stages,
             )
+        _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
+            q, a, q_gate, w, u, v_new, h, states, out, *tokens,
+            *(level.chunk_count for level in levels), *(level.init_row for level in levels), *sizes,
+            total, start1, start2, fused_trunks,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
+            GROUP=group, DK=dk, DV=dv, BV=obv, L=chunk, PREC=prec, CHAIN=chained, num_warps=out_warps,
+        )
     return out

@@ -30,6 +30,8 @@ from flide_sdk.layout import (
 )
 
 TOLERANCE = 1e-5
+# the trunk scan with and without the output products (`fused_trunks`: rounds of at most that many trunks fuse them)
+FUSING = pytest.mark.parametrize("fusing", [{"fused_trunks": 0}, {"fused_trunks": 64}], ids=["unfused", "fused"])
 ALL_TRUNKS = [(1, 0, None), (63, 0, None), (64, 0, None), (65, 0, None), (130, 0, None)]
 
 
@@ -93,54 +95,67 @@ def test_level_metadata_indexes_every_chunk():
         assert later_rows == list(range(level.active[0] if level.active else 0, len(level.chunk_tokens)))
 
 
-def test_triton_matches_reference_on_a_random_round():
+@FUSING
+def test_triton_matches_reference_on_a_random_round(fusing):
     """Dk = 32, Dv = 16: the products' column blocks (16 wide) split W in two."""
     host = plan_round(make_requests(1, ALL_TRUNKS), 4)
-    check_against_reference(host.to("cpu").delta, host.num_tokens, 1, 1, 32, 16)
+    check_against_reference(host.to("cpu").delta, host.num_tokens, 1, 1, 32, 16, **fusing)
+
+
+@pytest.mark.parametrize("fused_trunks", [1, 2, 3])
+def test_a_round_fuses_its_outputs_by_its_real_trunk_count(fused_trunks):
+    """Two trunks: fused when at most `fused_trunks` trunks fuse, unfused otherwise (the other launch of the
+    trunk level does nothing); every output is written either way."""
+    host = plan_round(make_requests(10, [(130, 0, 100), (65, 0, None)], max_branches=3), 4)
+    assert int(host.levels[0].sizes[1]) == 2
+    check_against_reference(host.to("cpu").delta, host.num_tokens, 10, 1, 16, 16, fused_trunks=fused_trunks)
 
 
 @pytest.mark.parametrize(
     "knobs",
-    [{"block_v": 16, "split_v": 1}, {"block_v": 16}, {"sub_block": 32}, {"sub_block": 64},
-     {"scan_stages": 2}],
-    ids=["two-tiles-per-program", "two-programs", "sub-block-32", "sub-block-64",
-         "scan-two-stages"],
+    [{"block_v": 16, "split_v": 1}, {"block_v": 16}, {"out_block_v": 16}, {"sub_block": 32}, {"sub_block": 64},
+     {"scan_stages": 2}, {"block_v": 16, "split_v": 1, "fused_trunks": 64}],
+    ids=["two-tiles-per-program", "two-programs", "two-output-tiles", "sub-block-32", "sub-block-64",
+         "scan-two-stages", "fused-two-tiles-per-program"],
 )
 def test_triton_matches_reference_with_gqa_and_tiling(knobs):
     host = plan_round(make_requests(2, [(64, 0, None), (130, 0, None)], max_branches=2), 4)
     check_against_reference(host.to("cpu").delta, host.num_tokens, 2, 2, 16, 32, **knobs)
 
 
+@FUSING
 @pytest.mark.parametrize("knobs", [{}, {"wy_low_precision": True}, {"wy_low_precision": True, "sub_block": 64}],
                          ids=["tf32-products", "16-bit-products", "16-bit-products-sub-block-64"])
-def test_triton_with_16_bit_storage_stays_within_its_rounding(knobs):
+def test_triton_with_16_bit_storage_stays_within_its_rounding(knobs, fusing):
     """float16 W, U, q-k block, start states and v_new; the W and U products in TF32 (default) or in float16
     (T rounded to it), from T through the scratch (16-row blocks) and from T in registers (whole-chunk
     doubling)."""
     host = plan_round(make_requests(5, [(130, 0, None), (65, 0, None)], max_branches=3), 4)
     check_against_reference(host.to("cpu").delta, host.num_tokens, 5, 1, 32, 32, tolerance=2e-3,
-                            store_dtype=torch.float16, **knobs)
+                            store_dtype=torch.float16, **knobs, **fusing)
 
 
+@FUSING
 @pytest.mark.parametrize("storage", [{}, {"store_dtype": torch.float16, "tolerance": 2e-3}], ids=["float32", "float16"])
-def test_long_segments_match_reference(storage):
+def test_long_segments_match_reference(storage, fusing):
     """Segments of 2..7 chunks, split at a save point, resumed, with branches."""
     trunks = [(300, 0, None), (257, 0, 200), (129, 70, None), (448, 0, 384), (65, 0, None)]
     host = plan_round(make_requests(8, trunks, max_branches=3), 4)
-    check_against_reference(host.to("cpu").delta, host.num_tokens, 8, 1, 32, 16, **storage)
+    check_against_reference(host.to("cpu").delta, host.num_tokens, 8, 1, 32, 16, **storage, **fusing)
 
 
 @pytest.mark.parametrize("programs",
                          [{"chunk_programs": 1, "scan_programs": 1}, {"chunk_programs": 6, "scan_programs": 4}],
                          ids=["one-program", "three-and-two"])
-def test_capped_grids_loop_over_every_row(programs):
+@FUSING
+def test_capped_grids_loop_over_every_row(programs, fusing):
     """Programs that loop over several chunk rows and segments (a capped grid) compute the same round: caps
     are per launch, so with two value heads 6 and 4 programs give each head 3 chunk programs and 2 scan
     programs, and 1 gives each head one (the least)."""
     trunks = [(64, 70, None), (130, 129, 200), (5, 1, None), (65, 0, 64), (63, 0, None)]
     host = plan_round(make_requests(6, trunks, max_branches=4), 4)
     assert all(len(level.init_row) > 2 for level in host.levels[::2])
-    check_against_reference(host.to("cpu").delta, host.num_tokens, 6, 1, 16, 16, **programs)
+    check_against_reference(host.to("cpu").delta, host.num_tokens, 6, 1, 16, 16, **programs, **fusing)
 
 
 def test_plans_of_other_level_counts_run_in_groups_of_three():
@@ -171,7 +186,8 @@ def test_triton_matches_reference_with_resume_and_save():
     check_against_reference(host.to("cpu").delta, host.num_tokens, 3, 1, 16, 16)
 
 
-def test_tables_past_the_level_sizes_are_never_read():
+@FUSING
+def test_tables_past_the_level_sizes_are_never_read(fusing):
     """A captured graph's level tables are padded past each level's `sizes` (its real chunk rows and
     segments): the kernels never visit those rows. Here they hold real token indices, nonzero state rows and
     chunk counts, and final rows over a state the round writes and reads; the round computes the same."""
@@ -195,7 +211,7 @@ def test_tables_past_the_level_sizes_are_never_read():
     # row 4: level 0 writes it (a trunk's save point), level 1 starts from it
     assert 4 in plan.levels[0].final_row.tolist() and 4 in plan.levels[1].init_row.tolist()
     run_plan = DeltaPlan([padded(level) for level in plan.levels], plan.num_rows)
-    check_against_reference(plan, host.num_tokens, 4, 1, 16, 16, run_plan=run_plan)
+    check_against_reference(plan, host.num_tokens, 4, 1, 16, 16, run_plan=run_plan, **fusing)
 
 
 def test_trunk_remainders_are_chained_to_their_first_parts():
@@ -216,7 +232,8 @@ def test_trunk_remainders_are_chained_to_their_first_parts():
     assert (host.levels[2].chain == -1).all() and (remainder.chain == -1).all()
 
 
-def test_chained_scan_computes_what_separate_launches_do():
+@FUSING
+def test_chained_scan_computes_what_separate_launches_do(fusing):
     """The scan carrying a trunk's state into its remainder in one program gives, bit for bit, what a launch
     per level gives (the plan with its chain removed)."""
     trunks = [(130, 129, 200), (65, 0, 64), (200, 0, 70), (5, 1, None)]
@@ -226,8 +243,8 @@ def test_chained_scan_computes_what_separate_launches_do():
                            dataclasses.replace(plan.levels[1], chained=False), plan.levels[2]], plan.num_rows)
     q, k, v, g, beta, states = random_inputs(9, host.num_tokens, plan.num_rows, 1, 16, 16)
     separate_states, expected_states = states.clone(), states.clone()
-    chained = gated_delta_triton(q, k, v, g, beta, plan, states)
-    separate = gated_delta_triton(q, k, v, g, beta, unchained, separate_states)
+    chained = gated_delta_triton(q, k, v, g, beta, plan, states, **fusing)
+    separate = gated_delta_triton(q, k, v, g, beta, unchained, separate_states, **fusing)
     assert torch.equal(chained, separate) and torch.equal(states, separate_states)
     expected = gated_delta_reference(q, k, v, g, beta, plan, expected_states)
     assert relative_error(chained, expected) <= TOLERANCE
