@@ -1,12 +1,23 @@
-"""A single-threaded, exact fast path for the Qwen3.5 tokenizer: a text cut at its spaces, a chunk -> ids cache,
-and, for chunks never seen before, a stdlib regex split and a piece -> ids cache.
+"""A single-threaded, exact fast path for the Qwen3.5 tokenizer: a long text cut at its line starts and then at its
+spaces, line -> ids and chunk -> ids caches, and, for chunks never seen before, a stdlib regex split and a
+piece -> ids cache.
 
 `WordEncoder.encode(text)` gives the ids that `tokenizer.encode(text, add_special_tokens=False).ids` gives,
 or None when it cannot vouch for them (the caller then asks the tokenizer). It owns the whitelist of
 characters it accepts, the pre-tokenizer pattern rewritten for `re` on that whitelist, the added-token
-split, the cut into chunks and the caches (short segments whole, chunks, pieces). Only pieces never seen before
-are encoded: by the tokenizer's BPE model on their byte-level characters (many at once: by the tokenizer, in a
-batch).
+split, the cuts into lines and chunks and the caches (short segments whole, lines, chunks, pieces). Only pieces
+never seen before are encoded: by the tokenizer's BPE model on their byte-level characters (many at once: by the
+tokenizer, in a batch).
+
+Lines. A newline followed by spaces or tabs and then a character that is not white space ends a regex piece
+(a piece holding a line break, through the pattern's white-space-then-line-breaks or punctuation-then-line-breaks
+alternative, ends at the last line break of its white-space run, and that run has none past this newline), and
+the split past it depends on the text past it alone (no lookbehind). So a long text's ids are its lines'
+(`LINE_CUT`), each line's those of it with its newline. Lines seen before come from a dict; the others go
+through the chunks below, and a text with mostly new lines goes through them whole. On the states questions_per_state asks about (2,000-token windows over 15 QuALITY
+articles, each 97 tokens on from the last over its article: their lines recur, their first and last lines are cut
+short) a state took 1.01 -> 0.53 ms to encode once its article had been seen, 6.1 -> 6.4 ms at its first sight
+(medians, the two encoders interleaved in one process, this repository's CPU VM).
 
 Chunks. A space whose neighbours are both not white space starts a regex piece, and the split past it depends
 on the text past it alone: the pattern has no lookbehind, and a piece holds a space after its first character
@@ -90,6 +101,13 @@ NEW_CHUNKS_SPLIT_WHOLE = 8
 CHUNK_SAMPLE = 64
 PROBE_CHARS = 512  # a long text's start whose chunks are sampled before cutting it whole (a new text is not cut)
 UNFILLED_TEXTS = 8  # texts split whole whose chunks wait for `fill_chunks` (older ones are dropped)
+# a long text is first cut into lines, after each newline followed by spaces or tabs and then a character that is
+# not white space (see the module docstring): a line's ids (with its newline) come from a dict when it was seen
+# before, and only the lines never seen go through the chunks; a text more than 1 / this of whose lines are new
+# goes through the chunks whole (a line of its own per call costs more than its share of one pass)
+LINE_CUT = re.compile("\n(?=[ \t]*[^ \t\n\r])")
+NEW_LINES_CHUNKED_WHOLE = 8
+MAX_CACHED_LINES = 50_000  # lines (a QuALITY article's are 20-80 characters, some a whole paragraph)
 NUL = "\0"  # stands for a space next to white space in a chunk (the text is cut at the other spaces)
 # the spaces next to white space (runs of spaces, spaces before or after a line break or tab), swapped for NUL
 # pair by pair; after the first swap no two spaces are adjacent, so the last two catch the single spaces that
@@ -247,6 +265,7 @@ class WordEncoder:
         self.cache: dict[str, bytes] = dict(self._added_ids)  # piece -> its ids as int64 bytes
         self.chunks: dict[str, bytes] = {}  # chunk (NUL for its spaces but the first) -> the ids of " " + it
         self.short: dict[str, bytes] = {}  # short plain segment -> its ids
+        self.lines: dict[str, bytes] = {}  # line of a long text (without its newline) -> the ids of it + "\n"
         # texts split whole whose chunks are not cached yet
         self._unfilled: deque[SplitText] = deque(maxlen=UNFILLED_TEXTS)
         # a new piece's ids from the BPE model alone (what the tokenizer runs on a piece once it has normalized,
@@ -289,9 +308,44 @@ class WordEncoder:
         return np.frombuffer(bytearray().join(parts), np.int64)
 
     def _segment_ids(self, segment: str) -> bytes | None:
-        """The ids (int64 bytes) of a whitelisted text without added tokens: its chunks' from the chunk cache, its
-        part before the first chunk from its regex pieces' (a short text's all from its pieces'); None as `encode`.
-        A text whose start, or whose chunks, are mostly new is split whole, its chunks cached later (`fill_chunks`)."""
+        """The ids (int64 bytes) of a whitelisted text without added tokens: a short text's from its regex pieces',
+        a long one's from its lines' (`_lines_ids`) or, when most of its lines are new, from its chunks'
+        (`_chunked_ids`); None as `encode`."""
+        if len(segment) <= SPLIT_WHOLE:
+            return self._split_ids(segment)
+        lines = LINE_CUT.split(segment)
+        if len(lines) > 2:  # at least one whole line between the first and the last
+            ids = self._lines_ids(lines)
+            if ids is not NotImplemented:
+                return ids
+        return self._chunked_ids(segment)
+
+    def _lines_ids(self, lines: list[str]) -> bytes | None:
+        """The ids of a long text cut into `lines` (LINE_CUT's split: each but the last stands for itself + "\n"):
+        the lines seen before from the line cache, the others (cached now) and the last through the chunks;
+        NotImplemented when more than 1 / NEW_LINES_CHUNKED_WHOLE of the lines are new, None as `encode`."""
+        last = lines.pop()
+        ids = list(map(self.lines.get, lines))
+        missing_at = list(itertools.compress(itertools.count(), map(operator.is_, ids, itertools.repeat(None))))
+        if len(missing_at) * NEW_LINES_CHUNKED_WHOLE > len(lines):
+            return NotImplemented
+        new = {}
+        for at in missing_at:
+            line = lines[at]
+            line_ids = new.get(line) or self._chunked_ids(line + "\n")
+            if line_ids is None:
+                return None
+            ids[at] = new[line] = line_ids
+        last_ids = self._chunked_ids(last) if last else b""
+        if last_ids is None:
+            return None
+        _bounded_update(self.lines, new, lines, MAX_CACHED_LINES, {})
+        return b"".join(ids) + last_ids
+
+    def _chunked_ids(self, segment: str) -> bytes | None:
+        """The ids of a whitelisted text without added tokens: its chunks' from the chunk cache, its part before the
+        first chunk from its regex pieces' (a short text's all from its pieces'); None as `encode`. A text whose
+        start, or whose chunks, are mostly new is split whole, its chunks cached later (`fill_chunks`)."""
         if len(segment) <= SPLIT_WHOLE:
             return self._split_ids(segment)
         if self._mostly_new(cut_at_spaces(segment[:PROBE_CHARS])[1:-1]):  # the probe's last chunk may be cut short
@@ -348,31 +402,36 @@ class WordEncoder:
         return b"".join(ids)
 
     def fill_chunks(self) -> None:
-        """Cache the chunks of the texts recently split whole, as slices of their ids: the pieces fall at the
-        chunks' ends (no piece crosses a cut), so a chunk's ids are the ids of the pieces between its ends. Meant
-        for idle host time (the engine calls it once a round is launched, while the device computes); only the
-        last UNFILLED_TEXTS texts wait for it. It never raises: a text whose pieces do not fall at its chunks'
-        ends (which the split rules out) is logged and left uncached."""
+        """Cache the chunks and lines of the texts recently split whole, as slices of their ids: the pieces fall at
+        the chunks' and lines' ends (no piece crosses a cut), so a chunk's or a line's ids are the ids of the pieces
+        between its ends. Meant for idle host time (the engine calls it once a round is launched, while the device
+        computes); only the last UNFILLED_TEXTS texts wait for it. It never raises: a text whose pieces do not fall
+        at its cuts (which the split rules out) is logged and left uncached."""
         while self._unfilled:
             try:
                 segment, pieces, ids = self._unfilled.popleft()
             except IndexError:  # another thread took the last one
                 return
+            joined = b"".join(ids)
+            # bytes of ids up to each piece's end, by the characters up to it; a chunk's or line's ends are pieces' ends
+            bytes_at = dict(zip(itertools.accumulate(map(len, pieces), initial=0),
+                                itertools.accumulate(map(len, ids), initial=0)))
             chunks = cut_at_spaces(segment)
             head_chars = len(chunks[0])
             del chunks[0]
-            joined = b"".join(ids)
-            # bytes of ids up to each piece's end, by the characters up to it; a chunk's ends are pieces' ends
-            bytes_at = dict(zip(itertools.accumulate(map(len, pieces), initial=0),
-                                itertools.accumulate(map(len, ids), initial=0)))
-            bounds = map(operator.add, itertools.accumulate(map(len, chunks), initial=head_chars), itertools.count())
+            lines = LINE_CUT.split(segment)[:-1]  # each with its newline; the last (no newline after it) is not kept
             try:
-                positions = list(map(bytes_at.__getitem__, bounds))
+                chunk_at = list(map(bytes_at.__getitem__, map(operator.add, itertools.accumulate(
+                    map(len, chunks), initial=head_chars), itertools.count())))
+                line_at = list(map(bytes_at.__getitem__, itertools.accumulate((len(line) + 1 for line in lines),
+                                                                              initial=0)))
             except KeyError:  # cannot happen (see the module docstring); caching is only a shortcut: skip it
-                LOG.warning("a regex piece crosses a clean space: %.60r... left uncached", segment)
+                LOG.warning("a regex piece crosses a clean space or a line's end: %.60r... left uncached", segment)
                 continue
-            new = dict(zip(chunks, map(joined.__getitem__, map(slice, positions, positions[1:]))))
-            _bounded_update(self.chunks, new, new.keys(), MAX_CACHED_CHUNKS, {})
+            for cache, keys, at, limit in ((self.chunks, chunks, chunk_at, MAX_CACHED_CHUNKS),
+                                           (self.lines, lines, line_at, MAX_CACHED_LINES)):
+                new = dict(zip(keys, map(joined.__getitem__, map(slice, at, at[1:]))))
+                _bounded_update(cache, new, new.keys(), limit, {})
 
     def _split_ids(self, text: str) -> bytes | None:
         """The ids (int64 bytes) of a whitelisted text without added tokens, from its regex pieces'."""

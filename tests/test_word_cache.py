@@ -91,14 +91,17 @@ def test_whitelist_classes_are_what_the_pattern_expects():
         assert excluded not in W
 
 
-@pytest.fixture(params=["default", "all_cut", "all_cut_one_by_one"])
+@pytest.fixture(params=["default", "all_cut", "all_cut_one_by_one", "all_by_lines"])
 def split_whole(request, monkeypatch):
-    """Texts up to SPLIT_WHOLE characters are split whole: the others send every text through the chunks, new
-    chunks cached from one split of the text when many are new, or (`one_by_one`) each split on its own."""
+    """Texts up to SPLIT_WHOLE characters are split whole: the others send every text through its lines, or the
+    chunks when most lines are new, new chunks cached from one split of the text when many are new, or
+    (`one_by_one`) each split on its own; `all_by_lines` sends every text of three lines or more line by line."""
     if request.param != "default":
         monkeypatch.setattr(word_cache, "SPLIT_WHOLE", 0)
     if request.param == "all_cut_one_by_one":
         monkeypatch.setattr(word_cache, "NEW_CHUNKS_SPLIT_WHOLE", 0)
+    if request.param == "all_by_lines":
+        monkeypatch.setattr(word_cache, "NEW_LINES_CHUNKED_WHOLE", 0)
     return request.param
 
 
@@ -131,19 +134,25 @@ def chunk_texts(segment: str) -> list[str]:
     return [first.replace(word_cache.NUL, " ")] + [" " + chunk.replace(word_cache.NUL, " ") for chunk in chunks]
 
 
+def line_texts(segment: str) -> list[str]:
+    """The texts of a segment's lines: each with its newline, the last as it is."""
+    *lines, last = word_cache.LINE_CUT.split(segment)
+    return [line + "\n" for line in lines] + [last]
+
+
 def check_split(encoder: WordEncoder, tokenizer: Tokenizer, texts: list[str]) -> None:
     """The split itself is the tokenizer's, not just the ids (a piece split differently may still give the
-    same ids by chance); the chunks cover each segment between added tokens, and split one by one they give
-    the tokenizer's pieces of the whole segment (no piece crosses a cut)."""
+    same ids by chance); the chunks, and the lines, cover each segment between added tokens, and split one by
+    one they give the tokenizer's pieces of the whole segment (no piece crosses a cut)."""
     for text in texts:
         segments = encoder.segments(text)
         assert "".join(segments) == text
         for segment in segments[::2]:
             hf = [segment[a:b] for _, (a, b) in tokenizer.pre_tokenizer.pre_tokenize_str(segment)]
             assert encoder._split.findall(segment) == hf, segment
-            chunks = chunk_texts(segment)
-            assert "".join(chunks) == segment
-            assert [piece for chunk in chunks for piece in encoder._split.findall(chunk)] == hf, segment
+            for parts in (chunk_texts(segment), line_texts(segment)):
+                assert "".join(parts) == segment
+                assert [piece for part in parts for piece in encoder._split.findall(part)] == hf, segment
 
 
 def test_added_tokens_leftmost_longest_and_glued(tiny_path):
@@ -414,7 +423,8 @@ def test_short_segments_are_looked_up_whole(tiny_path):
 def test_new_chunks_are_cached_later_from_one_split(tiny_path, monkeypatch):
     """A long text most of whose chunks are new is split whole, and its chunks are cached by `fill_chunks` from
     that split (only the last UNFILLED_TEXTS texts wait); one with a few new chunks splits those alone, at once.
-    Every cached chunk holds the tokenizer's ids of " " + it."""
+    Every cached chunk holds the tokenizer's ids of " " + it. (A text with any new line goes through the chunks here.)"""
+    monkeypatch.setattr(word_cache, "NEW_LINES_CHUNKED_WHOLE", 10**9)
     tokenizer = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
     encoder = WordEncoder(tokenizer)
     calls = {"whole": 0, "few": 0}
@@ -442,6 +452,37 @@ def test_new_chunks_are_cached_later_from_one_split(tiny_path, monkeypatch):
     for i in range(5):
         encoder.encode(f"Text {i}: " + " ".join(rng.sample(words, 600)))
     assert len(encoder._unfilled) == 2
+
+
+def test_lines_seen_before_come_from_the_line_cache(tiny_path):
+    """A long text of many lines, first seen, goes through the chunks (its lines all new) and is split whole;
+    `fill_chunks` caches its lines with their newlines. A text sharing most of those lines (another header, a
+    line cut short, an extra tail) takes them from the line cache and encodes only the others, which it caches.
+    Lines start after a newline followed by spaces or tabs and a character that is not white space."""
+    tokenizer = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
+    encoder = WordEncoder(tokenizer)
+    rng = random.Random(11)
+    words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 7))) for _ in range(300)]
+    breaks = ["\n", "\n ", "\n\n", "\n\t", ".\n  ", " \n", "\n \n"]
+    body = "".join(" ".join(rng.sample(words, 6)) + rng.choice(breaks) for _ in range(120))
+    text = "Header one.\n" + body
+    assert len(text) > word_cache.SPLIT_WHOLE
+    assert encoder.encode(text).tolist() == tokenizer.encode(text, add_special_tokens=False).ids
+    assert not encoder.lines
+    encoder.fill_chunks()
+    *lines, _ = word_cache.LINE_CUT.split(text)
+    assert set(encoder.lines) == set(lines) and len(lines) > 60
+    for line, ids in encoder.lines.items():
+        assert np.frombuffer(ids, np.int64).tolist() == tokenizer.encode(line + "\n", add_special_tokens=False).ids
+    chunked = []
+    chunked_ids = encoder._chunked_ids
+    encoder._chunked_ids = lambda segment: chunked.append(segment) or chunked_ids(segment)
+    again = "Another header\n" + body[7:] + " tail words"
+    assert encoder.encode(again).tolist() == tokenizer.encode(again, add_special_tokens=False).ids
+    *again_lines, again_last = word_cache.LINE_CUT.split(again)
+    new_lines = [line for line in again_lines if line not in lines]
+    assert chunked == [line + "\n" for line in new_lines] + [again_last] and 2 <= len(new_lines) <= 3
+    assert set(new_lines) <= set(encoder.lines)
 
 
 def test_fill_chunks_leaves_a_misaligned_text_uncached(tiny_path, caplog):
