@@ -17,24 +17,39 @@ intra-chunk work and loops over scan steps (not tokens, not segments).
 (no host synchronisation, CUDA-graph safe) and are capped (programs loop over the rows past the cap).
 Programs loop over real rows and segments only: each level's `sizes` (on the device) counts its real chunk
 rows and segments, which come first in its tables, and a captured graph's tables are padding past them. A
-round's three levels take four launches: one chunk-prep launch over the chunk rows of all levels (stacked),
-one scan for the first two levels (a trunk's remainder past its save point goes on from its first part's
-state in the same program, `DeltaLevel.chain`: on the H200 at ac35af5, 18 launches fewer a round and the
-scans 0.94 -> 0.90 ms on a lone 2,000-token ask) and one for the branches (they start from states the trunks
-wrote), one output launch over all chunk rows. Only the state recurrence is sequential:
+round's three levels (the second chained to the first, as plan_round lays them out) take five launches: one
+chunk-prep launch over the chunk rows of all levels (stacked), two for the trunks, the first two levels (a
+trunk's remainder past its save point goes on from its first part's state in the same program,
+`DeltaLevel.chain`: on the H200 at ac35af5, 18 launches fewer a round and the scans 0.94 -> 0.90 ms on a lone
+2,000-token ask), of which a round runs one, one for the branches (they start from states the trunks wrote),
+one output launch over the chunk rows the trunk scan did not take. Only the state recurrence is sequential:
 - `_chunk_prep_kernel`, per (chunk row of any level, value head): gathers the chunk's tokens, builds Gamma,
   A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
   16-row sub-blocks (through a float32 scratch), and stores W = T (beta K exp(cum)), U = T (beta V), the
-  causal q-k block q K^T * Gamma and the per-row gate factors.
+  causal q-k block q K^T * Gamma (zero rows for padding), the raw query and key rows and the per-row gate
+  factors.
 - `_state_scan_kernel`, per (value head, V split, segment), one launch per level or chained pair: keeps a
   [Dk, BV] slice of S in registers from `init_row` through the segment's chunks (chunk 0 is row `segment`,
-  chunk j > 0 row `step_base[segment] + j`), stores per chunk past the first the state at its start S_j and
-  v_new = U - W S_j, updates S <- exp(g_last) S + (K exp(g_last - cum))^T v_new, and writes the final slice
-  to `final_row`.
-  Segments of at most one chunk and no final row are skipped.
+  chunk j > 0 row `step_base[segment] + j`), computes v_new = U - W S_j, updates
+  S <- exp(g_last) S + (K exp(g_last - cum))^T v_new, and writes the final slice to `final_row`. Per chunk it
+  either stores (past the first chunk) S_j and v_new for the output kernel, skipping segments of at most one
+  chunk and no final row, or (FUSED) computes the chunk's outputs itself. The trunk level has a launch of each
+  kind, and a round runs the fused one when it has at most `fused_trunks` trunks (by default as many as its
+  programs fill one wave with, 2 at 0.8B shapes; decided on the device from the level's real segment count).
 - `_chunk_output_kernel`, per (chunk row of any level, value head, V tile), all in parallel: the chunk's
   outputs o = (q exp(cum)) S_j + (q K^T * Gamma) v_new; a segment's first chunk reads S_0 from its init
-  row and computes its own v_new, so one-chunk branches skip the scan.
+  row and computes its own v_new, so one-chunk branches skip the scan. Rows the fused scan took are skipped.
+Why both kinds. A lone trunk's scan runs one program per head and V split (64 at 0.8B shapes) through 32
+sequential steps while most multiprocessors idle: the output products ride along there for little more than
+their loads, and the output kernel's pass over the trunk (and S_j, v_new through memory) goes. With many
+trunks the machine is full and the fused scan's larger tiles (189 KB of shared memory at 3 stages: one program
+per multiprocessor) cost more than they save. bench_gdn on the H200, per layer, padded as the engine replays
+(`2026-12-01-bench_gdn-0.8B-fused-ab-*`, 0955d41 against ee304bd in one call): lone 2,000-token trunk + 1 / 4 /
+16 branches 0.1261 / 0.1436 / 0.1564 -> 0.1227 / 0.1363 / 0.1526 ms; + 64 branches 0.2392 -> 0.2411, 32
+requests 0.7114 -> 0.7223, a RACE passage 0.0524 -> 0.0532 (the launch a round does not run costs about 1 us).
+Fusing every launch instead (35385fd, `2026-12-01-gdn-options-0.8B-all-fused-35385fd`): 0.1145 alone, but
+0.311 with 64 branches and 0.898 for 32 requests. With 4-byte storage the fused tiles pass the H200's shared
+memory, so only the unfused launches run.
 Gram products of the raw inputs are taken in the inputs' dtype (exact for bf16); the state and every
 accumulation are float32. For 16-bit inputs the products of float32 quantities inside a chunk use TF32,
 and W, U, the q-k block, S_j and v_new are stored in the inputs' dtype (by default), so the products of the
@@ -566,7 +581,9 @@ def gated_delta_triton(
     a lone 2,000-token trunk, against 0.061 when its chunk rows came from a table and no load went ahead,
     bench_gdn at cb0e20c and cca1c70; 2 and 4 were slower in gdn-options at e5e9f41), and the output
     kernel's V tile (`out_block_v`; default 128, the releases' whole Dv: on the H200 3-6% faster than 64 in
-    rounds a and b, equal alone). `store_dtype` (default: the inputs'
+    rounds a and b, equal alone). `fused_trunks`: rounds with at most this many trunks take their trunks'
+    outputs in the scan (module docstring; default: multiprocessors // (value heads * V split), 0: never).
+    `store_dtype` (default: the inputs'
     dtype) is the dtype of the stored W, U, q-k block, per-chunk start states and v_new, and so of the
     product operands of the scan, the output kernel and (16-bit storage) the prep's W = T (beta K exp(cum))
     and U = T (beta V): float32 trades time (TF32 products, twice the traffic) for accuracy with 16-bit
