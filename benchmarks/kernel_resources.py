@@ -59,6 +59,7 @@ from flide_sdk.ops import kernel_ops
 from flide_sdk.pool import CheckpointPool
 
 H200_SHARED_BYTES = 232_448  # per block, sm_90 (227 KB)
+H200_MULTIPROCESSORS = 132  # what the kernels size their grids and choices by while a round is recorded
 TARGET = GPUTarget("cuda", 90, 32)
 MODULES = (attention_front, fork_attention, gated_delta, gdn_front, gdn_gates, label_softmax, rms_norm, rotary, short_conv,
            swiglu)
@@ -102,12 +103,16 @@ def recorded_round(model_size: str, tokens: int, ops_variant: Callable, dtype: t
                 originals[module, name] = value
                 recorders[module, name] = Recorder(value)
                 setattr(module, name, recorders[module, name])
+        if hasattr(module, "multiprocessors"):  # the H200's count: the launches a CUDA round makes (the fused GDN scan)
+            originals[module, "multiprocessors"] = module.multiprocessors
+            module.multiprocessors = lambda device: H200_MULTIPROCESSORS
     try:
         model(padded.to("cpu"), ops_variant(), pool.layer_caches())
     finally:
         for (module, name), value in originals.items():
             setattr(module, name, value)
     return [(r.kernel, args, meta) for r in recorders.values() for args, meta in r.launches]
+
 
 
 def specialise(kernel: JITFunction, args: tuple, meta: dict) -> tuple[dict, dict, dict, dict]:
@@ -192,10 +197,11 @@ def _with(op: str, **knobs) -> Callable:
     return ops
 
 
+UNFUSED_ON_CUDA = {"fused_trunks": 0}  # 4-byte GDN storage never takes the fused scan on CUDA (the interpreter would)
 VARIANTS = {
     "bf16 engine": (torch.bfloat16, kernel_ops),
     "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
-    "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32)),
+    "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32, **UNFUSED_ON_CUDA)),
     "bf16, GDN 2 scan stages": (torch.bfloat16, _with("gated_delta", scan_stages=2)),
     # ForkAttention tilings besides the default (64 rows = 4 heads x 16 tokens, 32-key blocks, 4 warps), each
     # given in full: rows, heads per program, keys per block, warps (and stages where not 2)
@@ -211,7 +217,7 @@ VARIANTS = {
         "fork_attention", block_rows=128, heads_per_program=1, block_keys=64, num_warps=8, num_stages=1)),
     "bf16, attention 4 heads x 32 tokens, 32 keys, 8 warps": (torch.bfloat16, _with(
         "fork_attention", block_rows=128, heads_per_program=4, block_keys=32, num_warps=8)),
-    "float32 engine": (torch.float32, kernel_ops),
+    "float32 engine": (torch.float32, _with("gated_delta", **UNFUSED_ON_CUDA)),
 }
 
 

@@ -26,8 +26,8 @@ one output launch over the chunk rows the trunk scan did not take. Only the stat
 - `_chunk_prep_kernel`, per (chunk row of any level, value head): gathers the chunk's tokens, builds Gamma,
   A = strictly-lower(diag(beta) K K^T * Gamma) and T = (I + A)^-1 by block forward substitution over
   16-row sub-blocks (through a float32 scratch), and stores W = T (beta K exp(cum)), U = T (beta V), the
-  causal q-k block q K^T * Gamma (zero rows for padding), the raw query and key rows and the per-row gate
-  factors.
+  causal q-k block q K^T * Gamma (zero rows for padding), the raw key rows (and, in a fused round, the
+  trunks' raw query rows: `_fused_steps`) and the per-row gate factors.
 - `_state_scan_kernel`, per (value head, V split, segment), one launch per level or chained pair: keeps a
   [Dk, BV] slice of S in registers from `init_row` through the segment's chunks (chunk 0 is row `segment`,
   chunk j > 0 row `step_base[segment] + j`), computes v_new = U - W S_j, updates
@@ -214,13 +214,32 @@ def _of_level(level, first_ptr, second_ptr, third_ptr):
 
 
 @triton.jit
+def _fused_round(trunk_sizes_ptr, fused_trunks):
+    """Whether the trunk scan computes the outputs of its chunks itself this round (FUSED): when the round has at
+    most `fused_trunks` trunks (level 0's real segments)."""
+    return tl.load(trunk_sizes_ptr + 1) <= fused_trunks
+
+
+@triton.jit
+def _fused_steps(sizes0_ptr, fused_trunks, end0, end1, CHAIN: tl.constexpr):
+    """How many of the first loop steps of the prep and output kernels (`_real_row`) are rows the trunk scan takes
+    the outputs of this round: level 0's, and level 1's with CHAIN (they are scanned with it), in a fused round;
+    none otherwise."""
+    scanned_end = end0
+    if CHAIN:
+        scanned_end = end1
+    return tl.where(_fused_round(sizes0_ptr, fused_trunks), scanned_end, 0)
+
+
+@triton.jit
 def _chunk_prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, sizes0_ptr, sizes1_ptr, sizes2_ptr,
     w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
-    total, start1, start2, scale, eps,
+    total, start1, start2, scale, eps, fused_trunks,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr, WY_LOW: tl.constexpr,
+    CHAIN: tl.constexpr,
 ):
     """Per (value head, chunk) everything of the chunk that does not depend on the state, for the real chunk
     rows of up to three levels at once; a program takes loop steps pid, pid + P, ... of its head (P programs:
@@ -238,6 +257,7 @@ def _chunk_prep_kernel(
     dk = tl.arange(0, DK)
     row, col = i[:, None], i[None, :]
     end0, end1, end2 = _real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
+    fused_steps = _fused_steps(sizes0_ptr, fused_trunks, end0, end1, CHAIN)  # whose query rows the scan reads
     for step in range(tl.program_id(1), end2, tl.num_programs(1)):
         chunk, local, level = _real_row(step, end0, end1, start1, start2)
         row_ptr = _of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
@@ -255,8 +275,10 @@ def _chunk_prep_kernel(
         gamma = tl.exp(tl.where(row >= col, cum[:, None] - cum[None, :], float("-inf")))
         q = tl.load(q_ptr + tok[:, None] * stride_qt + key_head * stride_qh + dk[None, :], mask=ok[:, None], other=0.0)
         k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :], mask=ok[:, None], other=0.0)
-        # the chunk's raw query and key rows, contiguous and zero on padding rows, for the scan's products
-        tl.store(q_rows_ptr + base * L * DK + row * DK + dk[None, :], q)
+        # the chunk's raw key rows (and, for a fused scan, query rows), contiguous and zero on padding rows, for the
+        # scan's products
+        # (a store masked whole, not a branch: the branch cost the prep 96 bytes of register spills)
+        tl.store(q_rows_ptr + base * L * DK + row * DK + dk[None, :], q, mask=row < tl.where(step < fused_steps, L, 0))
         tl.store(k_rows_ptr + base * L * DK + row * DK + dk[None, :], k)
         q32 = q.to(tl.float32)
         k32 = k.to(tl.float32)
@@ -378,13 +400,6 @@ def _scan_chunks(state, first_row, later_base, steps, head, heads, k_rows_ptr, w
 
 
 @triton.jit
-def _fused_round(trunk_sizes_ptr, fused_trunks):
-    """Whether the trunk scan computes the outputs of its chunks itself this round (FUSED): when the round has at
-    most `fused_trunks` trunks (level 0's real segments)."""
-    return tl.load(trunk_sizes_ptr + 1) <= fused_trunks
-
-
-@triton.jit
 def _state_scan_kernel(
     k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
     chunk_count_ptr, step_base_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
@@ -482,11 +497,8 @@ def _chunk_output_kernel(
     dk = tl.arange(0, DK)
     cols = tl.program_id(2) * BV + tl.arange(0, BV)
     end0, end1, end2 = _real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
-    scanned_end = end0  # the rows the trunk scan covers: level 0's, and level 1's with CHAIN
-    if CHAIN:
-        scanned_end = end1
-    first_step = tl.where(_fused_round(sizes0_ptr, fused_trunks), scanned_end, 0)
-    for step in range(first_step + tl.program_id(1), end2, tl.num_programs(1)):
+    for step in range(_fused_steps(sizes0_ptr, fused_trunks, end0, end1, CHAIN) + tl.program_id(1), end2,
+                      tl.num_programs(1)):
         chunk, local, level = _real_row(step, end0, end1, start1, start2)
         row_ptr = _of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
         base = chunk * tl.num_programs(0) + head
@@ -653,14 +665,16 @@ def gated_delta_triton(
         decay = torch.empty(chunks, v_heads, dtype=torch.float32, device=q.device)
         system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
         tokens = [level.chunk_tokens for level in levels]
+        chained = levels[1].chained
         _chunk_prep_kernel[(v_heads, min(chunks, max(1, chunk_programs // v_heads)))](
             q, k, v, g, beta, *tokens, *sizes,
             w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
-            total, start1, start2, dk**-0.5, L2_EPS,
+            total, start1, start2, dk**-0.5, L2_EPS, fused_trunks,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
             GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
-            COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low_precision and store.itemsize == 2, num_warps=prep_warps,
+            COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low_precision and store.itemsize == 2, CHAIN=chained,
+            num_warps=prep_warps,
         )
         # written by the unfused scan for every chunk of a segment past its first: the state at the chunk's start
         # and v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
@@ -669,7 +683,6 @@ def gated_delta_triton(
         # a level all of whose segments continue the one before (`DeltaLevel.chained`: a plan's trunk
         # remainders) is scanned by the launch of the level before; any other level has a launch of its own.
         # The trunk level has two: the fused and the unfused scan, of which a round runs one (`_fused_round`)
-        chained = levels[1].chained
         scans = [_ScanLaunch(level, None, slice(first, first + size), count)
                  for level, first, size, count in zip(levels, (0, start1, start2), table_rows, table_segments)]
         if chained:
