@@ -14,10 +14,12 @@ Lines. A newline followed by spaces or tabs and then a character that is not whi
 alternative, ends at the last line break of its white-space run, and that run has none past this newline), and
 the split past it depends on the text past it alone (no lookbehind). So a long text's ids are its lines'
 (`LINE_CUT`), each line's those of it with its newline. Lines seen before come from a dict; the others go
-through the chunks below, and a text with mostly new lines goes through them whole. On the states questions_per_state asks about (2,000-token windows over 15 QuALITY
-articles, each 97 tokens on from the last over its article: their lines recur, their first and last lines are cut
-short) a state took 1.01 -> 0.53 ms to encode once its article had been seen, 6.1 -> 6.4 ms at its first sight
-(medians, the two encoders interleaved in one process, this repository's CPU VM).
+through the chunks below, and a text with mostly new lines goes through them whole. On the states
+questions_per_state asks about (2,000-token windows over 15 QuALITY articles, each 97 tokens on from the last over
+its article: their lines recur, their first and last lines are cut short) a state took 1.01 -> 0.53 ms to encode
+once its article had been seen, 6.1 -> 6.4 ms at its first sight (medians, the two encoders interleaved in one
+process, this repository's CPU VM); on the H200's host the submit of such asks fell by 0.25-0.45 ms
+(benchmarks/README.md).
 
 Chunks. A space whose neighbours are both not white space starts a regex piece, and the split past it depends
 on the text past it alone: the pattern has no lookbehind, and a piece holds a space after its first character
@@ -419,7 +421,7 @@ class WordEncoder:
             chunks = cut_at_spaces(segment)
             head_chars = len(chunks[0])
             del chunks[0]
-            lines = LINE_CUT.split(segment)[:-1]  # each with its newline; the last (no newline after it) is not kept
+            lines = LINE_CUT.split(segment)[:-1]  # each for itself + its newline; the last (none after it) is not kept
             try:
                 chunk_at = list(map(bytes_at.__getitem__, map(operator.add, itertools.accumulate(
                     map(len, chunks), initial=head_chars), itertools.count())))

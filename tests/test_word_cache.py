@@ -423,7 +423,8 @@ def test_short_segments_are_looked_up_whole(tiny_path):
 def test_new_chunks_are_cached_later_from_one_split(tiny_path, monkeypatch):
     """A long text most of whose chunks are new is split whole, and its chunks are cached by `fill_chunks` from
     that split (only the last UNFILLED_TEXTS texts wait); one with a few new chunks splits those alone, at once.
-    Every cached chunk holds the tokenizer's ids of " " + it. (A text with any new line goes through the chunks here.)"""
+    Every cached chunk holds the tokenizer's ids of " " + it. (Here a text with any new line goes through the
+    chunks whole.)"""
     monkeypatch.setattr(word_cache, "NEW_LINES_CHUNKED_WHOLE", 10**9)
     tokenizer = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
     encoder = WordEncoder(tokenizer)
