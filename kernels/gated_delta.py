@@ -532,12 +532,15 @@ PROGRAMS_PER_SM = 4  # the default cap of a launch's programs, per multiprocesso
 
 class _ScanLaunch(NamedTuple):
     """One launch of the state scan: its level, the level it carries on into (None: none, `DeltaLevel.chain`),
-    the level's rows in the stacked chunk tables (and the next level's, when it carries on), its segments."""
+    the level's rows in the stacked chunk tables (and the next level's, when it carries on), its segments, whether
+    it computes its chunks' outputs (FUSED) and whether it runs only in rounds that do not fuse (GATED)."""
 
     level: DeltaLevel
     following: DeltaLevel | None
     rows: slice
     segments: int
+    fused: bool = False
+    gated: bool = False
 
 
 LEVELS_PER_LAUNCH = 3  # a round's levels (layout.plan_round): one prep and one output launch for all of them
@@ -658,8 +661,9 @@ def gated_delta_triton(
         w = torch.empty(chunks, v_heads, chunk, dk, dtype=store, device=q.device)
         u = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
         a = torch.empty(chunks, v_heads, chunk, chunk, dtype=store, device=q.device)
-        q_rows = torch.empty(chunks, v_heads, chunk, dk, dtype=q.dtype, device=q.device)
         k_rows = torch.empty(chunks, v_heads, chunk, dk, dtype=k.dtype, device=q.device)
+        # the query rows only a fused scan reads (unfused: the prep's masked store never writes them)
+        q_rows = torch.empty(chunks, v_heads, chunk, dk, dtype=q.dtype, device=q.device) if fusing else k_rows
         q_gate = torch.empty(chunks, v_heads, chunk, dtype=torch.float32, device=q.device)
         k_gate = torch.empty_like(q_gate)
         decay = torch.empty(chunks, v_heads, dtype=torch.float32, device=q.device)
@@ -687,9 +691,9 @@ def gated_delta_triton(
                  for level, first, size, count in zip(levels, (0, start1, start2), table_rows, table_segments)]
         if chained:
             scans = [_ScanLaunch(levels[0], levels[1], slice(0, start2), table_segments[0]), scans[2]]
-        launches = [(scans[0], True, False)] if fusing else []
-        launches += [(scans[0], False, fusing)] + [(scan, False, False) for scan in scans[1:]]
-        for scan, fused, gated in launches:
+        if fusing:
+            scans = [scans[0]._replace(fused=True), scans[0]._replace(gated=True), *scans[1:]]
+        for scan in scans:
             rows = scan.rows
             carried = scan.following or scan.level  # the next level's tables (read only with CHAIN)
             _state_scan_kernel[(v_heads, split, min(scan.segments, max(1, scan_programs // (v_heads * split))))](
@@ -700,7 +704,7 @@ def gated_delta_triton(
                 levels[0].sizes, fused_trunks,
                 states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CHAIN=scan.following is not None,
-                FUSED=fused, GATED=gated, num_warps=scan_warps, num_stages=scan_stages,
+                FUSED=scan.fused, GATED=scan.gated, num_warps=scan_warps, num_stages=scan_stages,
             )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
             q, a, q_gate, w, u, v_new, h, states, out, *tokens,
