@@ -1,12 +1,13 @@
 """`Engine`: the public entry point. Loads a checkpoint, renders asks, and runs them in rounds.
 
-An ask is validated and rendered in the caller (errors raise there, and the engine stays usable), then
-queued; a one-off state is tokenized by the round thread when the ask finds the engine idle (its host
-stages ran faster there than on an asking thread that slept through the last round), by the caller
-otherwise. On the round thread, `_select` admits queued asks with state-ready traversal (RadixFlow): each
-ask looks up the furthest checkpoint matching its trunk; an ask that would resume from a checkpoint another
-admitted ask is producing in this very round waits for the next round, while the scan goes on filling the
-round with independent work, up to the round's token, request and question capacity.
+An ask is validated in the caller (errors raise there, and the engine stays usable), then queued; an
+ask about a one-off state has its questions rendered and its state tokenized by the round thread when it
+finds the engine idle (its host stages ran faster there than on an asking thread that slept through the
+last round), by the caller otherwise (an error of those steps fails the ask's future alone). On the round
+thread, `_select` admits queued asks with state-ready traversal (RadixFlow): each ask looks up the furthest
+checkpoint matching its trunk; an ask that would resume from a checkpoint another admitted ask is producing
+in this very round waits for the next round, while the scan goes on filling the round with independent
+work, up to the round's token, request and question capacity.
 `_launch` computes identical trunks once, plans each request's checkpoint save at its stable boundary,
 lays everything out as one flat stream, and starts the model on it: the replay of the smallest captured
 CUDA graph the round fits (`graphs.py`), or an eager forward (CPU, or a round larger than every graph).
@@ -291,28 +292,31 @@ class Engine:
         return self.submit_sync(self._state_ask(state, questions), timeout, queue_timeout)
 
     def _state_ask(self, state: Any, questions: Any) -> PendingAsk:
-        """The queued form of an ask about a one-off state, its questions validated and rendered (bad input
-        raises here), the state tokenized later: by the round thread when the ask finds the engine idle, by
-        the submitting thread otherwise (`RoundLoop.try_submit`). A state too long for the model then fails
+        """The queued form of an ask about a one-off state, its questions and state validated (bad input raises
+        here), rendering the questions and tokenizing the state left for later: to the round thread when the ask
+        finds the engine idle, to the submitting thread otherwise (`RoundLoop.try_submit`). An error of those
+        steps (a state too long for the model, a question with more options than single-token labels) then fails
         the ask's future (one raised in the caller otherwise). The asking thread has slept through the previous
         ask's round, the round thread has just waited for the device: on the H200's host, in one device call, a
-        lone ask's submit took 2.80 -> 2.11 ms at Q = 1, plan 0.71 -> 0.54, launch 0.62 -> 0.47, its latency
-        11.11 -> 10.48 ms (Q = 64: 20.35 -> 18.71; `2026-12-01-questions_per_state-0.8B-handoff-ab.json`)."""
+        lone ask's submit took 2.80 -> 2.11 ms at Q = 1 with the state tokenized there, plan 0.71 -> 0.54, launch
+        0.62 -> 0.47, its latency 11.11 -> 10.48 ms (Q = 64: 20.35 -> 18.71;
+        `2026-12-01-questions_per_state-0.8B-handoff-ab.json`); with a RACE passage's four new questions rendered
+        there too, its lone latency went from 5.71 / 5.11 / 4.81 to 4.98 / 4.75 / 4.99 ms in alternating blocks
+        of 25 asks (`2026-12-01-host-ab-h200.json`)."""
         if self._loop.closed:
             raise EngineClosedError("the engine is closed")
         started, cpu_started = time.perf_counter(), time.thread_time()
         parsed = parse_questions(questions)
-        rendered = self.renderer.render_questions(parsed)
         text = state_text(state)
         ask = PendingAsk(None, 0)
-        ask.prepare = functools.partial(self._prepare_text, ask, text, parsed, rendered)
+        ask.prepare = functools.partial(self._prepare_text, ask, text, parsed)
         self._count_submit(started, cpu_started)
         return ask
 
-    def _prepare_text(self, ask: PendingAsk, text: str, parsed: dict[str, Question],
-                      rendered: dict[str, RenderedQuestion]) -> None:
-        """Tokenize a one-off state's text into `ask`'s trunk (its time counts in submit_seconds)."""
+    def _prepare_text(self, ask: PendingAsk, text: str, parsed: dict[str, Question]) -> None:
+        """Render the questions and tokenize a one-off state's text into `ask` (its time counts in submit_seconds)."""
         started, cpu_started = time.perf_counter(), time.thread_time()
+        rendered = self.renderer.render_questions(parsed)
         self._fill(ask, self.renderer.trunk(text), parsed, rendered)
         self._count_submit(started, cpu_started)
 

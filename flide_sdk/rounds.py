@@ -172,8 +172,8 @@ class RoundLoop:
     @staticmethod
     def _prepared(ask: PendingAsk) -> bool:
         """Run a deferred preparation; False (the ask failed with its error) if it refused the input (a
-        FlideError: a state too long for the model). The time it took does not count as queueing; any other
-        error is a bug, for the caller to report."""
+        FlideError: a state too long for the model, a question with more options than single-token labels). The
+        time it took does not count as queueing; any other error is a bug, for the caller to report."""
         started = time.perf_counter()
         try:
             ask.prepare_now()
