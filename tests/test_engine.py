@@ -256,13 +256,27 @@ def _tokenizing_threads(engine) -> list[tuple[str, str]]:
     return names
 
 
+def _rendering_threads(engine) -> list[str]:
+    """Records the thread of each call rendering questions."""
+    names: list[str] = []
+    render_questions = engine.renderer.render_questions
+
+    def recording(questions):
+        names.append(threading.current_thread().name)
+        return render_questions(questions)
+
+    engine.renderer.render_questions = recording
+    return names
+
+
 @pytest.mark.asyncio
 async def test_an_idle_engine_tokenizes_a_one_off_state_on_its_round_thread(tiny_path):
-    """An ask about a one-off state that finds the engine idle is tokenized, admitted and launched by the
-    round thread, and answers exactly as an ask tokenized by its caller; asks queued behind others (here:
-    while admission is held) are tokenized by their callers."""
+    """An ask about a one-off state that finds the engine idle has its questions rendered and its state tokenized,
+    and is admitted and launched, by the round thread, and answers exactly as an ask tokenized by its caller;
+    asks queued behind others (here: while admission is held) are rendered and tokenized by their callers."""
     async with fl.Engine.load(tiny_path, device="cpu") as plain, fl.Engine.load(tiny_path, device="cpu") as engine:
         tokenized = _tokenizing_threads(engine)
+        rendered = _rendering_threads(engine)
         launched = _launch_threads(engine)
         for i in range(3):
             state = f"lone ask {i} about a late order"
@@ -275,7 +289,28 @@ async def test_an_idle_engine_tokenizes_a_one_off_state_on_its_round_thread(tiny
             await asyncio.sleep(0.05)
         await asyncio.gather(*tasks)
         assert [name for name, _ in tokenized[3:]] == [threading.current_thread().name] * 2
+        assert rendered == ["flide-rounds"] * 3 + [threading.current_thread().name] * 2
         assert engine.stats()["asks"] == 5
+
+
+@pytest.mark.asyncio
+async def test_questions_refused_at_rendering_fail_their_ask_only_on_either_thread(tiny_path):
+    """A question with more options than single-token labels is refused when rendered: by the round thread for an
+    ask that finds the engine idle (its future fails), by the caller for one queued behind others (it raises
+    there); neither ask is counted, and the asks around them are answered."""
+    too_many = {"q": fl.Choice("Which?", {f"o{i}": None for i in range(27)})}
+    async with fl.Engine.load(tiny_path, device="cpu") as engine:
+        rendered = _rendering_threads(engine)
+        with pytest.raises(fl.InvalidQuestionError, match="27 options"):
+            await asyncio.wait_for(engine.ask("idle engine", too_many), timeout=30)
+        with engine.admission_paused():
+            good = asyncio.ensure_future(engine.ask("held", GOOD))
+            await asyncio.sleep(0.05)
+            with pytest.raises(fl.InvalidQuestionError, match="27 options"):
+                await asyncio.wait_for(engine.ask("busy engine", too_many), timeout=30)
+        assert set(await asyncio.wait_for(good, timeout=30)) == {"n", "c"}
+        assert rendered[0] == "flide-rounds" and rendered[2] == threading.current_thread().name
+        assert engine.stats()["asks"] == 1 and not engine.closed
 
 
 @pytest.mark.asyncio
