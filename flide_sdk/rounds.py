@@ -18,9 +18,9 @@ and launched by the submitting thread itself, which saves the hand-off to the ro
 critical path (a thread wake-up, 72 us median and 216 us p90 on the H200 host, `host_wake.json`); the round
 thread then finishes it as any other. Only for launches that return at once (the engine accepts asks that
 fit a captured CUDA graph). An ask whose preparation is deferred (`PendingAsk.prepare`: the engine's asks
-about a one-off state, whose tokenizing is most of an ask's host work) and that finds the loop idle is queued
-as it is: the round thread prepares, selects and launches it alone (on the H200's host its host stages took
-about a quarter less time there than on an asking thread asleep through the previous round:
+about a one-off state, whose rendering and tokenizing are most of an ask's host work) and that finds the loop
+idle is queued as it is: the round thread prepares, selects and launches it alone (on the H200's host its host
+stages took about a quarter less time there than on an asking thread asleep through the previous round:
 `Engine._state_ask`); otherwise the submitting thread prepares it.
 Closing fails every queued ask with `EngineClosedError`; rounds already launched finish. `hold()` pauses
 admission, so a test can queue several asks and have them admitted together, deterministically.
