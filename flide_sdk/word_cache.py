@@ -277,9 +277,8 @@ class WordEncoder:
 
     def segments(self, text: str) -> list[str] | None:
         """The text around its added tokens: plain text, token, plain text, ..., plain text (just the text when it
-        holds none); None if it is not whitelisted or holds an added token this encoder does not split."""
-        if self._outside.search(text) is not None or not unicodedata.is_normalized("NFC", text):
-            return None
+        holds none); None if it holds an added token this encoder does not split. Whether the plain text is
+        whitelisted is checked where it is not served from a cache (`_whitelisted`)."""
         if self._added is None or not any(c in text for c in self._added_first):
             return [text]
         segments = self._added.split(text)
@@ -309,12 +308,21 @@ class WordEncoder:
                 parts.append(ids)
         return np.frombuffer(bytearray().join(parts), np.int64)
 
+    def _whitelisted(self, text: str) -> bool:
+        """Whether every character of `text` is in W. Only text no cache serves is checked: a cached short
+        segment, line or chunk was checked when it was encoded (a regex scan took 63 us on a 9,000-character
+        QuALITY window, this repository's CPU VM, most of whose lines a rotating window finds cached). No NFC
+        check is needed: a text of W is NFC (every character of W is an NFC-stable starter and no two compose,
+        tests/test_word_cache.py), so the tokenizer's normalizer leaves it as it is."""
+        return self._outside.search(text) is None
+
     def _segment_ids(self, segment: str) -> bytes | None:
-        """The ids (int64 bytes) of a whitelisted text without added tokens: a short text's from its regex pieces',
-        a long one's from its lines' (`_lines_ids`) or, when most of its lines are new, from its chunks'
-        (`_chunked_ids`); None as `encode`."""
+        """The ids (int64 bytes) of a text without added tokens: a short text's from its regex pieces', a long
+        one's from its lines' (`_lines_ids`) or, when most of its lines are new, from its chunks'
+        (`_chunked_ids`); None as `encode` (for a short text outside W here, for a long one where its new text
+        is checked)."""
         if len(segment) <= SPLIT_WHOLE:
-            return self._split_ids(segment)
+            return self._split_ids(segment) if self._whitelisted(segment) else None
         lines = LINE_CUT.split(segment)
         if len(lines) > 2:  # at least one whole line between the first and the last
             ids = self._lines_ids(lines)
@@ -345,9 +353,12 @@ class WordEncoder:
         return b"".join(ids) + last_ids
 
     def _chunked_ids(self, segment: str) -> bytes | None:
-        """The ids of a whitelisted text without added tokens: its chunks' from the chunk cache, its part before the
-        first chunk from its regex pieces' (a short text's all from its pieces'); None as `encode`. A text whose
-        start, or whose chunks, are mostly new is split whole, its chunks cached later (`fill_chunks`)."""
+        """The ids of a text without added tokens: its chunks' from the chunk cache, its part before the first chunk
+        from its regex pieces' (a short text's all from its pieces'); None as `encode` (the text is checked against
+        W first: a new line of a long text, or a long text with mostly new lines, comes here). A text whose start,
+        or whose chunks, are mostly new is split whole, its chunks cached later (`fill_chunks`)."""
+        if not self._whitelisted(segment):
+            return None
         if len(segment) <= SPLIT_WHOLE:
             return self._split_ids(segment)
         if self._mostly_new(cut_at_spaces(segment[:PROBE_CHARS])[1:-1]):  # the probe's last chunk may be cut short

@@ -8,6 +8,7 @@ import itertools
 import json
 import random
 import threading
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -212,6 +213,37 @@ def test_characters_outside_the_whitelist_are_declined(tiny_path):
         for text in (char, f"word{char}", f"a b c {char} d e f" * 3):
             assert encoder.encode(text) is None, repr(text)
     assert encoder.encode("e\u0301") is None and encoder.encode("\u00e9") is not None
+
+
+def test_every_text_of_the_whitelist_is_nfc():
+    """The encoder checks no text for NFC: every character of W is an NFC-stable starter (no mark, no canonical
+    change) and no two of them compose, so NFC leaves any text of W as it is (the tokenizer's normalizer too)."""
+    chars = [chr(point) for low, high in word_cache.WHITELIST for point in range(low, high + 1)]
+    assert all(unicodedata.combining(c) == 0 and unicodedata.normalize("NFC", c) == c for c in chars)
+    assert all(unicodedata.is_normalized("NFC", a + b) for a in chars for b in chars)
+
+
+def test_characters_outside_the_whitelist_are_declined_past_cached_lines(tiny_path):
+    """A long text whose lines are cached is checked against W only where no cache serves it: a character
+    outside W in a new line, in its last line or in its first one still declines the whole text (a line holding
+    one is never cached), and the text without it is encoded exactly."""
+    tokenizer = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
+    encoder = WordEncoder(tokenizer)
+    rng = random.Random(5)
+    words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 7))) for _ in range(300)]
+    lines = [" ".join(rng.sample(words, 6)) for _ in range(120)]
+    text = "\n".join(lines) + "\n"
+    assert len(text) > word_cache.SPLIT_WHOLE and encoder.encode(text) is not None
+    encoder.fill_chunks()
+    assert len(encoder.lines) >= len(lines) - 1
+    for char in "\x00\x0b\x85\xa0\u2028\u0301\ufeff":
+        for bad in (text.replace(lines[40], f"{lines[40][:5]}{char}{lines[40][5:]}"),  # a new line
+                    text + f"last words{char} here",  # its last line
+                    f"{char}first line\n" + text,  # its first line
+                    text[:200] + char + text[200:]):  # inside a cached line
+            assert encoder.encode(bad) is None, repr(char)
+    good = text.replace(lines[40], lines[40] + " extra") + "last words here"
+    assert encoder.encode(good).tolist() == tokenizer.encode(good, add_special_tokens=False).ids
 
 
 def test_unsupported_tokenizers_disable_it(tiny_path):
