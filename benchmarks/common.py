@@ -227,6 +227,11 @@ def add_engine_args(parser) -> None:
     parser.add_argument("--eager", action="store_true", help="load the engine with graphs=False")
     parser.add_argument("--round-deadline-ms", type=float, default=None,
                         help="engine round deadline (default: the engine's own)")
+    parser.add_argument("--switch-interval", type=float, default=None,
+                        help="the interpreter's thread switch interval for the run, in seconds (sys.setswitchinterval; "
+                             "default: the interpreter's, 0.005). A process-wide setting of the host application, not "
+                             "the engine's: with several clients the round thread waits for the GIL up to this long "
+                             "while the asking thread prepares asks (benchmarks/host_sim.py)")
 
 
 def bench_checkpoint(args) -> tuple[Path, dict[str, Any]]:
@@ -251,11 +256,14 @@ def load_engine(path: Path, device: str, dtype: str, graphs: bool, **options: An
     options = {key: value for key, value in options.items() if value is not None}
     started = time.perf_counter()
     engine = fl.Engine.load(path, device=device, dtype=dtype, graphs=graphs, **options)
-    return engine, {"graphs": graphs, "load_options": options, "load_seconds": time.perf_counter() - started}
+    return engine, {"graphs": graphs, "load_options": options, "load_seconds": time.perf_counter() - started,
+                    "switch_interval_s": sys.getswitchinterval()}
 
 
 def engine_settings(args) -> tuple[bool, dict[str, Any]]:
-    """(graphs, extra load options) from the common command-line options."""
+    """(graphs, extra load options) from the common command-line options; sets the switch interval if given."""
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     graphs = not (args.tiny or args.eager)
     return graphs, {"round_deadline_ms": args.round_deadline_ms}
 
