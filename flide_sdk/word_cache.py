@@ -317,17 +317,15 @@ class WordEncoder:
         return self._outside.search(text) is None
 
     def _segment_ids(self, segment: str) -> bytes | None:
-        """The ids (int64 bytes) of a text without added tokens: a short text's from its regex pieces', a long
-        one's from its lines' (`_lines_ids`) or, when most of its lines are new, from its chunks'
-        (`_chunked_ids`); None as `encode` (for a short text outside W here, for a long one where its new text
-        is checked)."""
-        if len(segment) <= SPLIT_WHOLE:
-            return self._split_ids(segment) if self._whitelisted(segment) else None
-        lines = LINE_CUT.split(segment)
-        if len(lines) > 2:  # at least one whole line between the first and the last
-            ids = self._lines_ids(lines)
-            if ids is not NotImplemented:
-                return ids
+        """The ids (int64 bytes) of a text without added tokens: a long one's from its lines' (`_lines_ids`), the
+        others' (a short text, a long one with mostly new lines) through `_chunked_ids`; None as `encode` (where
+        text no cache serves is checked against W)."""
+        if len(segment) > SPLIT_WHOLE:
+            lines = LINE_CUT.split(segment)
+            if len(lines) > 2:  # at least one whole line between the first and the last
+                ids = self._lines_ids(lines)
+                if ids is not NotImplemented:
+                    return ids
         return self._chunked_ids(segment)
 
     def _lines_ids(self, lines: list[str]) -> bytes | None:

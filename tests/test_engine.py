@@ -185,19 +185,28 @@ async def ask_prepared(engine, state: str, questions=GOOD):
     return await engine.submit(engine.prepare(engine.renderer.trunk(state), questions))
 
 
+def _record_calls(owner, method: str, entry) -> list:
+    """Wraps `owner.<method>` (one argument) so that each call first appends `entry(argument)` to the list returned."""
+    calls: list = []
+    original = getattr(owner, method)
+
+    def recording(argument):
+        calls.append(entry(argument))
+        return original(argument)
+
+    setattr(owner, method, recording)
+    return calls
+
+
+def _thread_name(_argument) -> str:
+    return threading.current_thread().name
+
+
 def _launch_threads(engine) -> list[str]:
     """Turns on launching in the caller for every ask (CPU engines launch eagerly, so it is off by default)
     and records the thread each round is launched on."""
-    names: list[str] = []
-    launch = engine._loop._launch
-
-    def recording(batch):
-        names.append(threading.current_thread().name)
-        return launch(batch)
-
-    engine._loop._launch = recording
     engine._loop.launch_in_caller = lambda ask: True
-    return names
+    return _record_calls(engine._loop, "_launch", _thread_name)
 
 
 @pytest.mark.asyncio
@@ -245,28 +254,12 @@ async def test_asks_launched_by_their_threads_race_safely(tiny_path):
 
 def _tokenizing_threads(engine) -> list[tuple[str, str]]:
     """Records (thread, state) of each one-off state tokenized."""
-    names: list[tuple[str, str]] = []
-    trunk = engine.renderer.trunk
-
-    def recording(state):
-        names.append((threading.current_thread().name, state))
-        return trunk(state)
-
-    engine.renderer.trunk = recording
-    return names
+    return _record_calls(engine.renderer, "trunk", lambda state: (threading.current_thread().name, state))
 
 
 def _rendering_threads(engine) -> list[str]:
     """Records the thread of each call rendering questions."""
-    names: list[str] = []
-    render_questions = engine.renderer.render_questions
-
-    def recording(questions):
-        names.append(threading.current_thread().name)
-        return render_questions(questions)
-
-    engine.renderer.render_questions = recording
-    return names
+    return _record_calls(engine.renderer, "render_questions", _thread_name)
 
 
 @pytest.mark.asyncio
