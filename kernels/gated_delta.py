@@ -71,6 +71,7 @@ four programs per multiprocessor instead of two) and the output kernel were no f
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -239,11 +240,12 @@ def _chunk_prep_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr, WY_LOW: tl.constexpr,
-    CHAIN: tl.constexpr,
+    CHAIN: tl.constexpr, ROWS: tl.constexpr,
 ):
     """Per (value head, chunk) everything of the chunk that does not depend on the state, for the real chunk
     rows of up to three levels at once; a program takes loop steps pid, pid + P, ... of its head (P programs:
-    a capped grid), each step a real row (`_real_row`).
+    a capped grid), each step a real row (`_real_row`). ROWS picks the levels: "all", "trunks" (levels 0 and
+    1) or "branches" (level 2).
 
     The system A goes through this program's [L, L] float32 scratch `system_ptr`: its lower SUB x SUB
     blocks are read back (tuples indexed b * (b + 1) // 2 + c, block row b >= block column c) so that
@@ -258,7 +260,12 @@ def _chunk_prep_kernel(
     row, col = i[:, None], i[None, :]
     end0, end1, end2 = _real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
     fused_steps = _fused_steps(sizes0_ptr, fused_trunks, end0, end1, CHAIN)  # whose query rows the scan reads
-    for step in range(tl.program_id(1), end2, tl.num_programs(1)):
+    first_step, end_step = 0, end2
+    if ROWS == "trunks":
+        end_step = end1
+    if ROWS == "branches":
+        first_step = end1
+    for step in range(first_step + tl.program_id(1), end_step, tl.num_programs(1)):
         chunk, local, level = _real_row(step, end0, end1, start1, start2)
         row_ptr = _of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
         base = chunk * tl.num_programs(0) + head
@@ -530,6 +537,12 @@ def _chunk_output_kernel(
 PROGRAMS_PER_SM = 4  # the default cap of a launch's programs, per multiprocessor
 
 
+@functools.cache
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream the branches' chunk prep runs on beside the trunk scans (`overlap_branch_prep`)."""
+    return torch.cuda.Stream(device)
+
+
 class _ScanLaunch(NamedTuple):
     """One launch of the state scan: its level, the level it carries on into (None: none, `DeltaLevel.chain`),
     the level's rows in the stacked chunk tables (and the next level's, when it carries on), its segments, whether
@@ -583,6 +596,7 @@ def gated_delta_triton(
     wy_low_precision: bool = False,
     chunk_programs: int | None = None,
     scan_programs: int | None = None,
+    overlap_branch_prep: bool = True,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
@@ -611,6 +625,11 @@ def gated_delta_triton(
     over the real rows and segments past the cap. Padding rows are not visited at all: when programs
     stepped over them (one dependent load each), a lone 2,000-token ask padded as the engine replays it
     took 1.35x the unpadded GDN time on the H200, whatever the caps (bench_gdn at e139c25 and fd37cde).
+    `overlap_branch_prep` preps the branches' chunk rows (level 2) in a launch of their own, on a side stream
+    on CUDA, beside the trunk scans, which do not read them: the trunks' prep then fills whole waves of
+    programs (a lone 2,000-token ask has 32 trunk rows: 512 programs at two per multiprocessor, exactly two
+    waves on the H200, where its 4 branch rows made a third), and the branches' prep runs on the
+    multiprocessors the trunk scan leaves idle (64 programs at 0.8B shapes).
     The scan's grid puts segments last, so a graph's programs with a segment to scan start first: a lone
     2,000-token ask padded as the engine replays it took 0.145 ms per layer with it, 0.155 without
     (gdn-options at ddb9232 and 9b251a9).
@@ -670,16 +689,24 @@ def gated_delta_triton(
         system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
         tokens = [level.chunk_tokens for level in levels]
         chained = levels[1].chained
-        _chunk_prep_kernel[(v_heads, min(chunks, max(1, chunk_programs // v_heads)))](
-            q, k, v, g, beta, *tokens, *sizes,
-            w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
-            total, start1, start2, dk**-0.5, L2_EPS, fused_trunks,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-            GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
-            COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low_precision and store.itemsize == 2, CHAIN=chained,
-            num_warps=prep_warps,
-        )
+        main = torch.cuda.current_stream(q.device) if q.is_cuda else None
+        apart = overlap_branch_prep and table_rows[2] > 0
+        aside = _side_stream(q.device) if apart and main is not None else None
+        for part, count in (("trunks", start2), ("branches", table_rows[2])) if apart else (("all", chunks),):
+            beside = aside if part == "branches" else None  # beside the trunk scans, which do not read these rows
+            if beside is not None:
+                beside.wait_stream(main)
+            with torch.cuda.stream(beside):
+                _chunk_prep_kernel[(v_heads, min(count, max(1, chunk_programs // v_heads)))](
+                    q, k, v, g, beta, *tokens, *sizes,
+                    w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
+                    total, start1, start2, dk**-0.5, L2_EPS, fused_trunks,
+                    q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                    g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+                    GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
+                    COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low_precision and store.itemsize == 2, CHAIN=chained,
+                    ROWS=part, num_warps=prep_warps,
+                )
         # written by the unfused scan for every chunk of a segment past its first: the state at the chunk's start
         # and v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
         h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
@@ -695,6 +722,9 @@ def gated_delta_triton(
             scans = [scans[0]._replace(fused=True), scans[0]._replace(gated=True), *scans[1:]]
         for scan in scans:
             rows = scan.rows
+            if aside is not None and scan.level is levels[2]:
+                main.wait_stream(aside)
+                aside = None
             carried = scan.following or scan.level  # the next level's tables (read only with CHAIN)
             _state_scan_kernel[(v_heads, split, min(scan.segments, max(1, scan_programs // (v_heads * split))))](
                 k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
@@ -706,6 +736,8 @@ def gated_delta_triton(
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CHAIN=scan.following is not None,
                 FUSED=scan.fused, GATED=scan.gated, num_warps=scan_warps, num_stages=scan_stages,
             )
+        if aside is not None:
+            main.wait_stream(aside)
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
             q, a, q_gate, w, u, v_new, h, states, out, *tokens,
             *(level.chunk_count for level in levels), *(level.init_row for level in levels), *sizes,
