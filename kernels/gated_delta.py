@@ -67,11 +67,19 @@ output kernel and the separate norm kernel on a lone 2,000-token ask and a RACE 
 branches (8 output warps: slower still); not kept. Register caps on the prep (168 or 128 per thread, three or
 four programs per multiprocessor instead of two) and the output kernel were no faster on any lone round
 (`2026-12-01-gdn-register-caps`).
+Tried on 2026-12-01 and removed: the branches' prep (level 2) as a launch of its own beside the trunk scans,
+so that the trunks' prep fills whole waves (a lone 2,000-token ask's 32 trunk rows are 512 programs, two
+waves at two per multiprocessor; its 4 branch rows make a third) and the branches' prep runs on the
+multiprocessors the trunk scan leaves idle. On a side stream (96bf144) Q = 4's GDN went 0.1347 -> 0.1279 ms a
+layer but Q = 1, Q = 16 and a RACE passage got slower (its programs took every multiprocessor's registers
+before the scan's started); with the trunk scans on a stream of higher priority instead (d15d083) Q = 4
+0.1374 -> 0.1275 and Q = 16 0.1528 -> 0.1468, but a RACE passage 0.0524 -> 0.0663 and 32 requests 0.712 ->
+0.746, and in the engine Q = 4's replay stayed 7.74 ms and Q = 16's grew 9.02 -> 9.27
+(`2026-12-01-gdn-options-0.8B-overlap-branch-prep-*`, `2026-12-01-questions_per_state-0.8B-nobaseline-*`).
 """
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -240,12 +248,11 @@ def _chunk_prep_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr, WY_LOW: tl.constexpr,
-    CHAIN: tl.constexpr, ROWS: tl.constexpr,
+    CHAIN: tl.constexpr,
 ):
     """Per (value head, chunk) everything of the chunk that does not depend on the state, for the real chunk
     rows of up to three levels at once; a program takes loop steps pid, pid + P, ... of its head (P programs:
-    a capped grid), each step a real row (`_real_row`). ROWS picks the levels: "all", "trunks" (levels 0 and
-    1) or "branches" (level 2).
+    a capped grid), each step a real row (`_real_row`).
 
     The system A goes through this program's [L, L] float32 scratch `system_ptr`: its lower SUB x SUB
     blocks are read back (tuples indexed b * (b + 1) // 2 + c, block row b >= block column c) so that
@@ -260,12 +267,7 @@ def _chunk_prep_kernel(
     row, col = i[:, None], i[None, :]
     end0, end1, end2 = _real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
     fused_steps = _fused_steps(sizes0_ptr, fused_trunks, end0, end1, CHAIN)  # whose query rows the scan reads
-    first_step, end_step = 0, end2
-    if ROWS == "trunks":
-        end_step = end1
-    if ROWS == "branches":
-        first_step = end1
-    for step in range(first_step + tl.program_id(1), end_step, tl.num_programs(1)):
+    for step in range(tl.program_id(1), end2, tl.num_programs(1)):
         chunk, local, level = _real_row(step, end0, end1, start1, start2)
         row_ptr = _of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
         base = chunk * tl.num_programs(0) + head
@@ -537,26 +539,6 @@ def _chunk_output_kernel(
 PROGRAMS_PER_SM = 4  # the default cap of a launch's programs, per multiprocessor
 
 
-@functools.cache
-def _trunk_scan_stream(device: torch.device) -> torch.cuda.Stream:
-    """The stream of higher priority the trunk scans run on beside the branches' chunk prep
-    (`overlap_branch_prep`); a graph's kernel nodes keep the priority of the stream they were captured on."""
-    return torch.cuda.Stream(device, priority=-1)
-
-
-class _PrepLaunch(NamedTuple):
-    """The chunk prep of one group of levels, launched for the rows of some of them (`_chunk_prep_kernel`'s ROWS)."""
-
-    arguments: tuple
-    constants: dict
-    v_heads: int
-    programs: int
-
-    def __call__(self, part: str, rows: int) -> None:
-        grid = (self.v_heads, min(rows, max(1, self.programs // self.v_heads)))
-        _chunk_prep_kernel[grid](*self.arguments, ROWS=part, **self.constants)
-
-
 class _ScanLaunch(NamedTuple):
     """One launch of the state scan: its level, the level it carries on into (None: none, `DeltaLevel.chain`),
     the level's rows in the stacked chunk tables (and the next level's, when it carries on), its segments, whether
@@ -610,7 +592,6 @@ def gated_delta_triton(
     wy_low_precision: bool = False,
     chunk_programs: int | None = None,
     scan_programs: int | None = None,
-    overlap_branch_prep: bool = True,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
@@ -639,14 +620,6 @@ def gated_delta_triton(
     over the real rows and segments past the cap. Padding rows are not visited at all: when programs
     stepped over them (one dependent load each), a lone 2,000-token ask padded as the engine replays it
     took 1.35x the unpadded GDN time on the H200, whatever the caps (bench_gdn at e139c25 and fd37cde).
-    `overlap_branch_prep` preps the branches' chunk rows (level 2) in a launch of their own, after the trunks'
-    prep, while the trunk scans (which do not read them) run on a stream of higher priority on CUDA: the trunks'
-    prep then fills whole waves of programs (a lone 2,000-token ask has 32 trunk rows: 512 programs at two per
-    multiprocessor, exactly two waves on the H200, where its 4 branch rows made a third), and the branches'
-    prep runs on the multiprocessors the trunk scan leaves idle (it takes 64 at 0.8B shapes). Launched on a
-    side stream of the same priority as the scans instead (96bf144), it made Q = 4 faster but Q = 1, Q = 16
-    and a RACE passage slower (`2026-12-01-gdn-options-0.8B-overlap-branch-prep-96bf144`): its programs,
-    two per multiprocessor, took the registers of every multiprocessor before the scan's started.
     The scan's grid puts segments last, so a graph's programs with a segment to scan start first: a lone
     2,000-token ask padded as the engine replays it took 0.145 ms per layer with it, 0.155 without
     (gdn-options at ddb9232 and 9b251a9).
@@ -706,28 +679,16 @@ def gated_delta_triton(
         system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
         tokens = [level.chunk_tokens for level in levels]
         chained = levels[1].chained
-        prep = _PrepLaunch(
-            (q, k, v, g, beta, *tokens, *sizes,
-             w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
-             total, start1, start2, dk**-0.5, L2_EPS, fused_trunks,
-             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-             g.stride(0), g.stride(1), beta.stride(0), beta.stride(1)),
-            {"GROUP": group, "DK": dk, "DV": dv, "L": chunk, "SUB": sub_block, "LOG2_SUB": sub_block.bit_length() - 1,
-             "COLS": min(dk, dv, 64), "PREC": prec, "WY_LOW": wy_low_precision and store.itemsize == 2,
-             "CHAIN": chained, "num_warps": prep_warps},
-            v_heads, chunk_programs,
+        _chunk_prep_kernel[(v_heads, min(chunks, max(1, chunk_programs // v_heads)))](
+            q, k, v, g, beta, *tokens, *sizes,
+            w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
+            total, start1, start2, dk**-0.5, L2_EPS, fused_trunks,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
+            GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
+            COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low_precision and store.itemsize == 2, CHAIN=chained,
+            num_warps=prep_warps,
         )
-        # with the branches' prep apart, the trunk scans go on a stream of higher priority (on CUDA): their
-        # programs start first, and the branches' prep fills the multiprocessors they leave
-        apart = overlap_branch_prep and table_rows[2] > 0
-        main = torch.cuda.current_stream(q.device) if q.is_cuda else None
-        ahead = _trunk_scan_stream(q.device) if apart and main is not None else None
-        if apart:
-            prep("trunks", start2)
-        else:
-            prep("all", chunks)
-        if ahead is not None:
-            ahead.wait_stream(main)
         # written by the unfused scan for every chunk of a segment past its first: the state at the chunk's start
         # and v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
         h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
@@ -743,25 +704,17 @@ def gated_delta_triton(
             scans = [scans[0]._replace(fused=True), scans[0]._replace(gated=True), *scans[1:]]
         for scan in scans:
             rows = scan.rows
-            branches = scan.level is levels[2]
-            if branches and apart:
-                prep("branches", table_rows[2])
-                if ahead is not None:
-                    main.wait_stream(ahead)
-                apart = False
             carried = scan.following or scan.level  # the next level's tables (read only with CHAIN)
-            with torch.cuda.stream(None if branches else ahead):
-                _state_scan_kernel[(v_heads, split, min(scan.segments, max(1, scan_programs // (v_heads * split))))](
-                    k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
-                    scan.level.chunk_count, scan.level.step_base, scan.level.init_row, scan.level.final_row,
-                    scan.level.sizes, scan.level.chain, carried.chunk_count, carried.step_base, carried.final_row,
-                    start1, scan.level.chunk_tokens, carried.chunk_tokens, q_rows[rows], a[rows], q_gate[rows], out,
-                    total, levels[0].sizes, fused_trunks,
-                    states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
-                    DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec,
-                    CHAIN=scan.following is not None, FUSED=scan.fused, GATED=scan.gated, num_warps=scan_warps,
-                    num_stages=scan_stages,
-                )
+            _state_scan_kernel[(v_heads, split, min(scan.segments, max(1, scan_programs // (v_heads * split))))](
+                k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
+                scan.level.chunk_count, scan.level.step_base, scan.level.init_row, scan.level.final_row,
+                scan.level.sizes, scan.level.chain, carried.chunk_count, carried.step_base, carried.final_row, start1,
+                scan.level.chunk_tokens, carried.chunk_tokens, q_rows[rows], a[rows], q_gate[rows], out, total,
+                levels[0].sizes, fused_trunks,
+                states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
+                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CHAIN=scan.following is not None,
+                FUSED=scan.fused, GATED=scan.gated, num_warps=scan_warps, num_stages=scan_stages,
+            )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
             q, a, q_gate, w, u, v_new, h, states, out, *tokens,
             *(level.chunk_count for level in levels), *(level.init_row for level in levels), *sizes,

@@ -249,20 +249,3 @@ def test_chained_scan_computes_what_separate_launches_do(fusing):
     expected = gated_delta_reference(q, k, v, g, beta, plan, expected_states)
     assert relative_error(chained, expected) <= TOLERANCE
     assert relative_error(states, expected_states) <= TOLERANCE
-
-
-@FUSING
-@pytest.mark.parametrize("programs", [{}, {"chunk_programs": 2}], ids=["default-grid", "capped-grid"])
-def test_branch_prep_of_its_own_computes_what_one_prep_launch_does(programs, fusing):
-    """The branches' chunk prep as a launch of its own (`overlap_branch_prep`, the default: a side stream on
-    CUDA) gives, bit for bit, what one prep launch over every level gives, with trunks split at save points,
-    resumed ones, and capped grids looping over several rows of each part."""
-    trunks = [(130, 129, 200), (65, 0, 64), (200, 0, None), (5, 1, None)]
-    host = plan_round(make_requests(11, trunks, max_branches=5), 4)
-    plan = host.to("cpu").delta
-    assert all(int(level.sizes[0]) >= 2 for level in plan.levels)
-    q, k, v, g, beta, states = random_inputs(11, host.num_tokens, plan.num_rows, 1, 16, 16)
-    one_states = states.clone()
-    apart = gated_delta_triton(q, k, v, g, beta, plan, states, **programs, **fusing)
-    together = gated_delta_triton(q, k, v, g, beta, plan, one_states, overlap_branch_prep=False, **programs, **fusing)
-    assert torch.equal(apart, together) and torch.equal(states, one_states)
