@@ -241,103 +241,137 @@ def _fused_steps(sizes0_ptr, fused_trunks, end0, end1, CHAIN: tl.constexpr):
 
 
 @triton.jit
-def _chunk_prep_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, sizes0_ptr, sizes1_ptr, sizes2_ptr,
+def _branch_rows_aside(sizes0_ptr, fused_trunks, end1, end2, helpers, helper_steps, heads):
+    """How many of the branches' chunk rows (the first ones of level 2) the idle programs of the fused trunk scan
+    prep (`_state_scan_kernel`'s helpers) instead of the prep launch: in a fused round of one trunk, as many as
+    `helpers` programs do at one row-head item per `helper_steps` of the trunk's chunk rows (an item takes about
+    as long as that many scan steps, so they finish within the scan); none otherwise (helpers = 0: never)."""
+    one_trunk = _fused_round(sizes0_ptr, fused_trunks) & (tl.load(sizes0_ptr + 1) == 1)
+    return tl.where(one_trunk, tl.minimum(end2 - end1, (helpers * (end1 // helper_steps)) // heads), 0)
+
+
+@triton.jit
+def _prep_row(
+    step, head, heads, end0, end1, start1, start2, fused_steps,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
     w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
-    total, start1, start2, scale, eps, fused_trunks,
+    total, scale, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr, WY_LOW: tl.constexpr,
-    CHAIN: tl.constexpr,
 ):
-    """Per (value head, chunk) everything of the chunk that does not depend on the state, for the real chunk
-    rows of up to three levels at once; a program takes loop steps pid, pid + P, ... of its head (P programs:
-    a capped grid), each step a real row (`_real_row`).
+    """Everything of one (chunk row, value head) that does not depend on the state (`_chunk_prep_kernel`).
 
-    The system A goes through this program's [L, L] float32 scratch `system_ptr`: its lower SUB x SUB
+    The system A goes through this item's [L, L] float32 scratch `system_ptr`: its lower SUB x SUB
     blocks are read back (tuples indexed b * (b + 1) // 2 + c, block row b >= block column c) so that
     T = (I + A)^-1 costs only the block products it needs; T is written over A and read back whole.
     The barriers order the scratch's writes and reads between the program's threads. With WY_LOW (16-bit
     storage), T and the scaled rows of the W and U products are rounded to the storage dtype.
     """
     NSUB: tl.constexpr = L // SUB
-    head = tl.program_id(0)
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     row, col = i[:, None], i[None, :]
+    chunk, local, level = _real_row(step, end0, end1, start1, start2)
+    row_ptr = _of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
+    base = chunk * heads + head
+    scratch = system_ptr + base * L * L
+    tok = tl.load(row_ptr + i)
+    ok = tok < total
+    key_head = head // GROUP
+
+    # gates: cumulative log decay, Gamma, and the per-row factors the scan applies
+    g = tl.load(g_ptr + tok * stride_gt + head * stride_gh, mask=ok, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + tok * stride_bt + head * stride_bh, mask=ok, other=0.0).to(tl.float32)
+    cum = tl.cumsum(g, axis=0)
+    last = tl.sum(tl.where(i == L - 1, cum, 0.0), axis=0)
+    gamma = tl.exp(tl.where(row >= col, cum[:, None] - cum[None, :], float("-inf")))
+    q = tl.load(q_ptr + tok[:, None] * stride_qt + key_head * stride_qh + dk[None, :], mask=ok[:, None], other=0.0)
+    k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :], mask=ok[:, None], other=0.0)
+    # the chunk's raw key rows (and, for a fused scan, query rows), contiguous and zero on padding rows, for the
+    # scan's products
+    # (a store masked whole, not a branch: the branch cost the prep 96 bytes of register spills)
+    tl.store(q_rows_ptr + base * L * DK + row * DK + dk[None, :], q, mask=row < tl.where(step < fused_steps, L, 0))
+    tl.store(k_rows_ptr + base * L * DK + row * DK + dk[None, :], k)
+    q32 = q.to(tl.float32)
+    k32 = k.to(tl.float32)
+    q_rnorm = tl.math.rsqrt(tl.sum(q32 * q32, axis=1) + eps) * scale
+    k_rnorm = tl.math.rsqrt(tl.sum(k32 * k32, axis=1) + eps)
+    tl.store(q_gate_ptr + base * L + i, q_rnorm * tl.exp(cum))
+    tl.store(k_gate_ptr + base * L + i, k_rnorm * tl.exp(last - cum))
+    tl.store(decay_ptr + base, tl.exp(last))
+
+    # causal q-k block (stored) and the system A = strictly-lower(diag(beta) K K^T * Gamma) (to scratch);
+    # the Gram products come from the raw rows (exact for 16-bit inputs) and are normalised afterwards
+    a = q_rnorm[:, None] * k_rnorm[None, :] * tl.dot(q, tl.trans(k), input_precision=PREC) * gamma
+    tl.store(a_ptr + base * L * L + row * L + col, tl.where(ok[:, None], a, 0.0).to(a_ptr.dtype.element_ty))
+    system = (beta * k_rnorm)[:, None] * k_rnorm[None, :] * tl.dot(k, tl.trans(k), input_precision=PREC) * gamma
+    if SUB == L:  # T by doubling over the whole chunk, in registers (no scratch)
+        t = _unit_lower_inverse(tl.where(row > col, system, 0.0), L, LOG2_SUB, PREC)
+    else:
+        tl.store(scratch + row * L + col, tl.where(row > col, system, 0.0))
+        tl.debug_barrier()
+
+        # T = (I + A)^-1 by block forward substitution: T_bb = (I + A_bb)^-1, T_bc = -T_bb sum_m A_bm T_mc
+        r = tl.arange(0, SUB)
+        blocks = ()
+        for b in tl.static_range(NSUB):
+            for c in tl.static_range(b + 1):
+                blocks += (tl.load(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :]),)
+        tl.debug_barrier()
+        inverse = ()
+        for b in tl.static_range(NSUB):
+            diagonal = _unit_lower_inverse(blocks[b * (b + 1) // 2 + b], SUB, LOG2_SUB, PREC)
+            for c in tl.static_range(b):
+                acc = tl.dot(blocks[b * (b + 1) // 2 + c], inverse[c * (c + 1) // 2 + c], input_precision=PREC)
+                for m in tl.static_range(c + 1, b):
+                    acc += tl.dot(blocks[b * (b + 1) // 2 + m], inverse[m * (m + 1) // 2 + c], input_precision=PREC)
+                inverse += (-tl.dot(diagonal, acc, input_precision=PREC),)
+            inverse += (diagonal,)
+        for b in tl.static_range(NSUB):
+            for c in tl.static_range(b + 1):
+                tl.store(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :], inverse[b * (b + 1) // 2 + c])
+        tl.debug_barrier()
+        t = tl.load(scratch + row * L + col, mask=row // SUB >= col // SUB, other=0.0)
+
+    # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers);
+    # padding rows are stored as zeros, so the scan reads whole chunks without masks
+    if WY_LOW:  # T rounded to the storage dtype once, for 16-bit products
+        t = t.to(w_ptr.dtype.element_ty)
+    _store_row_scaled_product(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
+                              u_ptr + base * L * DV, DV, COLS, PREC, WY_LOW)
+    _store_row_scaled_product(t, beta * k_rnorm * tl.exp(cum), k_ptr + tok * stride_kt + key_head * stride_kh,
+                              ok, w_ptr + base * L * DK, DK, COLS, PREC, WY_LOW)
+
+
+@triton.jit
+def _chunk_prep_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, sizes0_ptr, sizes1_ptr, sizes2_ptr,
+    w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
+    total, start1, start2, scale, eps, fused_trunks, helpers, helper_steps,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
+    GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
+    SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr, WY_LOW: tl.constexpr,
+    CHAIN: tl.constexpr,
+):
+    """Per (value head, chunk) everything of the chunk that does not depend on the state (`_prep_row`), for the
+    real chunk rows of up to three levels at once, less the branch rows the fused trunk scan's idle programs
+    take (`_branch_rows_aside`); a program takes loop steps pid, pid + P, ... of its head (P programs: a capped
+    grid), each step a real row (`_real_row`).
+    """
+    head = tl.program_id(0)
+    heads = tl.num_programs(0)
     end0, end1, end2 = _real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
     fused_steps = _fused_steps(sizes0_ptr, fused_trunks, end0, end1, CHAIN)  # whose query rows the scan reads
-    for step in range(tl.program_id(1), end2, tl.num_programs(1)):
-        chunk, local, level = _real_row(step, end0, end1, start1, start2)
-        row_ptr = _of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
-        base = chunk * tl.num_programs(0) + head
-        scratch = system_ptr + base * L * L
-        tok = tl.load(row_ptr + i)
-        ok = tok < total
-        key_head = head // GROUP
-
-        # gates: cumulative log decay, Gamma, and the per-row factors the scan applies
-        g = tl.load(g_ptr + tok * stride_gt + head * stride_gh, mask=ok, other=0.0).to(tl.float32)
-        beta = tl.load(beta_ptr + tok * stride_bt + head * stride_bh, mask=ok, other=0.0).to(tl.float32)
-        cum = tl.cumsum(g, axis=0)
-        last = tl.sum(tl.where(i == L - 1, cum, 0.0), axis=0)
-        gamma = tl.exp(tl.where(row >= col, cum[:, None] - cum[None, :], float("-inf")))
-        q = tl.load(q_ptr + tok[:, None] * stride_qt + key_head * stride_qh + dk[None, :], mask=ok[:, None], other=0.0)
-        k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :], mask=ok[:, None], other=0.0)
-        # the chunk's raw key rows (and, for a fused scan, query rows), contiguous and zero on padding rows, for the
-        # scan's products
-        # (a store masked whole, not a branch: the branch cost the prep 96 bytes of register spills)
-        tl.store(q_rows_ptr + base * L * DK + row * DK + dk[None, :], q, mask=row < tl.where(step < fused_steps, L, 0))
-        tl.store(k_rows_ptr + base * L * DK + row * DK + dk[None, :], k)
-        q32 = q.to(tl.float32)
-        k32 = k.to(tl.float32)
-        q_rnorm = tl.math.rsqrt(tl.sum(q32 * q32, axis=1) + eps) * scale
-        k_rnorm = tl.math.rsqrt(tl.sum(k32 * k32, axis=1) + eps)
-        tl.store(q_gate_ptr + base * L + i, q_rnorm * tl.exp(cum))
-        tl.store(k_gate_ptr + base * L + i, k_rnorm * tl.exp(last - cum))
-        tl.store(decay_ptr + base, tl.exp(last))
-
-        # causal q-k block (stored) and the system A = strictly-lower(diag(beta) K K^T * Gamma) (to scratch);
-        # the Gram products come from the raw rows (exact for 16-bit inputs) and are normalised afterwards
-        a = q_rnorm[:, None] * k_rnorm[None, :] * tl.dot(q, tl.trans(k), input_precision=PREC) * gamma
-        tl.store(a_ptr + base * L * L + row * L + col, tl.where(ok[:, None], a, 0.0).to(a_ptr.dtype.element_ty))
-        system = (beta * k_rnorm)[:, None] * k_rnorm[None, :] * tl.dot(k, tl.trans(k), input_precision=PREC) * gamma
-        if SUB == L:  # T by doubling over the whole chunk, in registers (no scratch)
-            t = _unit_lower_inverse(tl.where(row > col, system, 0.0), L, LOG2_SUB, PREC)
-        else:
-            tl.store(scratch + row * L + col, tl.where(row > col, system, 0.0))
-            tl.debug_barrier()
-
-            # T = (I + A)^-1 by block forward substitution: T_bb = (I + A_bb)^-1, T_bc = -T_bb sum_m A_bm T_mc
-            r = tl.arange(0, SUB)
-            blocks = ()
-            for b in tl.static_range(NSUB):
-                for c in tl.static_range(b + 1):
-                    blocks += (tl.load(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :]),)
-            tl.debug_barrier()
-            inverse = ()
-            for b in tl.static_range(NSUB):
-                diagonal = _unit_lower_inverse(blocks[b * (b + 1) // 2 + b], SUB, LOG2_SUB, PREC)
-                for c in tl.static_range(b):
-                    acc = tl.dot(blocks[b * (b + 1) // 2 + c], inverse[c * (c + 1) // 2 + c], input_precision=PREC)
-                    for m in tl.static_range(c + 1, b):
-                        acc += tl.dot(blocks[b * (b + 1) // 2 + m], inverse[m * (m + 1) // 2 + c], input_precision=PREC)
-                    inverse += (-tl.dot(diagonal, acc, input_precision=PREC),)
-                inverse += (diagonal,)
-            for b in tl.static_range(NSUB):
-                for c in tl.static_range(b + 1):
-                    tl.store(scratch + (b * SUB + r)[:, None] * L + (c * SUB + r)[None, :], inverse[b * (b + 1) // 2 + c])
-            tl.debug_barrier()
-            t = tl.load(scratch + row * L + col, mask=row // SUB >= col // SUB, other=0.0)
-
-        # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers);
-        # padding rows are stored as zeros, so the scan reads whole chunks without masks
-        if WY_LOW:  # T rounded to the storage dtype once, for 16-bit products
-            t = t.to(w_ptr.dtype.element_ty)
-        _store_row_scaled_product(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
-                                  u_ptr + base * L * DV, DV, COLS, PREC, WY_LOW)
-        _store_row_scaled_product(t, beta * k_rnorm * tl.exp(cum), k_ptr + tok * stride_kt + key_head * stride_kh,
-                                  ok, w_ptr + base * L * DK, DK, COLS, PREC, WY_LOW)
+    aside = _branch_rows_aside(sizes0_ptr, fused_trunks, end1, end2, helpers, helper_steps, heads)
+    for index in range(tl.program_id(1), end2 - aside, tl.num_programs(1)):
+        step = tl.where(index < end1, index, index + aside)
+        _prep_row(step, head, heads, end0, end1, start1, start2, fused_steps,
+                  q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
+                  w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
+                  total, scale, eps,
+                  stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh,
+                  stride_bt, stride_bh, GROUP, DK, DV, L, SUB, LOG2_SUB, COLS, PREC, WY_LOW)
 
 
 @triton.jit
@@ -415,8 +449,14 @@ def _state_scan_kernel(
     chain_ptr, next_count_ptr, next_step_base_ptr, next_final_row_ptr, next_rows,
     tokens_ptr, next_tokens_ptr, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr, total, trunk_sizes_ptr, fused_trunks,
     stride_sr, stride_sh, stride_sk, stride_ot, stride_oh,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, sizes0_ptr, sizes1_ptr, sizes2_ptr,
+    all_w_ptr, all_u_ptr, all_a_ptr, all_q_rows_ptr, all_k_rows_ptr, all_q_gate_ptr, all_k_gate_ptr, all_decay_ptr,
+    system_ptr, start1, start2, scale, eps, helpers, helper_steps,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
     L: tl.constexpr, PREC: tl.constexpr, CHAIN: tl.constexpr, FUSED: tl.constexpr, GATED: tl.constexpr,
+    HELP: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr,
+    WY_LOW: tl.constexpr,
 ):
     """Per (value head, V split, segment): TILES V tiles of BV columns, one after the other; a program
     takes segments pid, pid + P, ... of the level's real segments (`sizes[1]`; sorted longest first, so the
@@ -437,6 +477,11 @@ def _state_scan_kernel(
     With CHAIN, a segment whose `chain` entry names a segment of the next level (a trunk's remainder past its
     save point) goes on into it from the state in registers, its rows `next_rows` on in the tables: the next
     level needs no launch of its own.
+    With HELP (the fused launch), the programs that find no segment prep the first branch rows the prep launch
+    left to them (`_branch_rows_aside`: only in a fused round of one trunk), one (row, head) item each in the
+    order they start, with the prep's arguments (the `all_` tables are the prep's, whole): the trunk scan keeps
+    a few dozen multiprocessors busy for a few dozen steps, and these programs (as large as the scan's, one per
+    multiprocessor) run on the others, which the prep launch would otherwise have left a partial wave for.
     """
     head = tl.program_id(0)
     heads = tl.num_programs(0)
@@ -478,6 +523,20 @@ def _state_scan_kernel(
                     next_final = tl.load(next_final_row_ptr + follow)
                     if next_final >= 0:
                         tl.store(state_ptrs + next_final * stride_sr, state)
+    if HELP:
+        end0, end1, end2 = _real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
+        aside = _branch_rows_aside(sizes0_ptr, fused_trunks, end1, end2, helpers, helper_steps, heads)
+        per_slot = tl.num_programs(1) * heads
+        helper = (tl.program_id(2) - segments) * per_slot + tl.program_id(1) * heads + head
+        if helper >= 0:
+            fused_steps = _fused_steps(sizes0_ptr, fused_trunks, end0, end1, CHAIN)
+            for item in range(helper, aside * heads, (tl.num_programs(2) - segments) * per_slot):
+                _prep_row(end1 + item // heads, item % heads, heads, end0, end1, start1, start2, fused_steps,
+                          q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
+                          all_w_ptr, all_u_ptr, all_a_ptr, all_q_rows_ptr, all_k_rows_ptr, all_q_gate_ptr,
+                          all_k_gate_ptr, all_decay_ptr, system_ptr, total, scale, eps,
+                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh,
+                          stride_bt, stride_bh, GROUP, DK, DV, L, SUB, LOG2_SUB, COLS, PREC, WY_LOW)
 
 
 @triton.jit
@@ -592,6 +651,8 @@ def gated_delta_triton(
     wy_low_precision: bool = False,
     chunk_programs: int | None = None,
     scan_programs: int | None = None,
+    scan_helpers: int | None = None,
+    helper_steps: int = 8,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
@@ -654,6 +715,10 @@ def gated_delta_triton(
     # with 4-byte storage the fused scan's tiles pass the H200's shared memory (238 KB of 227 at 3 stages)
     fusing = fused_trunks > 0 and (store.itemsize <= 2 or not q.is_cuda)
     fused_trunks = fused_trunks if fusing else -1  # -1: no round is fused (`_fused_round`)
+    # programs of the fused trunk scan that may prep branch rows beside a lone trunk: the multiprocessors it leaves
+    helpers = max(0, multiprocessors(q.device) - v_heads * split) if scan_helpers is None else scan_helpers
+    if helpers < 0 or helper_steps < 1:
+        raise ValueError("scan_helpers must be >= 0 and helper_steps >= 1")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -679,15 +744,20 @@ def gated_delta_triton(
         system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
         tokens = [level.chunk_tokens for level in levels]
         chained = levels[1].chained
+        # the fused trunk scan's programs past a lone trunk's prep branch rows (`_branch_rows_aside`); none unless
+        # it has some (its segment slots past the first) and the trunk leaves multiprocessors idle
+        trunk_slots = min(table_segments[0], max(1, scan_programs // (v_heads * split)))
+        helping = fusing and trunk_slots > 1 and helpers > 0
+        prep_constants = {"GROUP": group, "SUB": sub_block, "LOG2_SUB": sub_block.bit_length() - 1,
+                          "COLS": min(dk, dv, 64), "WY_LOW": wy_low_precision and store.itemsize == 2}
+        prep_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                        g.stride(0), g.stride(1), beta.stride(0), beta.stride(1))
+        aside = (helpers if helping else 0, helper_steps)
         _chunk_prep_kernel[(v_heads, min(chunks, max(1, chunk_programs // v_heads)))](
             q, k, v, g, beta, *tokens, *sizes,
             w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
-            total, start1, start2, dk**-0.5, L2_EPS, fused_trunks,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            g.stride(0), g.stride(1), beta.stride(0), beta.stride(1),
-            GROUP=group, DK=dk, DV=dv, L=chunk, SUB=sub_block, LOG2_SUB=sub_block.bit_length() - 1,
-            COLS=min(dk, dv, 64), PREC=prec, WY_LOW=wy_low_precision and store.itemsize == 2, CHAIN=chained,
-            num_warps=prep_warps,
+            total, start1, start2, dk**-0.5, L2_EPS, fused_trunks, *aside, *prep_strides,
+            DK=dk, DV=dv, L=chunk, PREC=prec, CHAIN=chained, num_warps=prep_warps, **prep_constants,
         )
         # written by the unfused scan for every chunk of a segment past its first: the state at the chunk's start
         # and v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
@@ -712,8 +782,11 @@ def gated_delta_triton(
                 scan.level.chunk_tokens, carried.chunk_tokens, q_rows[rows], a[rows], q_gate[rows], out, total,
                 levels[0].sizes, fused_trunks,
                 states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
+                q, k, v, g, beta, *tokens, *sizes, w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
+                start1, start2, dk**-0.5, L2_EPS, *aside, *prep_strides,
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CHAIN=scan.following is not None,
-                FUSED=scan.fused, GATED=scan.gated, num_warps=scan_warps, num_stages=scan_stages,
+                FUSED=scan.fused, GATED=scan.gated, HELP=helping and scan.fused, num_warps=scan_warps,
+                num_stages=scan_stages, **prep_constants,
             )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
             q, a, q_gate, w, u, v_new, h, states, out, *tokens,

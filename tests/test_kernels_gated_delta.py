@@ -249,3 +249,47 @@ def test_chained_scan_computes_what_separate_launches_do(fusing):
     expected = gated_delta_reference(q, k, v, g, beta, plan, expected_states)
     assert relative_error(chained, expected) <= TOLERANCE
     assert relative_error(states, expected_states) <= TOLERANCE
+
+
+@pytest.mark.parametrize(
+    "helping",
+    [{"scan_helpers": 4, "helper_steps": 1}, {"scan_helpers": 1, "helper_steps": 2},
+     {"scan_helpers": 64, "helper_steps": 1}, {"scan_helpers": 4, "helper_steps": 1, "scan_programs": 2}],
+    ids=["all-branch-rows", "one-row", "programs-loop-over-items", "no-idle-programs"],
+)
+@pytest.mark.parametrize("save_at", [None, 200], ids=["whole-trunk", "split-at-save"])
+def test_the_fused_scan_preps_branch_rows_the_prep_leaves(helping, save_at):
+    """In a fused round of one trunk the fused scan's programs that find no segment prep the first branch rows
+    and the prep launch skips them (`_branch_rows_aside`): the same round, bit for bit, as with no helpers, for
+    all 10 branch rows (4 helpers, one item per trunk row: 4 * 5 // 2 heads), one of them (1 * (5 // 2) // 2),
+    all of them again done by the 6 idle programs (3 padded segment slots x 2 heads) looping over their 20
+    items, and a grid with no idle scan programs (2 programs: one segment slot, no rows aside).
+    Branches of up to 130 tokens: some of them two or three chunk rows."""
+    rng = np.random.default_rng(12)
+    branches = [rng.integers(0, 100, n) for n in (10, 70, 130, 33, 64, 65)]
+    save = Save(save_at, 1, np.arange(save_at)) if save_at else None
+    host = plan_round([RequestSpec.of(rng.integers(0, 100, 300), branches, [np.array([1, 2])] * len(branches),
+                                      save=save)], 4)
+    plan = host.to("cpu").delta
+    assert int(plan.levels[2].sizes[0]) == 10 and int(plan.levels[0].sizes[1]) == 1
+    # as a captured graph's tables are: trunk segment slots past the real one, for the scan's idle programs
+    padded = dataclasses.replace(plan.levels[0], **{
+        name: torch.cat([getattr(plan.levels[0], name), getattr(plan.levels[0], name).new_full((3,), value)])
+        for name, value in (("init_row", 0), ("final_row", -1), ("chunk_count", 0), ("step_base", 0), ("chain", -1))})
+    plan = DeltaPlan([padded, *plan.levels[1:]], plan.num_rows)
+    q, k, v, g, beta, states = random_inputs(12, host.num_tokens, plan.num_rows, 1, 16, 16)
+    alone_states, expected_states = states.clone(), states.clone()
+    helped = gated_delta_triton(q, k, v, g, beta, plan, states, fused_trunks=2, **helping)
+    alone = gated_delta_triton(q, k, v, g, beta, plan, alone_states, fused_trunks=2, scan_helpers=0,
+                               scan_programs=helping.get("scan_programs"))
+    assert torch.equal(helped, alone) and torch.equal(states, alone_states)
+    expected = gated_delta_reference(q, k, v, g, beta, plan, expected_states)
+    assert relative_error(helped, expected) <= TOLERANCE and relative_error(states, expected_states) <= TOLERANCE
+
+
+def test_scan_helper_settings_are_checked():
+    host = plan_round(make_requests(13, [(65, 0, None)], max_branches=2), 4)
+    q, k, v, g, beta, states = random_inputs(13, host.num_tokens, host.to("cpu").delta.num_rows, 1, 16, 16)
+    for knobs in ({"scan_helpers": -1}, {"helper_steps": 0}):
+        with pytest.raises(ValueError, match="scan_helpers"):
+            gated_delta_triton(q, k, v, g, beta, host.to("cpu").delta, states, **knobs)
