@@ -36,6 +36,9 @@ one output launch over the chunk rows the trunk scan did not take. Only the stat
   chunk and no final row, or (FUSED) computes the chunk's outputs itself. The trunk level has a launch of each
   kind, and a round runs the fused one when it has at most `fused_trunks` trunks (by default as many as its
   programs fill one wave with, 2 at 0.8B shapes; decided on the device from the level's real segment count).
+  With one trunk, the fused launch's programs that find no segment prep the first branch rows on the
+  multiprocessors the scan leaves idle, and the prep launch skips them (`_branch_rows_aside`: a lone
+  2,000-token ask's 32 trunk rows then fill whole waves of the prep; `scan_helpers`).
 - `_chunk_output_kernel`, per (chunk row of any level, value head, V tile), all in parallel: the chunk's
   outputs o = (q exp(cum)) S_j + (q K^T * Gamma) v_new; a segment's first chunk reads S_0 from its init
   row and computes its own v_new, so one-chunk branches skip the scan. Rows the fused scan took are skipped.
@@ -652,7 +655,7 @@ def gated_delta_triton(
     chunk_programs: int | None = None,
     scan_programs: int | None = None,
     scan_helpers: int | None = None,
-    helper_steps: int = 8,
+    helper_steps: int = 12,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
@@ -676,6 +679,16 @@ def gated_delta_triton(
     rounded to it) instead of TF32: 6-10% faster GDN on the H200 (gdn-options at 7117ef9), but with it on by
     default the 0.8B engine's mean total variation to float32 (0.0256) was worse than transformers' bf16
     (0.0245) (fidelity at 0f00d29), so it is off.
+    `scan_helpers` and `helper_steps`: in a fused round of one trunk, the fused scan's programs that find no
+    segment (its launch has a segment slot per possible trunk) prep the first branch rows, up to `scan_helpers`
+    programs (default: the multiprocessors the trunk scan leaves idle, 68 at 0.8B shapes; 0: never) at one
+    (row, head) item per `helper_steps` of the trunk's chunk rows, and the prep launch skips those rows
+    (`_branch_rows_aside`). On the H200 an item took about 22 us on a multiprocessor of its own and a scan step
+    about 1.8 (6a45ec6, `2026-12-01-gdn-scan-helpers-check-6a45ec6`, the engine's forward on rounds padded as
+    graphs replay them, answers identical with and without): with one item per 8 chunk rows, Q = 4's prep went
+    1.117 -> 0.899 ms a round and its forward 7.52 -> 7.33, but Q = 16's and Q = 64's 16 helper rows made the scan
+    launch 0.5 ms longer than the prep saved; one per 12 keeps every helper within the scan (two items at 32
+    rows) and leaves RACE passages and resumed agent steps (trunks of fewer than 12 rows) as they were.
     `chunk_programs` and `scan_programs` cap the programs of each launch of the chunk kernels and of the scan
     (default: PROGRAMS_PER_SM per multiprocessor; at least one per head and V split or tile): programs loop
     over the real rows and segments past the cap. Padding rows are not visited at all: when programs
