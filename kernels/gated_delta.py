@@ -79,6 +79,7 @@ before the scan's started); with the trunk scans on a stream of higher priority 
 0.1374 -> 0.1275 and Q = 16 0.1528 -> 0.1468, but a RACE passage 0.0524 -> 0.0663 and 32 requests 0.712 ->
 0.746, and in the engine Q = 4's replay stayed 7.74 ms and Q = 16's grew 9.02 -> 9.27
 (`2026-12-01-gdn-options-0.8B-overlap-branch-prep-*`, `2026-12-01-questions_per_state-0.8B-nobaseline-*`).
+The fused scan launch's idle programs do that work now, without a second stream (`scan_helpers`).
 """
 
 from __future__ import annotations
