@@ -20,15 +20,14 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 import flide_sdk as fl
 from benchmarks.common import build_random_checkpoint, cuda_time_ms, race_requests, run_metadata, write_result
 from benchmarks.questions_per_state import UniqueStates, noul_questions
 from flide_sdk.capacity import Capacity, capacity_ladder, pad_into
-from flide_sdk.graphs import GraphRunner
-from flide_sdk.layout import Branches, RequestSpec, RoundPlan, plan_round
+from flide_sdk.graphs import GraphRunner, placeholder_round
+from flide_sdk.layout import Branches, RequestSpec, RoundPlan
 
 DEFAULT_RUNGS = "448,512,544,576,608,640,704,768,2048,2176,2240,2304,2624,2688,2752,2816"
 
@@ -65,9 +64,7 @@ def main() -> None:
         runner = GraphRunner(engine.model, engine.ops, engine._caches, ladder, pool.state_rows, pool.window_sink,
                              pool.kv_sink)
         runner.capture()
-        placeholder = plan_round(
-            [RequestSpec(np.zeros(1, np.int64), Branches.of([np.zeros(1, np.int64)], [np.zeros(1, np.int64)]))],
-            kernel, pool.state_rows, pool.kv_sink).plan
+        placeholder = placeholder_round(kernel, pool.state_rows, pool.kv_sink).plan
         plans = {f"race{i}": lone_plan(engine, f"Passage {i}.\n{text}", questions)
                  for i, (text, questions) in enumerate(race_requests(args.passages))}
         states = UniqueStates(engine.renderer, 2000)

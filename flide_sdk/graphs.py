@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from flide_sdk.capacity import Capacity, choose, pad_into
-from flide_sdk.layout import Branches, RequestSpec, RoundPlan, StateRows, plan_round
+from flide_sdk.layout import Branches, HostRound, RequestSpec, RoundPlan, StateRows, plan_round
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
 from flide_sdk.ops import Ops
 
@@ -47,6 +47,12 @@ class StagingLayout:
         """Views of `flat` (a device tensor or a host array) shaped and named like `capacity.shapes()`."""
         return {name: flat[offset : offset + int(np.prod(shape))].reshape(shape)
                 for name, (offset, shape) in self.fields.items()}
+
+
+def placeholder_round(conv_kernel: int, rows: StateRows, kv_sink: int) -> HostRound:
+    """The round graphs are captured on: one request of a one-token trunk and one one-token question."""
+    token = np.zeros(1, np.int64)
+    return plan_round([RequestSpec(token, Branches.of([token], [token]))], conv_kernel, rows, kv_sink)
 
 
 @dataclass
@@ -122,10 +128,7 @@ class GraphRunner:
         reserved = torch.cuda.memory_reserved(self.device)
         started = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
-        placeholder = plan_round(
-            [RequestSpec(np.zeros(1, np.int64), Branches.of([np.zeros(1, np.int64)], [np.zeros(1, np.int64)]))],
-            self.ladder[0].conv_kernel, self.rows, self.kv_sink,
-        )
+        placeholder = placeholder_round(self.ladder[0].conv_kernel, self.rows, self.kv_sink)
         for layout in reversed(self._layouts):
             capacity = layout.capacity
             LOG.debug("capturing the round graphs of %d tokens", capacity.tokens)

@@ -766,11 +766,11 @@ def gated_delta_triton(
                           "COLS": min(dk, dv, 64), "WY_LOW": wy_low_precision and store.itemsize == 2}
         prep_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1))
-        aside = (helpers if helping else 0, helper_steps)
+        helper_args = (helpers if helping else 0, helper_steps)  # the kernels' `helpers`, `helper_steps`
         _chunk_prep_kernel[(v_heads, min(chunks, max(1, chunk_programs // v_heads)))](
             q, k, v, g, beta, *tokens, *sizes,
             w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
-            total, start1, start2, dk**-0.5, L2_EPS, fused_trunks, *aside, *prep_strides,
+            total, start1, start2, dk**-0.5, L2_EPS, fused_trunks, *helper_args, *prep_strides,
             DK=dk, DV=dv, L=chunk, PREC=prec, CHAIN=chained, num_warps=prep_warps, **prep_constants,
         )
         # written by the unfused scan for every chunk of a segment past its first: the state at the chunk's start
@@ -797,7 +797,7 @@ def gated_delta_triton(
                 levels[0].sizes, fused_trunks,
                 states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
                 q, k, v, g, beta, *tokens, *sizes, w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
-                start1, start2, dk**-0.5, L2_EPS, *aside, *prep_strides,
+                start1, start2, dk**-0.5, L2_EPS, *helper_args, *prep_strides,
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CHAIN=scan.following is not None,
                 FUSED=scan.fused, GATED=scan.gated, HELP=helping and scan.fused, num_warps=scan_warps,
                 num_stages=scan_stages, **prep_constants,
