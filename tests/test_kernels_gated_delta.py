@@ -293,3 +293,43 @@ def test_scan_helper_settings_are_checked():
     for knobs in ({"scan_helpers": -1}, {"helper_steps": 0}):
         with pytest.raises(ValueError, match="scan_helpers"):
             gated_delta_triton(q, k, v, g, beta, host.to("cpu").delta, states, **knobs)
+
+
+@pytest.mark.parametrize(
+    "overlap",
+    [{"lone_rows": 4, "lone_prep_programs": 2, "wait_steps": 4}, {"lone_rows": 4, "lone_prep_programs": 1,
+     "wait_steps": 1, "scan_helpers": 0}, {"lone_rows": 100, "wait_steps": 8}, {"fused_trunks": 0}],
+    ids=["lone-programs", "one-program-per-head-no-helpers", "trunk-below-lone-rows", "unfused"],
+)
+@pytest.mark.parametrize("save_at", [None, 200], ids=["whole-trunk", "split-at-save"])
+def test_the_fused_scan_follows_the_rows_the_prep_publishes(overlap, save_at):
+    """With the prep-scan overlap (the default on Hopper: the prep publishes each row the fused trunk scan reads,
+    the scan waits for its rows a group at a time, and a long lone trunk's prep runs on fewer programs) a round
+    is the same, bit for bit, as with plain launches: a 1,100-token trunk (18 chunk rows) whole or split at a
+    save point, with branch rows for the prep and the scan's helpers; a trunk shorter than `lone_rows` keeps
+    every prep program; an unfused round never waits. (The interpreter runs the prep before the scan, so the
+    waits find their rows published: this checks the tables, the groups and the program caps, not the timing.)"""
+    rng = np.random.default_rng(14)
+    branches = [rng.integers(0, 100, n) for n in (10, 70, 130, 33)]
+    save = Save(save_at, 1, np.arange(save_at)) if save_at else None
+    host = plan_round([RequestSpec.of(rng.integers(0, 100, 1100), branches, [np.array([1, 2])] * len(branches),
+                                      save=save)], 4)
+    plan = host.to("cpu").delta
+    padded = dataclasses.replace(plan.levels[0], **{
+        name: torch.cat([getattr(plan.levels[0], name), getattr(plan.levels[0], name).new_full((3,), value)])
+        for name, value in (("init_row", 0), ("final_row", -1), ("chunk_count", 0), ("step_base", 0), ("chain", -1))})
+    plan = DeltaPlan([padded, *plan.levels[1:]], plan.num_rows)
+    q, k, v, g, beta, states = random_inputs(14, host.num_tokens, plan.num_rows, 1, 16, 16)
+    plain_states = states.clone()
+    knobs = {"fused_trunks": 2, **overlap}
+    overlapped = gated_delta_triton(q, k, v, g, beta, plan, states, overlap_prep=True, **knobs)
+    plain = gated_delta_triton(q, k, v, g, beta, plan, plain_states, overlap_prep=False, **knobs)
+    assert torch.equal(overlapped, plain) and torch.equal(states, plain_states)
+
+
+def test_overlap_settings_are_checked():
+    host = plan_round(make_requests(15, [(65, 0, None)], max_branches=2), 4)
+    q, k, v, g, beta, states = random_inputs(15, host.num_tokens, host.to("cpu").delta.num_rows, 1, 16, 16)
+    for knobs in ({"lone_prep_programs": 0}, {"wait_steps": 3}, {"wait_steps": 0}):
+        with pytest.raises(ValueError, match="wait_steps"):
+            gated_delta_triton(q, k, v, g, beta, host.to("cpu").delta, states, overlap_prep=True, **knobs)
