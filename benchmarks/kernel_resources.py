@@ -203,8 +203,6 @@ VARIANTS = {
     "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
     "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32, **UNFUSED_ON_CUDA)),
     "bf16, GDN 2 scan stages": (torch.bfloat16, _with("gated_delta", scan_stages=2)),
-    # the engine's default on Hopper: the recording runs on CPU, where the prep-scan overlap is off by default
-    "bf16, GDN prep-scan overlap": (torch.bfloat16, _with("gated_delta", overlap_prep=True)),
     # ForkAttention tilings besides the default (64 rows = 4 heads x 16 tokens, 32-key blocks, 4 warps), each
     # given in full: rows, heads per program, keys per block, warps (and stages where not 2)
     "bf16, attention 128 rows x 1 head, 64 keys, 8 warps (default before fd37cde)": (torch.bfloat16, _with(

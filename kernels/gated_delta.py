@@ -245,19 +245,13 @@ def _fused_steps(sizes0_ptr, fused_trunks, end0, end1, CHAIN: tl.constexpr):
 
 
 @triton.jit
-def _one_fused_trunk(sizes0_ptr, fused_trunks):
-    """Whether the round is fused and has one trunk (level 0's real segments)."""
-    return _fused_round(sizes0_ptr, fused_trunks) & (tl.load(sizes0_ptr + 1) == 1)
-
-
-@triton.jit
 def _branch_rows_aside(sizes0_ptr, fused_trunks, end1, end2, helpers, helper_steps, heads):
     """How many of the branches' chunk rows (the first ones of level 2) the idle programs of the fused trunk scan
     prep (`_state_scan_kernel`'s helpers) instead of the prep launch: in a fused round of one trunk, as many as
     `helpers` programs do at one row-head item per `helper_steps` of the trunk's chunk rows (an item takes about
     as long as that many scan steps, so they finish within the scan); none otherwise (helpers = 0: never)."""
-    return tl.where(_one_fused_trunk(sizes0_ptr, fused_trunks),
-                    tl.minimum(end2 - end1, (helpers * (end1 // helper_steps)) // heads), 0)
+    one_trunk = _fused_round(sizes0_ptr, fused_trunks) & (tl.load(sizes0_ptr + 1) == 1)
+    return tl.where(one_trunk, tl.minimum(end2 - end1, (helpers * (end1 // helper_steps)) // heads), 0)
 
 
 @triton.jit
@@ -358,33 +352,23 @@ def _prep_row(
 def _chunk_prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, sizes0_ptr, sizes1_ptr, sizes2_ptr,
     w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
-    total, start1, start2, scale, eps, fused_trunks, helpers, helper_steps, flags_ptr, lone_programs, lone_rows,
+    total, start1, start2, scale, eps, fused_trunks, helpers, helper_steps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr, WY_LOW: tl.constexpr,
-    CHAIN: tl.constexpr, OVERLAP: tl.constexpr, PDL: tl.constexpr,
+    CHAIN: tl.constexpr,
 ):
     """Per (value head, chunk) everything of the chunk that does not depend on the state (`_prep_row`), for the
     real chunk rows of up to three levels at once, less the branch rows the fused trunk scan's idle programs
     take (`_branch_rows_aside`); a program takes loop steps pid, pid + P, ... of its head (P programs: a capped
     grid), each step a real row (`_real_row`).
-    With OVERLAP each row the fused trunk scan reads is published when done (`flags` at its (row, head) set with
-    release semantics: the scan waits for it, `_wait_for_rows`), and in a fused round of one trunk of at least
-    `lone_rows` chunk rows only `lone_programs` programs per head work (one per multiprocessor), so that the scan's
-    programs fit beside them and follow the rows as they come. With PDL the scan launch may start at once.
     """
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
     head = tl.program_id(0)
     heads = tl.num_programs(0)
     end0, end1, end2 = _real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
     fused_steps = _fused_steps(sizes0_ptr, fused_trunks, end0, end1, CHAIN)  # whose query rows the scan reads
     aside = _branch_rows_aside(sizes0_ptr, fused_trunks, end1, end2, helpers, helper_steps, heads)
-    programs = tl.num_programs(1)
-    if OVERLAP:
-        lone = _one_fused_trunk(sizes0_ptr, fused_trunks) & (end1 >= lone_rows)
-        programs = tl.where(lone, tl.minimum(lone_programs, programs), programs)
-    for index in range(tl.program_id(1), tl.where(tl.program_id(1) < programs, end2 - aside, 0), programs):
+    for index in range(tl.program_id(1), end2 - aside, tl.num_programs(1)):
         step = tl.where(index < end1, index, index + aside)
         _prep_row(step, head, heads, end0, end1, start1, start2, fused_steps,
                   q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
@@ -392,11 +376,6 @@ def _chunk_prep_kernel(
                   total, scale, eps,
                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh,
                   stride_bt, stride_bh, GROUP, DK, DV, L, SUB, LOG2_SUB, COLS, PREC, WY_LOW)
-        if OVERLAP:  # noqa: SIM102 - a compile-time branch around a run-time one
-            if step < fused_steps:  # a row the fused scan reads: every thread's stores done, then the flag
-                tl.debug_barrier()
-                tl.atomic_xchg(flags_ptr + _real_row(step, end0, end1, start1, start2)[0] * heads + head, 1,
-                               sem="release", scope="gpu")
 
 
 @triton.jit
@@ -435,71 +414,35 @@ def _scan_step(state, v_new, k, w, k_gate, decay, PREC: tl.constexpr):
 
 
 @triton.jit
-def _scan_chunk(state, j, first_row, later_base, head, heads, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
-                v_new_ptr, h_ptr, tokens_ptr, level_start, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr, total, stride_ot,
-                stride_oh, cols, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr,
-                FUSED: tl.constexpr):
-    """Step j of `_scan_chunks`: the state at the end of the segment's chunk j from the state at its start."""
-    i = tl.arange(0, L)
-    dk = tl.arange(0, DK)
-    chunk = tl.where(j == 0, first_row, later_base + j)
-    base = chunk * heads + head
-    k, w, u, k_gate, decay = _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L)
-    low = state.to(w.dtype)
-    v_new = u.to(tl.float32) - tl.dot(w, low, input_precision=PREC)
-    if FUSED:
-        tok, q, a, q_gate = _output_tiles(base, tokens_ptr + (chunk - level_start) * L, q_rows_ptr, a_ptr,
-                                          q_gate_ptr, DK, L)
-        out = q_gate[:, None] * tl.dot(q.to(w.dtype), low, input_precision=PREC)
-        out += tl.dot(a, v_new.to(w.dtype), input_precision=PREC)
-        tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=(tok < total)[:, None])
-    elif j > 0:  # the output kernel starts a segment's first chunk from its init row itself
-        tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], low.to(h_ptr.dtype.element_ty))
-        tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :], v_new.to(v_new_ptr.dtype.element_ty))
-    return _scan_step(state, v_new, k, w, k_gate, decay, PREC)
-
-
-@triton.jit
-def _wait_for_rows(flags_ptr, first_row, later_base, first, steps, head, heads, COUNT: tl.constexpr):
-    """Spin until the prep has published this head's rows of the segment's chunks first .. first + COUNT - 1 (those
-    below `steps`): an acquire of each row's flag, then a barrier, so every thread's loads that follow see the
-    rows' stores (`_chunk_prep_kernel` with OVERLAP)."""
-    j = first + tl.arange(0, COUNT)
-    wanted = j < steps
-    flags = flags_ptr + tl.where(j == 0, first_row, later_base + j) * heads + head
-    ready = tl.min(tl.where(wanted, tl.atomic_add(flags, 0, mask=wanted, sem="acquire", scope="gpu"), 1), axis=0)
-    while ready == 0:
-        ready = tl.min(tl.where(wanted, tl.atomic_add(flags, 0, mask=wanted, sem="acquire", scope="gpu"), 1), axis=0)
-    tl.debug_barrier()
-
-
-@triton.jit
 def _scan_chunks(state, first_row, later_base, steps, head, heads, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
                  v_new_ptr, h_ptr, tokens_ptr, level_start, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr, total, stride_ot,
-                 stride_oh, cols, flags_ptr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr,
-                 FUSED: tl.constexpr, WAIT: tl.constexpr, WAIT_STEPS: tl.constexpr):
+                 stride_oh, cols, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr,
+                 FUSED: tl.constexpr):
     """The state slice moved through a segment's `steps` chunks: chunk 0 at table row `first_row`, chunk
     j > 0 at `later_base + j` (arithmetic in j, so the pipeline issues a step's tile loads ahead). Per chunk,
     with FUSED, its outputs o = (q exp(cum)) S + (q K^T * Gamma) v_new are stored (a row's tokens are row -
     `level_start` of the level's table at `tokens_ptr`); otherwise, past chunk 0, the state at its start S and
     v_new = U - W S, for `_chunk_output_kernel`. S and v_new enter the products in the storage dtype of W and
-    U, rounded as the output kernel reads them, so both ways give the same outputs. With WAIT the chunks go in
-    groups of WAIT_STEPS, each after its rows are published (`_wait_for_rows`; the loads are pipelined within a
-    group), so the scan can run beside the prep that writes them."""
-    if WAIT:
-        for first in range(0, steps, WAIT_STEPS):
-            _wait_for_rows(flags_ptr, first_row, later_base, first, steps, head, heads, WAIT_STEPS)
-            for j in range(first, tl.minimum(first + WAIT_STEPS, steps)):
-                state = _scan_chunk(state, j, first_row, later_base, head, heads, k_rows_ptr, w_ptr, u_ptr,
-                                    k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, tokens_ptr, level_start, q_rows_ptr,
-                                    a_ptr, q_gate_ptr, out_ptr, total, stride_ot, stride_oh, cols, DK, DV, L, PREC,
-                                    FUSED)
-    else:
-        for j in range(steps):
-            state = _scan_chunk(state, j, first_row, later_base, head, heads, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr,
-                                decay_ptr, v_new_ptr, h_ptr, tokens_ptr, level_start, q_rows_ptr, a_ptr, q_gate_ptr,
-                                out_ptr, total, stride_ot, stride_oh, cols, DK, DV, L, PREC, FUSED)
+    U, rounded as the output kernel reads them, so both ways give the same outputs."""
+    i = tl.arange(0, L)
+    dk = tl.arange(0, DK)
+    for j in range(steps):
+        chunk = tl.where(j == 0, first_row, later_base + j)
+        base = chunk * heads + head
+        k, w, u, k_gate, decay = _scan_tiles(base, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, cols, DK, DV, L)
+        low = state.to(w.dtype)
+        v_new = u.to(tl.float32) - tl.dot(w, low, input_precision=PREC)
+        if FUSED:
+            tok, q, a, q_gate = _output_tiles(base, tokens_ptr + (chunk - level_start) * L, q_rows_ptr, a_ptr,
+                                              q_gate_ptr, DK, L)
+            out = q_gate[:, None] * tl.dot(q.to(w.dtype), low, input_precision=PREC)
+            out += tl.dot(a, v_new.to(w.dtype), input_precision=PREC)
+            tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=(tok < total)[:, None])
+        elif j > 0:  # the output kernel starts a segment's first chunk from its init row itself
+            tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], low.to(h_ptr.dtype.element_ty))
+            tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :], v_new.to(v_new_ptr.dtype.element_ty))
+        state = _scan_step(state, v_new, k, w, k_gate, decay, PREC)
     return state
 
 
@@ -512,12 +455,12 @@ def _state_scan_kernel(
     stride_sr, stride_sh, stride_sk, stride_ot, stride_oh,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, sizes0_ptr, sizes1_ptr, sizes2_ptr,
     all_w_ptr, all_u_ptr, all_a_ptr, all_q_rows_ptr, all_k_rows_ptr, all_q_gate_ptr, all_k_gate_ptr, all_decay_ptr,
-    system_ptr, start1, start2, scale, eps, helpers, helper_steps, flags_ptr,
+    system_ptr, start1, start2, scale, eps, helpers, helper_steps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
     L: tl.constexpr, PREC: tl.constexpr, CHAIN: tl.constexpr, FUSED: tl.constexpr, GATED: tl.constexpr,
     HELP: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr,
-    WY_LOW: tl.constexpr, WAIT: tl.constexpr, WAIT_STEPS: tl.constexpr, PDL: tl.constexpr,
+    WY_LOW: tl.constexpr,
 ):
     """Per (value head, V split, segment): TILES V tiles of BV columns, one after the other; a program
     takes segments pid, pid + P, ... of the level's real segments (`sizes[1]`; sorted longest first, so the
@@ -572,8 +515,7 @@ def _state_scan_kernel(
                 state = tl.load(state_ptrs + init_row * stride_sr)
                 state = _scan_chunks(state, segment, step_base, steps, head, heads, k_rows_ptr, w_ptr, u_ptr,
                                      k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, tokens_ptr, 0, q_rows_ptr, a_ptr,
-                                     q_gate_ptr, out_ptr, total, stride_ot, stride_oh, cols, flags_ptr, DK, DV, L,
-                                     PREC, FUSED, WAIT, WAIT_STEPS)
+                                     q_gate_ptr, out_ptr, total, stride_ot, stride_oh, cols, DK, DV, L, PREC, FUSED)
                 if final_row >= 0:
                     tl.store(state_ptrs + final_row * stride_sr, state)
                 if follow >= 0:  # only with CHAIN
@@ -581,8 +523,7 @@ def _state_scan_kernel(
                     state = _scan_chunks(state, next_rows + follow, later_base, tl.load(next_count_ptr + follow),
                                          head, heads, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr,
                                          h_ptr, next_tokens_ptr, next_rows, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr,
-                                         total, stride_ot, stride_oh, cols, flags_ptr, DK, DV, L, PREC, FUSED, WAIT,
-                                         WAIT_STEPS)
+                                         total, stride_ot, stride_oh, cols, DK, DV, L, PREC, FUSED)
                     next_final = tl.load(next_final_row_ptr + follow)
                     if next_final >= 0:
                         tl.store(state_ptrs + next_final * stride_sr, state)
@@ -600,8 +541,6 @@ def _state_scan_kernel(
                           all_k_gate_ptr, all_decay_ptr, system_ptr, total, scale, eps,
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh,
                           stride_bt, stride_bh, GROUP, DK, DV, L, SUB, LOG2_SUB, COLS, PREC, WY_LOW)
-    if PDL:  # launched beside the prep: it may end only after the prep has (the stream's order holds on)
-        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
@@ -718,10 +657,6 @@ def gated_delta_triton(
     scan_programs: int | None = None,
     scan_helpers: int | None = None,
     helper_steps: int = 12,
-    overlap_prep: bool | None = None,
-    lone_prep_programs: int | None = None,
-    lone_rows: int = 16,
-    wait_steps: int = 8,
 ) -> torch.Tensor:
     """The Triton kernels behind the same contract as `gated_delta_reference` (no host synchronisation).
 
@@ -798,11 +733,6 @@ def gated_delta_triton(
     helpers = max(0, multiprocessors(q.device) - v_heads * split) if scan_helpers is None else scan_helpers
     if helpers < 0 or helper_steps < 1:
         raise ValueError("scan_helpers must be >= 0 and helper_steps >= 1")
-    pdl = q.is_cuda and torch.cuda.get_device_capability(q.device)[0] >= 9
-    overlap = fusing and (pdl if overlap_prep is None else overlap_prep)
-    lone_programs = max(1, multiprocessors(q.device) // v_heads) if lone_prep_programs is None else lone_prep_programs
-    if lone_programs < 1 or wait_steps < 1 or wait_steps & (wait_steps - 1):
-        raise ValueError("lone_prep_programs must be positive and wait_steps a power of two")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
@@ -837,15 +767,11 @@ def gated_delta_triton(
         prep_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1))
         helper_args = (helpers if helping else 0, helper_steps)  # the kernels' `helpers`, `helper_steps`
-        # the fused trunk scan's rows published by the prep (OVERLAP): zero until each is written
-        flags = (torch.zeros if overlap else torch.empty)(chunks * v_heads if overlap else 1, dtype=torch.int32,
-                                                          device=q.device)
         _chunk_prep_kernel[(v_heads, min(chunks, max(1, chunk_programs // v_heads)))](
             q, k, v, g, beta, *tokens, *sizes,
             w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
-            total, start1, start2, dk**-0.5, L2_EPS, fused_trunks, *helper_args, flags, lone_programs, lone_rows,
-            *prep_strides, DK=dk, DV=dv, L=chunk, PREC=prec, CHAIN=chained, OVERLAP=overlap, PDL=overlap and pdl,
-            num_warps=prep_warps, **prep_constants,
+            total, start1, start2, dk**-0.5, L2_EPS, fused_trunks, *helper_args, *prep_strides,
+            DK=dk, DV=dv, L=chunk, PREC=prec, CHAIN=chained, num_warps=prep_warps, **prep_constants,
         )
         # written by the unfused scan for every chunk of a segment past its first: the state at the chunk's start
         # and v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
@@ -862,8 +788,6 @@ def gated_delta_triton(
             scans = [scans[0]._replace(fused=True), scans[0]._replace(gated=True), *scans[1:]]
         for scan in scans:
             rows = scan.rows
-            # the fused trunk scan follows the prep's published rows (its tables start at the stacked row 0)
-            waiting = overlap and scan.fused
             carried = scan.following or scan.level  # the next level's tables (read only with CHAIN)
             _state_scan_kernel[(v_heads, split, min(scan.segments, max(1, scan_programs // (v_heads * split))))](
                 k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
@@ -873,11 +797,10 @@ def gated_delta_triton(
                 levels[0].sizes, fused_trunks,
                 states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
                 q, k, v, g, beta, *tokens, *sizes, w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
-                start1, start2, dk**-0.5, L2_EPS, *helper_args, flags, *prep_strides,
+                start1, start2, dk**-0.5, L2_EPS, *helper_args, *prep_strides,
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CHAIN=scan.following is not None,
-                FUSED=scan.fused, GATED=scan.gated, HELP=helping and scan.fused, WAIT=waiting, WAIT_STEPS=wait_steps,
-                PDL=waiting and pdl, num_warps=scan_warps, num_stages=scan_stages, **prep_constants,
-                **({"launch_pdl": True} if waiting and pdl else {}),
+                FUSED=scan.fused, GATED=scan.gated, HELP=helping and scan.fused, num_warps=scan_warps,
+                num_stages=scan_stages, **prep_constants,
             )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
             q, a, q_gate, w, u, v_new, h, states, out, *tokens,
