@@ -80,6 +80,14 @@ before the scan's started); with the trunk scans on a stream of higher priority 
 0.746, and in the engine Q = 4's replay stayed 7.74 ms and Q = 16's grew 9.02 -> 9.27
 (`2026-12-01-gdn-options-0.8B-overlap-branch-prep-*`, `2026-12-01-questions_per_state-0.8B-nobaseline-*`).
 The fused scan launch's idle programs do that work now, without a second stream (`scan_helpers`).
+Tried on 2026-12-01 (2aeb4de) and removed: the fused trunk scan following the prep's rows as they are published
+(a per-(row, head) flag set with release semantics, the scan a programmatic dependent launch that waits for its
+rows a group at a time, a long lone trunk's prep on one program per multiprocessor so that the scan's fit beside
+them). On the H200 the engine's forward got slower (Q = 4 7.48 -> 7.93 ms, Q = 64 14.54 -> 15.99): the scan's
+programs did not start beside the prep's, which took 87 us a layer on one program per multiprocessor against 49
+on two; and its answers were not always those of the plain launches (the pipelined loads of a group are not
+ordered after the group's acquire). A prep item's time is about 40% its W and U products and 20% the block
+inverse (`2026-12-01-gdn-prep-scan-overlap-2aeb4de`).
 """
 
 from __future__ import annotations
