@@ -83,11 +83,11 @@ The fused scan launch's idle programs do that work now, without a second stream 
 Tried on 2026-12-01 (2aeb4de) and removed: the fused trunk scan following the prep's rows as they are published
 (a per-(row, head) flag set with release semantics, the scan a programmatic dependent launch that waits for its
 rows a group at a time, a long lone trunk's prep on one program per multiprocessor so that the scan's fit beside
-them). On the H200 the engine's forward got slower (Q = 4 7.48 -> 7.93 ms, Q = 64 14.54 -> 15.99): the scan's
-programs apparently did not start beside the prep's (the scan took as long as alone), which took 87 us a layer on one program per multiprocessor against 49
-on two; and its answers were not always those of the plain launches (not diagnosed: most likely a group's
-pipelined loads were not ordered after its acquire). A prep item's time is about 40% its W and U products and 20% the block
-inverse (`2026-12-01-gdn-prep-scan-overlap-2aeb4de`).
+them). On the H200 the engine's forward got slower (Q = 4 7.48 -> 7.93 ms, Q = 64 14.54 -> 15.99): the prep took
+87 us a layer on one program per multiprocessor against 49 on two, and the scan as long as alone (its programs,
+apparently, did not start beside the prep's); its answers were not always those of the plain launches (not
+diagnosed: most likely a group's pipelined loads were not ordered after its acquire). A prep item's time is about
+40% its W and U products and 20% the block inverse (`2026-12-01-gdn-prep-scan-overlap-2aeb4de`).
 """
 
 from __future__ import annotations
