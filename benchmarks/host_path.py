@@ -27,8 +27,8 @@ median over `--repeat` runs, in milliseconds:
 - select_race64: the round thread admitting 64 queued RACE asks (`Engine._traverse`: checkpoint lookup,
   state-ready traversal, merging identical trunks) into a round;
 - round: what a round does on the host before the device copy (`Engine._launch`, `GraphRunner.launch`):
-  its `RoundPlan` (plan_ms), `choose` on the ladder of a CUDA engine, and `pad_into` (the plan writing its
-  arrays into the pinned-buffer views of the chosen capacity, `StagingLayout`; pad_into_ms), for Q = 1 and
+  its `RoundPlan` (plan_ms), `choose` on the ladder of a CUDA engine, and `stage_into` (the plan writing its
+  staged arrays into the pinned-buffer views of the chosen capacity, `StagingLayout`; stage_ms), for Q = 1 and
   Q = 64 on the 2,000-token state, for the RACE passages
   that fill one round (16,384 tokens) and, planned only (no graph fits), for all 64 of them. Each request
   saves a checkpoint at its stable boundary, as a one-off ask does.
@@ -61,7 +61,7 @@ from benchmarks.common import (
 )
 from benchmarks.questions_per_state import UniqueStates
 from flide_sdk import render
-from flide_sdk.capacity import capacity_ladder, choose, pad_into
+from flide_sdk.capacity import capacity_ladder, choose, stage_into
 from flide_sdk.engine import AskPayload, Engine
 from flide_sdk.graphs import StagingLayout
 from flide_sdk.layout import PAGE, Branches, RequestSpec, RoundPlan, Save, StateRows
@@ -120,7 +120,7 @@ class Stager:
 
     def stage(self, plan: RoundPlan) -> None:
         capacity = choose(self.ladder, plan)
-        pad_into(plan, capacity, self.views[capacity], SLOTS, KV_PAGES * PAGE, ROWS.zero)
+        stage_into(plan, capacity, self.views[capacity], SLOTS, KV_PAGES * PAGE, ROWS.zero)
 
     def round_ms(self, specs: list[RequestSpec], repeat: int) -> dict[str, Any]:
         host = self.plan(specs)
@@ -131,7 +131,7 @@ class Stager:
         if capacity is not None:
             result.update(
                 choose_ms=median_ms(lambda _: choose(self.ladder, host), repeat),
-                pad_into_ms=median_ms(lambda _: self.stage(host), repeat),
+                stage_ms=median_ms(lambda _: self.stage(host), repeat),
                 total_ms=median_ms(lambda _: self.stage(self.plan(specs)), repeat),
             )
         return result

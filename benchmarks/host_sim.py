@@ -4,7 +4,7 @@
 
 Everything a CUDA engine does on the host runs as it does there: the real Qwen3.5 tokenizer and chat template,
 rendering, the round loop and its threads, admission, planning and the staging of every round into a graph
-capacity's arrays (`pad_into`, two buffers in rotation). Only the device is modeled: a launched round completes
+capacity's staging arrays (`stage_into`, two buffers in rotation). Only the device is modeled: a launched round completes
 `placeholder(T) + 0.9 ms per 1,000 real tokens` after the previous one (the 0.8B H200 replay times of each
 capacity's one-token placeholder, `2026-12-01-ladder-rungs-h200.json`, plus the real tokens' share: a RACE
 passage 3.2 ms, a 2,165-token Q = 4 ask 7.8 ms, as measured), and waiting for it sleeps without the GIL (a CUDA
@@ -35,7 +35,7 @@ import numpy as np
 from benchmarks.common import command_line, race_requests, run_metadata, write_result
 from benchmarks.host_path import real_engine_parts
 from benchmarks.short_passages import Passages, closed_loop, lone
-from flide_sdk.capacity import Capacity, capacity_ladder, choose, pad_into
+from flide_sdk.capacity import Capacity, capacity_ladder, choose, stage_into
 from flide_sdk.graphs import BUFFERS, Launch, StagingLayout
 from flide_sdk.layout import RoundPlan, StateRows
 
@@ -86,7 +86,7 @@ class ModeledRunner:
         started = time.perf_counter()
         time.sleep(max(0.0, self.done[buffer] - started))
         freed = time.perf_counter()
-        pad_into(plan, capacity, self.views[capacity][buffer], self.window_sink, self.kv_sink, self.rows.zero)
+        stage_into(plan, capacity, self.views[capacity][buffer], self.window_sink, self.kv_sink, self.rows.zero)
         padded = time.perf_counter()
         seconds = (self.replay_ms[capacity.tokens] + DEVICE_MS_PER_1K_TOKENS * plan.num_real / 1000) / 1000
         done_at = max(padded, max(self.done)) + seconds

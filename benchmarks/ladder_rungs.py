@@ -25,7 +25,7 @@ import torch
 import flide_sdk as fl
 from benchmarks.common import build_random_checkpoint, cuda_time_ms, race_requests, run_metadata, write_result
 from benchmarks.questions_per_state import UniqueStates, noul_questions
-from flide_sdk.capacity import Capacity, capacity_ladder, pad_into
+from flide_sdk.capacity import Capacity, capacity_ladder, stage_into
 from flide_sdk.graphs import GraphRunner, placeholder_round
 from flide_sdk.layout import Branches, RequestSpec, RoundPlan
 
@@ -43,7 +43,7 @@ def replay_ms(engine: fl.Engine, runner: GraphRunner, plan: RoundPlan, capacity:
     """Median device time of the capacity's graph replaying `plan` (staged into its first buffer's views)."""
     pool = engine.pool
     captured = runner._captured[capacity]
-    pad_into(plan, capacity, captured.host_views[0], pool.window_sink, pool.kv_sink, pool.state_rows.zero)
+    stage_into(plan, capacity, captured.host_views[0], pool.window_sink, pool.kv_sink, pool.state_rows.zero)
     return round(cuda_time_ms(captured.graphs[0].replay, warmup=3, repeat=repeat)["median_ms"], 4)
 
 

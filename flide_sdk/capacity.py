@@ -4,16 +4,20 @@ A captured graph reads fixed-size buffers, so every round quantity has a capacit
 ladder, 128 to 16,384 by default), requests, questions, label columns, history pages, and per Gated
 DeltaNet level its chunks and segments. Requests and questions scale with T (a request needs tokens; a
 question's branch needs some too), so a small graph also has small tables. `choose` picks the smallest
-capacity a round fits; `pad_into` has the round's plan write its arrays straight into a capacity's arrays
-(a graph's pinned staging views), padded only at the tail (`RoundPlan.write` says how), and `pad_round`
-gives them as a padded HostRound. Everything here is host code (numpy), tested on CPU against the unpadded
-layout.
+capacity a round fits; `pad_into` has the round's plan write its arrays straight into a capacity's arrays,
+padded only at the tail (`RoundPlan.write` says how), and `pad_round` gives them as a padded HostRound.
+A graph's pinned staging buffer holds less (`stage_into`, `Capacity.staged_shapes`): the per-token and
+per-chunk-position arrays (token rows, conv sources, chunk tables) are expanded on the device from a piece
+table and the chunk rows' spans (`kernels.round_metadata`), which leaves the host a few small writes per
+round. Everything here is host code (numpy), tested on CPU against the unpadded layout.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +25,7 @@ from flide_sdk.layout import (
     DEVICE_FIELDS,
     GDN_CHUNK,
     PAGE,
+    PIECE_ROWS,
     SEGMENT_ROWS,
     TOKEN_ROWS,
     HostLevel,
@@ -45,6 +50,9 @@ LABELS = 32  # label columns of a graph (a question has at most 26 options: lett
 TOKENS_PER_REQUEST = 64  # requests capacity = T / this (at least MIN_REQUESTS)
 TOKENS_PER_QUESTION = 16  # questions capacity = T / this (at least MIN_QUESTIONS)
 MIN_REQUESTS, MIN_QUESTIONS = 4, 16
+# the arrays of a round a graph's staging buffer does not hold (with each level's chunk_tokens): expanded on the
+# device from the staged pieces and chunk spans
+EXPANDED_FIELDS = ("token_rows", "conv_src")
 
 
 @dataclass(frozen=True)
@@ -83,9 +91,32 @@ class Capacity:
             shapes[f"level{index}.sizes"] = (2,)
         return shapes
 
+    def staged_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The arrays of a graph's staging buffer (`stage_into`): `shapes()` less EXPANDED_FIELDS, plus what
+        those are expanded from on the device (`kernels.round_metadata`): a piece table (a request's trunk
+        and each of its questions' branches are pieces), the piece and request counts, and the chunk rows'
+        spans, the levels' rows one after the other."""
+        shapes = {name: shape for name, shape in self.shapes().items() if not _expanded(name)}
+        shapes.update(pieces=(len(PIECE_ROWS), self.requests + self.questions), piece_counts=(2,),
+                      chunk_spans=(2, sum(self.chunks)))
+        return shapes
+
+    def expanded_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The arrays the device expands a staged round into: the token rows, the conv sources, and the levels'
+        chunk tables as one [rows, GDN_CHUNK] table (`level_views` cuts it per level)."""
+        return {"token_rows": (len(TOKEN_ROWS), self.tokens), "conv_src": (self.tokens, self.conv_kernel),
+                "chunk_tokens": (sum(self.chunks), GDN_CHUNK)}
+
+    def level_views(self, chunk_tokens: Any) -> dict[str, Any]:
+        """Each level's chunk table (`level{i}.chunk_tokens`) as a view of the whole table of `expanded_shapes`."""
+        bounds = itertools.accumulate(self.chunks, initial=0)
+        return {f"level{index}.chunk_tokens": chunk_tokens[start:end]
+                for index, (start, end) in enumerate(itertools.pairwise(bounds))}
+
     @property
     def elements(self) -> int:
-        return sum(int(np.prod(shape)) for shape in self.shapes().values())
+        """The int64 elements of a staging buffer of this capacity."""
+        return sum(int(np.prod(shape)) for shape in self.staged_shapes().values())
 
     def fits(self, round_: RoundPlan | HostRound) -> bool:
         """Whether a round (unpadded) fits, with at least one padding token (padded readout rows read it)."""
@@ -146,6 +177,19 @@ def pad_into(round_: RoundPlan | HostRound, capacity: Capacity, out: dict[str, n
     """
     plan = plan_of(round_)
     plan.write(out, window_sink, kv_sink, zero_row)
+
+
+def stage_into(plan: RoundPlan, capacity: Capacity, out: dict[str, np.ndarray], window_sink: int, kv_sink: int,
+               zero_row: int) -> None:
+    """Write a round's staged form for `capacity` into the arrays `out` (shaped as `capacity.staged_shapes()`:
+    `RoundPlan.write_staged`), which the device expands into what `pad_into` writes (`kernels.round_metadata`).
+    The arguments are `pad_into`'s."""
+    plan.write_staged(out, capacity.chunks, window_sink, kv_sink, zero_row)
+
+
+def _expanded(name: str) -> bool:
+    """Whether an array of `Capacity.shapes()` is expanded on the device from the staged arrays."""
+    return name in EXPANDED_FIELDS or name.endswith(".chunk_tokens")
 
 
 def pad_round(host: HostRound, capacity: Capacity, window_sink: int, kv_sink: int, zero_row: int) -> HostRound:

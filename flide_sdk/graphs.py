@@ -14,15 +14,17 @@ a lone round's launch from 0.80 to 0.58 ms, though the replay call itself grew f
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from flide_sdk.capacity import Capacity, choose, pad_into
+from flide_sdk.capacity import Capacity, choose, stage_into
+from flide_sdk.kernels.round_metadata import expand_round_triton
 from flide_sdk.layout import Branches, HostRound, RequestSpec, RoundPlan, StateRows, plan_round
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
 from flide_sdk.ops import Ops
@@ -31,22 +33,43 @@ LOG = logging.getLogger(__name__)
 BUFFERS = 2  # staging/readback buffers in rotation: rounds that may be in flight at once
 
 
-class StagingLayout:
-    """Where each array of a round of one capacity lives in the flat int64 staging buffer."""
+class FlatLayout:
+    """Where each of a set of named int64 arrays lives in one flat buffer (a capacity's staging buffer, or the
+    device arrays its staged round is expanded into)."""
 
-    def __init__(self, capacity: Capacity) -> None:
-        self.capacity = capacity
+    def __init__(self, shapes: dict[str, tuple[int, ...]]) -> None:
         self.fields: dict[str, tuple[int, tuple[int, ...]]] = {}
         offset = 0
-        for name, shape in capacity.shapes().items():
+        for name, shape in shapes.items():
             self.fields[name] = (offset, shape)
             offset += int(np.prod(shape))
         self.elements = offset
 
     def views(self, flat: torch.Tensor | np.ndarray) -> dict:
-        """Views of `flat` (a device tensor or a host array) shaped and named like `capacity.shapes()`."""
+        """Views of `flat` (a device tensor or a host array), shaped and named as the layout's arrays."""
         return {name: flat[offset : offset + int(np.prod(shape))].reshape(shape)
                 for name, (offset, shape) in self.fields.items()}
+
+
+class StagingLayout(FlatLayout):
+    """A capacity's staging buffer (`Capacity.staged_shapes`)."""
+
+    def __init__(self, capacity: Capacity) -> None:
+        super().__init__(capacity.staged_shapes())
+        self.capacity = capacity
+
+
+def device_round(capacity: Capacity, staged: dict[str, torch.Tensor], expanded: dict[str, torch.Tensor],
+                 expansion: Callable[..., None] = expand_round_triton) -> tuple[dict[str, torch.Tensor], Callable[[], None]]:
+    """The device arrays a graph's forward reads (named as `HostRound.arrays()`), from views of the staging
+    copy (`staged`) and of the expansion's arrays (`expanded`, `Capacity.expanded_shapes`), and the call that
+    expands the one into the other (`kernels.round_metadata`; `expansion` its kernel or its reference)."""
+    arrays = {**staged, "token_rows": expanded["token_rows"], "conv_src": expanded["conv_src"],
+              **capacity.level_views(expanded["chunk_tokens"])}
+    expand = functools.partial(expansion, staged["pieces"], staged["piece_counts"], staged["num_tokens"],
+                               staged["chunk_spans"], expanded["token_rows"], expanded["conv_src"],
+                               expanded["chunk_tokens"])
+    return arrays, expand
 
 
 def placeholder_round(conv_kernel: int, rows: StateRows, kv_sink: int) -> HostRound:
@@ -111,6 +134,9 @@ class GraphRunner:
         elements = max(layout.elements for layout in layouts)
         readback = max(c.questions * c.labels for c in self.ladder)
         self._device_buffer = torch.zeros(elements, dtype=torch.int64, device=self.device)
+        self._expanded_layouts = {c: FlatLayout(c.expanded_shapes()) for c in self.ladder}
+        self._expanded_buffer = torch.zeros(max(layout.elements for layout in self._expanded_layouts.values()),
+                                            dtype=torch.int64, device=self.device)
         self._staging = [torch.zeros(elements, dtype=torch.int64).pin_memory() for _ in range(BUFFERS)]
         self._readback = [torch.zeros(readback, dtype=torch.float32).pin_memory() for _ in range(BUFFERS)]
         self._replayed: list[torch.cuda.Event | None] = [None] * BUFFERS
@@ -136,12 +162,15 @@ class GraphRunner:
             device_head = self._device_buffer[: layout.elements]
             host_views = [layout.views(buffer.numpy()) for buffer in self._staging]
             for views in host_views:
-                pad_into(placeholder, capacity, views, self.window_sink, self.kv_sink, self.rows.zero)
+                stage_into(placeholder.plan, capacity, views, self.window_sink, self.kv_sink, self.rows.zero)
             device_head.copy_(self._staging[0][: layout.elements])
-            rnd = placeholder.tensors(device_views)
+            arrays, expand = device_round(capacity, device_views,
+                                          self._expanded_layouts[capacity].views(self._expanded_buffer))
+            rnd = placeholder.tensors(arrays)
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
+                expand()
                 self.model(rnd, self.ops, self.caches)  # warm-up: compiles kernels, sizes workspaces
             torch.cuda.current_stream(self.device).wait_stream(side)
             graphs, outputs = [], []
@@ -150,6 +179,7 @@ class GraphRunner:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     device_head.copy_(staging[: layout.elements], non_blocking=True)
+                    expand()
                     out.copy_(self.model(rnd, self.ops, self.caches), non_blocking=True)
                 graphs.append(graph)
                 outputs.append(out.numpy())
@@ -173,7 +203,7 @@ class GraphRunner:
         if self._replayed[buffer] is not None:
             self._replayed[buffer].synchronize()  # the replay that last used this buffer pair is done
         freed = time.perf_counter()
-        pad_into(plan, capacity, captured.host_views[buffer], self.window_sink, self.kv_sink, self.rows.zero)
+        stage_into(plan, capacity, captured.host_views[buffer], self.window_sink, self.kv_sink, self.rows.zero)
         padded = time.perf_counter()
         events = self._events[buffer]
         events[0].record()

@@ -219,6 +219,11 @@ class RoundTensors:
 
 TOKEN_ROWS = ("positions", "key_lo", "ctx_hi", "seg_lo", "request_of")  # the rows of `HostRound.token_rows`
 SEGMENT_ROWS = ("init_row", "final_row", "chunk_count", "step_base", "chain")  # the rows of `HostLevel.segment_rows`
+# a piece's row of a graph's staged `pieces` table (`RoundPlan.write_staged`): its stream start and what its first
+# K - 1 tokens' conv taps before it read (CONV_PIECE_ROWS), then the TOKEN_ROWS values of its tokens (the
+# position's as position - stream index)
+CONV_PIECE_ROWS = ("start", "position", "first", "trunk_start", "resume_index")
+PIECE_ROWS = CONV_PIECE_ROWS + TOKEN_ROWS
 
 
 def _row(block: str, index: int, doc: str) -> property:
@@ -394,15 +399,31 @@ class LevelPlan:
               pad_column: np.ndarray) -> None:
         """The level's tables into arrays of at least its sizes: chunk positions past a segment's end and padding
         rows read stream index `pad`; padding segments are `pad_column` (SEGMENT_ROWS' padding values)."""
-        chunks, segments = self.chunks, self.segments
+        chunks = self.chunks
         if chunks:
             head = chunk_tokens[:chunks]
             np.add(np.array(self.row_start, dtype=np.int64)[:, None], _CHUNK_OFFSETS, out=head)
             np.putmask(head, head >= np.array(self.row_end, dtype=np.int64)[:, None], pad)
-            segment_rows[:, :segments] = self.segment_rows
         chunk_tokens[chunks:] = pad
+        self._write_segments(segment_rows, sizes, pad_column)
+
+    def write_spans(self, spans: np.ndarray, segment_rows: np.ndarray, sizes: np.ndarray, pad: int,
+                    pad_column: np.ndarray) -> None:
+        """As `write`, with each chunk row's span [2, rows] (its first stream index, its segment's end) in place
+        of its positions; padding rows are the empty span (pad, pad)."""
+        chunks = self.chunks
+        if chunks:
+            spans[0, :chunks] = self.row_start
+            spans[1, :chunks] = self.row_end
+        spans[:, chunks:] = pad
+        self._write_segments(segment_rows, sizes, pad_column)
+
+    def _write_segments(self, segment_rows: np.ndarray, sizes: np.ndarray, pad_column: np.ndarray) -> None:
+        segments = self.segments
+        if segments:
+            segment_rows[:, :segments] = self.segment_rows
         segment_rows[:, segments:] = pad_column
-        sizes[0], sizes[1] = chunks, segments
+        sizes[0], sizes[1] = self.chunks, segments
 
 
 class RoundPlan:
@@ -424,11 +445,9 @@ class RoundPlan:
         if len(requests) > rows.scratch_count:
             raise ValueError(f"{len(requests)} requests but {rows.scratch_count} scratch state rows")
         self.requests, self.conv_kernel, self.rows, self.kv_sink = list(requests), conv_kernel, rows, kv_sink
-        # per piece: token_rows' values (position - stream index, key_lo, ctx_hi, seg_lo, request), then
-        # what its first tokens' conv taps before it read: stream start, first position, its request's
-        # first position, trunk start and resume index
-        self._pieces: list[tuple[int, int, int, int, int]] = []
-        self._conv: list[tuple[int, int, int, int, int]] = []
+        # per piece, PIECE_ROWS: its stream start and what its first tokens' conv taps before it read (first
+        # position, its request's first position, trunk start, resume index), then token_rows' values
+        self._pieces: list[tuple[int, ...]] = []
         self._lengths: list[int] = []
         self._ids: list[np.ndarray] = []
         self._saves: list[TrunkSave] = []
@@ -464,14 +483,13 @@ class RoundPlan:
                 self._saves.append(TrunkSave(start, split, request.save, first, resume_index))
             else:
                 segments[0].append((start, computed, init, scratch))
-            self._pieces.append((first - start, start, start, start, index))
-            self._conv.append((start, first, first, start, resume_index))
+            self._pieces.append((start, first, first, start, resume_index, first - start, start, start, start, index))
             self._lengths.append(computed)
             self._ids += (request.trunk, request.branches.ids)
             at, position = start + computed, first + computed
             for length in request.branches.lengths.tolist():
-                self._pieces.append((position - at, start, start + computed, at, index))
-                self._conv.append((at, position, first, start, resume_index))
+                self._pieces.append((at, position, first, start, resume_index, position - at, start, start + computed, at,
+                                     index))
                 self._lengths.append(length)
                 segments[2].append((at, length, trunk_final, DISCARD_ROW))
                 at += length
@@ -533,14 +551,11 @@ class RoundPlan:
         (K - 1 rows after all stream rows of the arrays, padding included)."""
         real, count, window = self.num_real, self.num_requests, self.conv_kernel - 1
         total = len(out["ids"])
-        ids = out["ids"]
-        if self._ids:
-            np.concatenate(self._ids, out=ids[:real], casting="unsafe")
-        ids[real:] = 0
+        pieces = np.array(self._pieces, dtype=np.int64).T[:, :, None] if self._pieces else None
         rows = out["token_rows"]
         lengths = np.array(self._lengths, dtype=np.int64)
         if real:
-            rows[:, :real] = np.repeat(np.array(self._pieces, dtype=np.int64).T, lengths, axis=1)
+            rows[:, :real] = np.repeat(pieces[len(CONV_PIECE_ROWS) :, :, 0], lengths, axis=1)
             rows[0, :real] += _iota(real)
         rows[:, real:] = np.array([[0], [real], [real], [real], [count]], dtype=np.int64)
 
@@ -549,9 +564,9 @@ class RoundPlan:
         conv = out["conv_src"]
         conv[:real] = _conv_rows(self.conv_kernel, real)
         conv[real:] = 0
-        if self._conv:
+        if pieces is not None:
             lead, back = _lead_taps(window)
-            start, position, first, trunk_start, resume_index = np.array(self._conv, dtype=np.int64).T[:, :, None]
+            start, position, first, trunk_start, resume_index = pieces[: len(CONV_PIECE_ROWS)]
             q = position + (lead - back)  # the position each such tap reads
             src = np.where(q >= first, trunk_start + (q - first) + 1,
                            np.where(q >= 0, 1 + total + resume_index * window + (q - first) + window, 0))
@@ -560,6 +575,43 @@ class RoundPlan:
                 valid = lead < lengths[:, None]
                 flat, src = flat[valid], src[valid]
             np.put(conv, flat, src)
+
+        pad_column = self._write_shared(out, window_sink, kv_sink, zero_row)
+        for index, level in enumerate(self.levels):
+            prefix = f"level{index}."
+            level.write(out[prefix + "chunk_tokens"], out[prefix + "segment_rows"], out[prefix + "sizes"], total,
+                        pad_column)
+
+    def write_staged(self, out: dict[str, np.ndarray], chunk_rows: Sequence[int], window_sink: int, kv_sink: int,
+                     zero_row: int) -> None:
+        """The round as a graph's staging buffer holds it (`Capacity.staged_shapes`): the arrays of `write`, but
+        in place of the token rows, the conv sources and the levels' chunk tables (per token or per chunk
+        position: most of `write`'s host time) their compact sources, which `kernels.round_metadata` expands on
+        the device into exactly what `write` gives: `pieces` [PIECE_ROWS, pieces] (a piece's tokens are the
+        stream from its start to the next piece's), `piece_counts` (pieces, requests) and `chunk_spans` [2, rows]
+        (each chunk row's first stream index and its segment's end; the levels' rows one after the other,
+        `chunk_rows` per level, padding rows empty at the round's capacity)."""
+        total = len(out["ids"])
+        if self._pieces:
+            out["pieces"][:, : len(self._pieces)] = np.array(self._pieces, dtype=np.int64).T
+        out["piece_counts"][:] = (len(self._pieces), self.num_requests)
+        pad_column = self._write_shared(out, window_sink, kv_sink, zero_row)
+        spans, offset = out["chunk_spans"], 0
+        for index, (level, rows) in enumerate(zip(self.levels, chunk_rows)):
+            prefix = f"level{index}."
+            level.write_spans(spans[:, offset : offset + rows], out[prefix + "segment_rows"], out[prefix + "sizes"],
+                              total, pad_column)
+            offset += rows
+
+    def _write_shared(self, out: dict[str, np.ndarray], window_sink: int, kv_sink: int, zero_row: int) -> np.ndarray:
+        """The arrays `write` and `write_staged` both write (`write` says how); returns the segment tables'
+        padding column."""
+        real, count, window = self.num_real, self.num_requests, self.conv_kernel - 1
+        total = len(out["ids"])
+        ids = out["ids"]
+        if self._ids:
+            np.concatenate(self._ids, out=ids[:real], casting="unsafe")
+        ids[real:] = 0
 
         kv = out["kv_slots"]
         kv[:real] = self.kv_sink
@@ -607,12 +659,7 @@ class RoundPlan:
         save_slots[len(self._saves) :] = window_sink
         if "num_tokens" in out:
             out["num_tokens"][0] = real
-
-        pad_column = np.array([[zero_row], [DISCARD_ROW], [0], [0], [-1]], dtype=np.int64)
-        for index, level in enumerate(self.levels):
-            prefix = f"level{index}."
-            level.write(out[prefix + "chunk_tokens"], out[prefix + "segment_rows"], out[prefix + "sizes"], total,
-                        pad_column)
+        return np.array([[zero_row], [DISCARD_ROW], [0], [0], [-1]], dtype=np.int64)
 
 
 def _iota(count: int) -> np.ndarray:

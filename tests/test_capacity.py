@@ -17,9 +17,10 @@ from flide_sdk.capacity import (
     TOKEN_LADDER,
     capacity_ladder,
     choose,
-    pad_into,
     pad_round,
+    stage_into,
 )
+from flide_sdk.kernels.round_metadata import expand_round_reference, expand_round_triton
 from flide_sdk.layout import (
     DISCARD_ROW,
     PAGE,
@@ -277,33 +278,55 @@ def test_rounds_split_at_request_boundaries_and_large_requests_run_alone():
     assert max(abs(a - b) for a, b in zip(got, expected)) <= 1e-5
 
 
-def test_staging_layout_packs_every_field_once():
-    """The flat staging buffer of each capacity holds every array at its own offset, and padding a round
-    through its views gives the arrays `pad_round` gives (what the device copy then carries)."""
+def staged_and_expanded(host, capacity, expand):
+    """A round staged into a flat buffer for `capacity` (as a graph's staging buffer) and expanded by `expand`
+    (the reference or the kernel): the flat buffer and the arrays a graph's forward reads, by name."""
+    from flide_sdk.graphs import FlatLayout, StagingLayout, device_round
+
+    layout = StagingLayout(capacity)
+    flat = torch.full((layout.elements,), -7, dtype=torch.int64)
+    stage_into(host.plan, capacity, layout.views(flat.numpy()), 39, SINK, ROWS.zero)
+    expanded = FlatLayout(capacity.expanded_shapes())
+    arrays, run = device_round(capacity, layout.views(flat), expanded.views(torch.full((expanded.elements,), -7)),
+                               expand)
+    run()
+    return flat, arrays
+
+
+def test_staging_layout_packs_every_field_once_and_expands_to_the_padded_round():
+    """The flat staging buffer of each capacity holds every staged array at its own offset, and a round staged
+    there and expanded (reference and kernel, the interpreter) gives every array `pad_round` gives (what the
+    graph's forward then reads)."""
     from flide_sdk.graphs import StagingLayout
 
-    requests = random_requests(2)
-    host = plan_round(requests, K, ROWS, SINK)
-    for capacity in capacity_ladder(K, 4096, 16, 4096):
-        layout = StagingLayout(capacity)
-        spans = sorted((offset, offset + int(np.prod(shape))) for offset, shape in layout.fields.values())
-        assert spans[0][0] == 0 and spans[-1][1] == layout.elements == capacity.elements
-        assert all(end == start for (_, end), (start, _) in itertools.pairwise(spans)), "fields tile the buffer"
-        if not capacity.fits(host):
-            continue
-        flat = np.full(layout.elements, -7, dtype=np.int64)
-        pad_into(host, capacity, layout.views(flat), 39, SINK, ROWS.zero)
-        assert (flat != -7).any()
-        padded = pad_round(host, capacity, 39, SINK, ROWS.zero)
-        for name, array in padded.arrays().items():
-            assert np.array_equal(layout.views(flat)[name], array), name
+    cases = [(random_requests(seed, count), K) for seed, count in ((2, 6), (3, 1), (4, 9))]
+    tiny = RequestSpec.of(np.array([7]), [np.array([1]), np.array([2, 3])], [np.array([5]), np.array([5])])
+    cases += [([tiny], K), ([tiny] * 3, 2)]  # pieces shorter than the conv window; a kernel of 2 taps
+    checked = 0
+    for requests, kernel in cases:
+        host = plan_round(requests, kernel, ROWS, SINK)
+        for capacity in capacity_ladder(kernel, 4096, 16, 4096):
+            layout = StagingLayout(capacity)
+            spans = sorted((offset, offset + int(np.prod(shape))) for offset, shape in layout.fields.values())
+            assert spans[0][0] == 0 and spans[-1][1] == layout.elements == capacity.elements
+            assert all(end == start for (_, end), (start, _) in itertools.pairwise(spans)), "fields tile the buffer"
+            if not capacity.fits(host) or capacity.tokens > 2 * host.num_real + 256:
+                continue
+            padded = pad_round(host, capacity, 39, SINK, ROWS.zero)
+            for expand in (expand_round_reference, expand_round_triton):
+                flat, arrays = staged_and_expanded(host, capacity, expand)
+                assert (flat != -7).any()
+                for name, array in padded.arrays().items():
+                    assert np.array_equal(arrays[name].numpy(), array), (name, expand.__name__, capacity.tokens)
+                checked += 1
+    assert checked >= 10
 
 
 def test_a_pass_over_refilled_round_tensors_answers_the_new_round():
     """As graph capture does: round tensors that are views of one flat buffer, a pass, the buffer refilled with
     another round, a second pass on the same tensor objects. Tables derived from the metadata inside a pass
     (the attention tile tables) must be rebuilt: the second pass answers what a pass on fresh tensors does."""
-    from flide_sdk.graphs import StagingLayout
+    from flide_sdk.graphs import FlatLayout, StagingLayout, device_round
 
     engine = fl.Engine.tiny()
     try:
@@ -313,12 +336,16 @@ def test_a_pass_over_refilled_round_tensors_answers_the_new_round():
                    for n, b in requests] for requests in ([(20, 1)], [(90, 3), (40, 2)])]
         hosts = [plan_round(requests, model.config.conv_kernel, pool.state_rows, pool.kv_sink) for requests in rounds]
         capacity = choose(capacity_ladder(model.config.conv_kernel, 1024, 8, 4096), hosts[1])
-        layout = StagingLayout(capacity)
+        layout, expanded = StagingLayout(capacity), FlatLayout(capacity.expanded_shapes())
         flat = torch.zeros(layout.elements, dtype=torch.int64)
+        arrays, expand = device_round(capacity, layout.views(flat), expanded.views(torch.zeros(expanded.elements,
+                                                                                                dtype=torch.int64)))
         rnd = None
         for host in hosts:
-            pad_into(host, capacity, layout.views(flat.numpy()), pool.window_sink, pool.kv_sink, pool.state_rows.zero)
-            rnd = rnd or host.tensors(layout.views(flat))
+            stage_into(host.plan, capacity, layout.views(flat.numpy()), pool.window_sink, pool.kv_sink,
+                       pool.state_rows.zero)
+            expand()
+            rnd = rnd or host.tensors(arrays)
             reused = model(rnd, ops, engine._caches)[: host.num_questions]
         fresh = model(hosts[1].to("cpu"), ops, engine._caches)
         assert torch.allclose(reused[:, :2], fresh[:, :2], atol=1e-6, rtol=0)

@@ -1,0 +1,145 @@
+"""A round's per-token and per-chunk-position metadata, expanded on the device from its staged pieces.
+
+A graph's staging buffer (`capacity.stage_into`) carries, for the arrays that grow with the stream, only what
+they are made of: a piece table (`layout.PIECE_ROWS`: each trunk and branch of the round, with its stream start,
+its tokens' token-row values and what its first tokens' conv taps before it read) and each Gated DeltaNet chunk
+row's span (its first stream index and its segment's end). This module expands them into exactly the arrays
+`RoundPlan.write` builds on the host for a capacity of T tokens:
+- token_rows [5, T] (`layout.TOKEN_ROWS`): a real token's values are its piece's (the position's as position -
+  stream index, plus t); padding tokens get (0, real, real, real, requests);
+- conv_src [T, K]: token t's tap j reads conv-table row t + 1 - (K - 1 - j) when that token lies in its piece,
+  else the row of the position it reads: its trunk's stream row, its resumed window's row (after the T + 1 stream
+  rows) or the zero row; padding tokens read the zero row;
+- chunk_tokens [rows, GDN_CHUNK]: start + j while inside the span, T past it (padding rows have empty spans).
+A token finds its piece by binary search over the pieces' starts. `expand_round_reference` is the definition (torch,
+CPU, tests); `expand_round_triton` one launch (a program per block of tokens or of chunk rows; grid from tensor
+shapes only: CUDA-graph safe), the first of a captured round.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from flide_sdk.layout import CONV_PIECE_ROWS, PIECE_ROWS, TOKEN_ROWS
+
+BLOCK_TOKENS = 256  # tokens a program expands
+BLOCK_ROWS = 16  # chunk rows a program expands
+# the kernel reads the piece table's rows at these indices
+assert PIECE_ROWS[:5] == ("start", "position", "first", "trunk_start", "resume_index") and len(PIECE_ROWS) == 10
+assert PIECE_ROWS[len(CONV_PIECE_ROWS) :] == TOKEN_ROWS
+
+
+def expand_round_reference(
+    pieces: torch.Tensor,
+    piece_counts: torch.Tensor,
+    num_tokens: torch.Tensor,
+    chunk_spans: torch.Tensor,
+    token_rows: torch.Tensor,
+    conv_src: torch.Tensor,
+    chunk_tokens: torch.Tensor,
+) -> None:
+    """Fill token_rows [5, T], conv_src [T, K] and chunk_tokens [rows, C] in place.
+
+    pieces [PIECE_ROWS, P] (the first piece_counts[0] columns real, in stream order, the first starting at 0);
+    piece_counts [2]: pieces, requests; num_tokens [1]: real tokens; chunk_spans [2, rows]: start, end."""
+    total, kernel = conv_src.shape
+    window = kernel - 1
+    count, requests = (int(value) for value in piece_counts)
+    real = int(num_tokens[0])
+    t = torch.arange(real, device=pieces.device)
+    piece = torch.searchsorted(pieces[0, :count].contiguous(), t, right=True) - 1
+    start, position, first, trunk_start, resume_index, offset, key_lo, ctx_hi, seg_lo, request = pieces[:, piece]
+    token_rows[:, :real] = torch.stack([offset + t, key_lo, ctx_hi, seg_lo, request])
+    token_rows[:, real:] = torch.tensor([0, real, real, real, requests], device=pieces.device)[:, None]
+    back = torch.arange(window, -1, -1, device=pieces.device)  # tap j reads the token K - 1 - j back
+    lead = (t - start)[:, None]
+    q = position[:, None] + lead - back  # the position a tap reads
+    first, trunk_start, resume_index = first[:, None], trunk_start[:, None], resume_index[:, None]
+    before = torch.where(q >= first, trunk_start + (q - first) + 1,
+                         torch.where(q >= 0, 1 + total + resume_index * window + (q - first) + window, 0))
+    conv_src[:real] = torch.where(back <= lead, t[:, None] + 1 - back, before)
+    conv_src[real:] = 0
+    positions = chunk_spans[0][:, None] + torch.arange(chunk_tokens.shape[1], device=pieces.device)
+    chunk_tokens.copy_(torch.where(positions < chunk_spans[1][:, None], positions, total))
+
+
+@triton.jit
+def _expand_round_kernel(
+    pieces_ptr, counts_ptr, num_tokens_ptr, spans_ptr, rows_ptr, conv_ptr, chunks_ptr,
+    total, piece_capacity, chunk_rows, token_programs,
+    K: tl.constexpr, CHUNK: tl.constexpr, SEARCH_STEPS: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    if pid < token_programs:
+        t = pid * BT + tl.arange(0, BT).to(tl.int64)
+        inside = t < total
+        real = tl.load(num_tokens_ptr)
+        requests = tl.load(counts_ptr + 1)
+        # the last piece starting at or before t: the pieces' starts are increasing, the first is 0
+        lo = tl.zeros((BT,), tl.int64)
+        hi = lo + tl.load(counts_ptr) - 1
+        for _ in tl.static_range(SEARCH_STEPS):
+            mid = (lo + hi + 1) // 2
+            found = tl.load(pieces_ptr + mid, mask=inside, other=0) <= t
+            lo = tl.where(found, mid, lo)
+            hi = tl.where(found, hi, mid - 1)
+        is_real = t < real
+        field = pieces_ptr + lo
+        start = tl.load(field, mask=is_real, other=0)
+        position = tl.load(field + piece_capacity, mask=is_real, other=0)
+        first = tl.load(field + 2 * piece_capacity, mask=is_real, other=0)
+        trunk_start = tl.load(field + 3 * piece_capacity, mask=is_real, other=0)
+        resume_index = tl.load(field + 4 * piece_capacity, mask=is_real, other=0)
+        offset = tl.load(field + 5 * piece_capacity, mask=is_real, other=0)
+        key_lo = tl.load(field + 6 * piece_capacity, mask=is_real, other=0)
+        ctx_hi = tl.load(field + 7 * piece_capacity, mask=is_real, other=0)
+        seg_lo = tl.load(field + 8 * piece_capacity, mask=is_real, other=0)
+        request = tl.load(field + 9 * piece_capacity, mask=is_real, other=0)
+        tl.store(rows_ptr + t, tl.where(is_real, offset + t, 0), mask=inside)
+        tl.store(rows_ptr + total + t, tl.where(is_real, key_lo, real), mask=inside)
+        tl.store(rows_ptr + 2 * total + t, tl.where(is_real, ctx_hi, real), mask=inside)
+        tl.store(rows_ptr + 3 * total + t, tl.where(is_real, seg_lo, real), mask=inside)
+        tl.store(rows_ptr + 4 * total + t, tl.where(is_real, request, requests), mask=inside)
+        lead = t - start
+        for j in tl.static_range(K):
+            back = K - 1 - j
+            q = position + lead - back
+            before = tl.where(q >= first, trunk_start + (q - first) + 1,
+                              tl.where(q >= 0, 1 + total + resume_index * (K - 1) + (q - first) + (K - 1), 0))
+            source = tl.where(back <= lead, t + 1 - back, before)
+            tl.store(conv_ptr + t * K + j, tl.where(is_real, source, 0), mask=inside)
+    else:
+        row = (pid - token_programs) * BR + tl.arange(0, BR).to(tl.int64)
+        inside = row < chunk_rows
+        start = tl.load(spans_ptr + row, mask=inside, other=0)
+        end = tl.load(spans_ptr + chunk_rows + row, mask=inside, other=0)
+        positions = start[:, None] + tl.arange(0, CHUNK)[None, :]
+        tl.store(chunks_ptr + row[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :],
+                 tl.where(positions < end[:, None], positions, total), mask=inside[:, None])
+
+
+def expand_round_triton(
+    pieces: torch.Tensor,
+    piece_counts: torch.Tensor,
+    num_tokens: torch.Tensor,
+    chunk_spans: torch.Tensor,
+    token_rows: torch.Tensor,
+    conv_src: torch.Tensor,
+    chunk_tokens: torch.Tensor,
+) -> None:
+    """One launch behind the contract of `expand_round_reference` (int64 tensors, contiguous)."""
+    total, kernel = conv_src.shape
+    rows, chunk = chunk_tokens.shape
+    tensors = (pieces, piece_counts, num_tokens, chunk_spans, token_rows, conv_src, chunk_tokens)
+    if (pieces.shape[0] != len(PIECE_ROWS) or token_rows.shape != (len(TOKEN_ROWS), total)
+            or chunk_spans.shape != (2, rows) or not all(x.is_contiguous() and x.dtype == torch.int64 for x in tensors)):
+        raise ValueError(f"expand_round: pieces {tuple(pieces.shape)}, token rows {tuple(token_rows.shape)}, "
+                         f"conv {tuple(conv_src.shape)}, spans {tuple(chunk_spans.shape)}, chunks {tuple(chunk_tokens.shape)}")
+    token_programs = triton.cdiv(total, BLOCK_TOKENS)
+    _expand_round_kernel[(token_programs + triton.cdiv(rows, BLOCK_ROWS),)](
+        *tensors, total, pieces.shape[1], rows, token_programs,
+        K=kernel, CHUNK=chunk, SEARCH_STEPS=max(1, (pieces.shape[1] - 1).bit_length()), BT=BLOCK_TOKENS,
+        BR=BLOCK_ROWS,
+    )
