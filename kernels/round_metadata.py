@@ -112,12 +112,12 @@ def _expand_round_kernel(
             tl.store(conv_ptr + t * K + j, tl.where(is_real, source, 0), mask=inside)
     else:
         row = (pid - token_programs) * BR + tl.arange(0, BR).to(tl.int64)
-        inside = row < chunk_rows
-        start = tl.load(spans_ptr + row, mask=inside, other=0)
-        end = tl.load(spans_ptr + chunk_rows + row, mask=inside, other=0)
-        positions = start[:, None] + tl.arange(0, CHUNK)[None, :]
+        row_ok = row < chunk_rows  # names differ from the other branch's: Triton merges same-named values
+        span_start = tl.load(spans_ptr + row, mask=row_ok, other=0)
+        span_end = tl.load(spans_ptr + chunk_rows + row, mask=row_ok, other=0)
+        positions = span_start[:, None] + tl.arange(0, CHUNK)[None, :]
         tl.store(chunks_ptr + row[:, None] * CHUNK + tl.arange(0, CHUNK)[None, :],
-                 tl.where(positions < end[:, None], positions, total), mask=inside[:, None])
+                 tl.where(positions < span_end[:, None], positions, total), mask=row_ok[:, None])
 
 
 def expand_round_triton(
