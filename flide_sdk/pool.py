@@ -36,6 +36,8 @@ from flide_sdk.models.qwen35 import (
     Qwen35Config,
 )
 
+PAGE_SLOTS = np.arange(PAGE, dtype=np.int64)  # offsets of a page's entries from its first
+
 
 @dataclass(eq=False)
 class Checkpoint:
@@ -179,12 +181,14 @@ class CheckpointPool:
             self._release(pages, slot)
             return None
         pages += taken
-        page_array = np.asarray(pages, dtype=np.int64)
-        written = np.arange(start // PAGE, len(pages))  # pages this save writes entries of (from their start)
-        self._page_fill[page_array[written]] = np.maximum(self._page_fill[page_array[written]],
-                                                          np.minimum(PAGE, at - written * PAGE))
-        positions = np.arange(start, at)
-        kv_slots = page_array[positions // PAGE] * PAGE + positions % PAGE
+        first = start // PAGE
+        written = np.asarray(pages[first:], dtype=np.int64)  # pages this save writes entries of (from their start)
+        self._page_fill[written] = np.maximum(self._page_fill[written],
+                                              np.minimum(PAGE, at - np.arange(first, len(pages)) * PAGE))
+        # the slots of the written pages, then those of positions [start, at) among them (not a division and a
+        # remainder per position): `Engine._request_spec` of a lone 2,000-token state 40 -> 27 us (medians,
+        # the two interleaved in one process, this repository's CPU VM)
+        kv_slots = (written[:, None] * PAGE + PAGE_SLOTS).ravel()[start - first * PAGE : at - first * PAGE]
         key = trunk.block_hash(at // BLOCK)
         checkpoint = Checkpoint(trunk.buffer, at, slot, pages, key)
         self.counters["page_copies"] += len(copies)
