@@ -24,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,19 +79,6 @@ def _default_pool_bytes(device: torch.device) -> int:
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * CUDA_POOL_FRACTION)
     return CPU_POOL_BYTES
-
-
-def _stay_awake() -> None:
-    """The callback `_wake_loops` schedules: waking the loop is its whole job."""
-
-
-def _wake_loops(groups: list[list[PendingAsk]]) -> None:
-    """Wake the event loops awaiting a round's asks while its last layer still runs on the device: a loop
-    asleep through the round's milliseconds takes its longest wake-up (its core idle and cold) right on the
-    answers' path; woken a layer early, it is back in a short sleep when the answers come."""
-    for loop in {ask.awaited_on for group in groups for ask in group if ask.awaited_on is not None}:
-        with suppress(RuntimeError):  # a loop closed meanwhile: nobody awaits there any more
-            loop.call_soon_threadsafe(_stay_awake)
 
 
 class AskPayload:
@@ -289,7 +276,6 @@ class Engine:
         queue_timeout: seconds to wait for room before raising QueueFullError (None: wait as long as it takes).
         """
         waits = self._room_waits(queue_timeout)
-        ask.awaited_on = asyncio.get_running_loop()
         while not self._loop.try_submit(ask):
             await asyncio.sleep(next(waits))
         return await asyncio.wrap_future(ask.future)
@@ -512,13 +498,9 @@ class Engine:
         return self.model(host.to(self.device), self.ops, self._caches).cpu().numpy()
 
     def _finish(self, flight: InFlight) -> None:
-        """Wait for a launched round and resolve its asks. The event loops awaiting them are woken when the
-        replay reaches the model's last layer (`_wake_loops`)."""
+        """Wait for a launched round and resolve its asks."""
         waited = time.perf_counter()
         result = flight.result
-        if isinstance(result, Launch):
-            result.wait_last_layer()
-            _wake_loops(flight.groups)
         probabilities = result.wait() if isinstance(result, Launch) else result
         finished = time.perf_counter()
         answers = self._answers(flight.groups, probabilities)

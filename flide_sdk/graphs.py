@@ -90,17 +90,11 @@ class Launch:
     """A round on its way through the device; `wait()` returns its probabilities [questions, labels]."""
 
     def __init__(self, probabilities: np.ndarray, events: Sequence[torch.cuda.Event], capacity: Capacity,
-                 host_seconds: dict[str, float], last_layer: torch.cuda.Event | None = None) -> None:
+                 host_seconds: dict[str, float]) -> None:
         self._probabilities = probabilities
         self._events = events  # before and after the replay (copies in and out included)
-        self._last_layer = last_layer  # recorded by the replay when it reaches the model's last layer
         self.capacity = capacity
         self.host_seconds = host_seconds  # host time of the launch's parts (`GraphRunner.launch`)
-
-    def wait_last_layer(self) -> None:
-        """Wait until the replay has reached the model's last layer (the answers are about a layer away)."""
-        if self._last_layer is not None:
-            self._last_layer.synchronize()
 
     def wait(self) -> np.ndarray:
         self._events[-1].synchronize()
@@ -149,8 +143,6 @@ class GraphRunner:
         # per buffer pair: before and after its replay; reused by the round after next, which starts only
         # after the engine waited for this one (its readback), so the pair is free by then (`_replayed`)
         self._events = [[torch.cuda.Event(enable_timing=True) for _ in range(2)] for _ in range(BUFFERS)]
-        # per buffer pair: recorded inside its graphs where the forward reaches the last layer (`Launch.wait_last_layer`)
-        self._last_layer = [torch.cuda.Event(external=True) for _ in range(BUFFERS)]
         self._next = 0
         self._layouts = layouts
         self._captured: dict[Capacity, _Captured] = {}
@@ -182,13 +174,13 @@ class GraphRunner:
                 self.model(rnd, self.ops, self.caches)  # warm-up: compiles kernels, sizes workspaces
             torch.cuda.current_stream(self.device).wait_stream(side)
             graphs, outputs = [], []
-            for staging, readback, last_layer in zip(self._staging, self._readback, self._last_layer):
+            for staging, readback in zip(self._staging, self._readback):
                 out = readback[: capacity.questions * capacity.labels].view(capacity.questions, capacity.labels)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
                     device_head.copy_(staging[: layout.elements], non_blocking=True)
                     expand()
-                    out.copy_(self.model(rnd, self.ops, self.caches, last_layer.record), non_blocking=True)
+                    out.copy_(self.model(rnd, self.ops, self.caches), non_blocking=True)
                 graphs.append(graph)
                 outputs.append(out.numpy())
             self._captured[capacity] = _Captured(layout, graphs, host_views, outputs)
@@ -221,5 +213,4 @@ class GraphRunner:
         replayed = time.perf_counter()
         host_seconds = {"buffer_wait_seconds": freed - started, "pad_seconds": padded - freed,
                         "replay_call_seconds": replayed - padded}
-        return Launch(captured.probabilities[buffer][: plan.num_questions], events, capacity, host_seconds,
-                      self._last_layer[buffer])
+        return Launch(captured.probabilities[buffer][: plan.num_questions], events, capacity, host_seconds)

@@ -28,7 +28,6 @@ admission, so a test can queue several asks and have them admitted together, det
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -48,15 +47,13 @@ LOG = logging.getLogger(__name__)
 class PendingAsk:
     """One queued ask: its payload for the engine, an estimate of its stream tokens, its future, and when it
     was queued (time.perf_counter(), set by the loop). An ask whose preparation is deferred carries it in
-    `prepare` (it fills payload and tokens, raising on bad input) until `prepare_now` runs it. `awaited_on` is
-    the event loop awaiting the future (None for a blocking caller)."""
+    `prepare` (it fills payload and tokens, raising on bad input) until `prepare_now` runs it."""
 
     payload: Any
     tokens: int
     future: Future = field(default_factory=Future)
     queued_at: float = 0.0
     prepare: Callable[[], None] | None = None
-    awaited_on: asyncio.AbstractEventLoop | None = None
 
     def prepare_now(self) -> None:
         """Run the deferred preparation, if any, once."""

@@ -21,7 +21,7 @@ logit of magnitude 16 is rounded by up to 1/16, which moves an option's probabil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -366,10 +366,7 @@ class Qwen35Model(nn.Module):
         return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
     @torch.inference_mode()
-    def forward(self, rnd: RoundTensors, ops: Ops, caches: Sequence[LayerCache],
-                before_last_layer: Callable[[], None] | None = None) -> torch.Tensor:
-        """The label probabilities [questions, labels] of a round; `before_last_layer` is called when the pass
-        reaches its last layer (a captured graph records an event there: `graphs.GraphRunner`)."""
+    def forward(self, rnd: RoundTensors, ops: Ops, caches: Sequence[LayerCache]) -> torch.Tensor:
         # tables derived from the round's metadata are built once per pass, inside it: a graph captured after a
         # warm-up pass on the same round tensors must contain their build
         rnd.attention.tile_tables.clear()
@@ -379,8 +376,6 @@ class Qwen35Model(nn.Module):
         last = len(self.layers) - 1
         delta = None  # each layer's MLP output, added to the stream by the next norm
         for index, (layer, cache) in enumerate(zip(self.layers, caches)):
-            if index == last and before_last_layer is not None:
-                before_last_layer()
             x, delta = layer(x, delta, rnd, ops, rope, rnd.readout.rows if index == last else None, cache)
         _, h = self.norm.add(x, delta, ops)  # [R, hidden]
         # [R, L]; label ids -1 where a question has fewer labels
