@@ -6,8 +6,10 @@ requests out as Python lists per piece (a trunk or a branch), segment and questi
 arrays from them with a few vectorised numpy calls per array (no per-token Python), either at the round's
 own size (`plan_round`, a `HostRound`) or straight into the arrays of a fixed capacity, padded only at the
 tail, so a captured CUDA graph can read any round that fits (`capacity.pad_into`); `HostRound.to(device)`
-copies them. Token-wise metadata other than the ids is one [5, T] block (`TOKEN_ROWS`) and a level's
-per-segment tables one [5, S] block (`SEGMENT_ROWS`): one copy each into a staging buffer. Before
+copies them. A graph's staging buffer gets less (`write_staged`): a piece table and chunk spans in place of
+the per-token and per-chunk-position arrays, which the device expands (`kernels.round_metadata`). Token-wise
+metadata other than the ids is one [5, T] block (`TOKEN_ROWS`) and a level's per-segment tables one [5, S]
+block (`SEGMENT_ROWS`): one copy each into a staging buffer. Before
 (29f7a42, the numpy planner), a lone ask's plan and staging took about 150 numpy calls: 0.37 -> 0.18 ms at
 Q = 1 and 0.70 -> 0.45 ms at Q = 64 on this repository's CPU VM, interleaved in one process. Nothing here
 looks at the model's weights.
@@ -488,8 +490,8 @@ class RoundPlan:
             self._ids += (request.trunk, request.branches.ids)
             at, position = start + computed, first + computed
             for length in request.branches.lengths.tolist():
-                self._pieces.append((at, position, first, start, resume_index, position - at, start, start + computed, at,
-                                     index))
+                self._pieces.append((at, position, first, start, resume_index,
+                                     position - at, start, start + computed, at, index))
                 self._lengths.append(length)
                 segments[2].append((at, length, trunk_final, DISCARD_ROW))
                 at += length

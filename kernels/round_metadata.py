@@ -133,10 +133,13 @@ def expand_round_triton(
     total, kernel = conv_src.shape
     rows, chunk = chunk_tokens.shape
     tensors = (pieces, piece_counts, num_tokens, chunk_spans, token_rows, conv_src, chunk_tokens)
+    well_formed = all(x.is_contiguous() and x.dtype == torch.int64 for x in tensors)
     if (pieces.shape[0] != len(PIECE_ROWS) or token_rows.shape != (len(TOKEN_ROWS), total)
-            or chunk_spans.shape != (2, rows) or not all(x.is_contiguous() and x.dtype == torch.int64 for x in tensors)):
-        raise ValueError(f"expand_round: pieces {tuple(pieces.shape)}, token rows {tuple(token_rows.shape)}, "
-                         f"conv {tuple(conv_src.shape)}, spans {tuple(chunk_spans.shape)}, chunks {tuple(chunk_tokens.shape)}")
+            or chunk_spans.shape != (2, rows) or not well_formed):
+        shapes = ", ".join(f"{name} {tuple(x.shape)}" for name, x in
+                           zip(("pieces", "token rows", "conv", "spans", "chunks"),
+                               (pieces, token_rows, conv_src, chunk_spans, chunk_tokens)))
+        raise ValueError(f"expand_round: {shapes} (int64, contiguous)")
     token_programs = triton.cdiv(total, BLOCK_TOKENS)
     _expand_round_kernel[(token_programs + triton.cdiv(rows, BLOCK_ROWS),)](
         *tensors, total, pieces.shape[1], rows, token_programs,
