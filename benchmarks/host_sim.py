@@ -4,8 +4,8 @@
 
 Everything a CUDA engine does on the host runs as it does there: the real Qwen3.5 tokenizer and chat template,
 rendering, the round loop and its threads, admission, planning and the staging of every round into a graph
-capacity's staging arrays (`stage_into`, two buffers in rotation). Only the device is modeled: a launched round completes
-`placeholder(T) + 0.9 ms per 1,000 real tokens` after the previous one (the 0.8B H200 replay times of each
+capacity's staging arrays (`stage_into`, two buffers in rotation). Only the device is modeled: a launched round
+completes `placeholder(T) + 0.9 ms per 1,000 real tokens` after the previous one (the 0.8B H200 replay times of each
 capacity's one-token placeholder, `2026-12-01-ladder-rungs-h200.json`, plus the real tokens' share: a RACE
 passage 3.2 ms, a 2,165-token Q = 4 ask 7.8 ms, as measured), and waiting for it sleeps without the GIL (a CUDA
 event wait spins without it). The tiny random model stands behind the engine (no forward runs). Runs
