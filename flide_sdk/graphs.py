@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from flide_sdk.capacity import Capacity, choose, stage_into
-from flide_sdk.kernels.round_metadata import expand_round_triton
+from flide_sdk.kernels.round_metadata import RoundMetadata, expand_round_triton
 from flide_sdk.layout import Branches, HostRound, RequestSpec, RoundPlan, StateRows, plan_round
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
 from flide_sdk.ops import Ops
@@ -75,10 +75,8 @@ def device_round(
     expands the one into the other (`kernels.round_metadata`; `expansion` its kernel or its reference)."""
     arrays = {**staged, "token_rows": expanded["token_rows"], "conv_src": expanded["conv_src"],
               **capacity.level_views(expanded["chunk_tokens"])}
-    expand = functools.partial(expansion, staged["pieces"], staged["piece_counts"], staged["num_tokens"],
-                               staged["chunk_spans"], expanded["token_rows"], expanded["conv_src"],
-                               expanded["chunk_tokens"])
-    return arrays, expand
+    metadata = RoundMetadata(**{name: {**staged, **expanded}[name] for name in RoundMetadata._fields})
+    return arrays, functools.partial(expansion, metadata)
 
 
 def placeholder_round(conv_kernel: int, rows: StateRows, kv_sink: int) -> HostRound:

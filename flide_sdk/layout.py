@@ -553,11 +553,11 @@ class RoundPlan:
         (K - 1 rows after all stream rows of the arrays, padding included)."""
         real, count, window = self.num_real, self.num_requests, self.conv_kernel - 1
         total = len(out["ids"])
-        pieces = np.array(self._pieces, dtype=np.int64).T[:, :, None] if self._pieces else None
+        pieces = self._piece_block()
         rows = out["token_rows"]
         lengths = np.array(self._lengths, dtype=np.int64)
         if real:
-            rows[:, :real] = np.repeat(pieces[len(CONV_PIECE_ROWS) :, :, 0], lengths, axis=1)
+            rows[:, :real] = np.repeat(pieces[len(CONV_PIECE_ROWS) :], lengths, axis=1)
             rows[0, :real] += _iota(real)
         rows[:, real:] = np.array([[0], [real], [real], [real], [count]], dtype=np.int64)
 
@@ -566,9 +566,9 @@ class RoundPlan:
         conv = out["conv_src"]
         conv[:real] = _conv_rows(self.conv_kernel, real)
         conv[real:] = 0
-        if pieces is not None:
+        if self._pieces:
             lead, back = _lead_taps(window)
-            start, position, first, trunk_start, resume_index = pieces[: len(CONV_PIECE_ROWS)]
+            start, position, first, trunk_start, resume_index = pieces[: len(CONV_PIECE_ROWS), :, None]
             q = position + (lead - back)  # the position each such tap reads
             src = np.where(q >= first, trunk_start + (q - first) + 1,
                            np.where(q >= 0, 1 + total + resume_index * window + (q - first) + window, 0))
@@ -578,7 +578,8 @@ class RoundPlan:
                 flat, src = flat[valid], src[valid]
             np.put(conv, flat, src)
 
-        pad_column = self._write_shared(out, window_sink, kv_sink, zero_row)
+        self._write_shared(out, window_sink, kv_sink)
+        pad_column = _segment_padding(zero_row)
         for index, level in enumerate(self.levels):
             prefix = f"level{index}."
             level.write(out[prefix + "chunk_tokens"], out[prefix + "segment_rows"], out[prefix + "sizes"], total,
@@ -594,10 +595,10 @@ class RoundPlan:
         (each chunk row's first stream index and its segment's end; the levels' rows one after the other,
         `chunk_rows` per level, padding rows empty at the round's capacity)."""
         total = len(out["ids"])
-        if self._pieces:
-            out["pieces"][:, : len(self._pieces)] = np.array(self._pieces, dtype=np.int64).T
+        out["pieces"][:, : len(self._pieces)] = self._piece_block()
         out["piece_counts"][:] = (len(self._pieces), self.num_requests)
-        pad_column = self._write_shared(out, window_sink, kv_sink, zero_row)
+        self._write_shared(out, window_sink, kv_sink)
+        pad_column = _segment_padding(zero_row)
         spans, offset = out["chunk_spans"], 0
         for index, (level, rows) in enumerate(zip(self.levels, chunk_rows)):
             prefix = f"level{index}."
@@ -605,9 +606,12 @@ class RoundPlan:
                               total, pad_column)
             offset += rows
 
-    def _write_shared(self, out: dict[str, np.ndarray], window_sink: int, kv_sink: int, zero_row: int) -> np.ndarray:
-        """The arrays `write` and `write_staged` both write (`write` says how); returns the segment tables'
-        padding column."""
+    def _piece_block(self) -> np.ndarray:
+        """The pieces as a [PIECE_ROWS, pieces] block."""
+        return np.array(self._pieces, dtype=np.int64).reshape(-1, len(PIECE_ROWS)).T
+
+    def _write_shared(self, out: dict[str, np.ndarray], window_sink: int, kv_sink: int) -> None:
+        """The arrays `write` and `write_staged` both write (`write` says how)."""
         real, count, window = self.num_real, self.num_requests, self.conv_kernel - 1
         total = len(out["ids"])
         ids = out["ids"]
@@ -661,7 +665,11 @@ class RoundPlan:
         save_slots[len(self._saves) :] = window_sink
         if "num_tokens" in out:
             out["num_tokens"][0] = real
-        return np.array([[zero_row], [DISCARD_ROW], [0], [0], [-1]], dtype=np.int64)
+
+
+def _segment_padding(zero_row: int) -> np.ndarray:
+    """A padding segment's column of SEGMENT_ROWS: it starts from the zero row, keeps no state, has no chunks."""
+    return np.array([[zero_row], [DISCARD_ROW], [0], [0], [-1]], dtype=np.int64)
 
 
 def _iota(count: int) -> np.ndarray:

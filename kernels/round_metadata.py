@@ -18,6 +18,8 @@ shapes only: CUDA-graph safe), the first of a captured round.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -31,19 +33,21 @@ assert PIECE_ROWS[:5] == ("start", "position", "first", "trunk_start", "resume_i
 assert PIECE_ROWS[len(CONV_PIECE_ROWS) :] == TOKEN_ROWS
 
 
-def expand_round_reference(
-    pieces: torch.Tensor,
-    piece_counts: torch.Tensor,
-    num_tokens: torch.Tensor,
-    chunk_spans: torch.Tensor,
-    token_rows: torch.Tensor,
-    conv_src: torch.Tensor,
-    chunk_tokens: torch.Tensor,
-) -> None:
-    """Fill token_rows [5, T], conv_src [T, K] and chunk_tokens [rows, C] in place.
+class RoundMetadata(NamedTuple):
+    """A staged round's device arrays (read) and the arrays it is expanded into (written), all int64."""
 
-    pieces [PIECE_ROWS, P] (the first piece_counts[0] columns real, in stream order, the first starting at 0);
-    piece_counts [2]: pieces, requests; num_tokens [1]: real tokens; chunk_spans [2, rows]: start, end."""
+    pieces: torch.Tensor  # [PIECE_ROWS, P]: the first piece_counts[0] columns real, in stream order, the first at 0
+    piece_counts: torch.Tensor  # [2]: pieces, requests
+    num_tokens: torch.Tensor  # [1]: real tokens
+    chunk_spans: torch.Tensor  # [2, rows]: each chunk row's first stream index and its segment's end
+    token_rows: torch.Tensor  # [5, T] (written)
+    conv_src: torch.Tensor  # [T, K] (written)
+    chunk_tokens: torch.Tensor  # [rows, GDN_CHUNK] (written)
+
+
+def expand_round_reference(arrays: RoundMetadata) -> None:
+    """Fill arrays.token_rows, conv_src and chunk_tokens in place from the staged arrays."""
+    pieces, piece_counts, num_tokens, chunk_spans, token_rows, conv_src, chunk_tokens = arrays
     total, kernel = conv_src.shape
     window = kernel - 1
     count, requests = (int(value) for value in piece_counts)
@@ -120,29 +124,19 @@ def _expand_round_kernel(
                  tl.where(positions < span_end[:, None], positions, total), mask=row_ok[:, None])
 
 
-def expand_round_triton(
-    pieces: torch.Tensor,
-    piece_counts: torch.Tensor,
-    num_tokens: torch.Tensor,
-    chunk_spans: torch.Tensor,
-    token_rows: torch.Tensor,
-    conv_src: torch.Tensor,
-    chunk_tokens: torch.Tensor,
-) -> None:
+def expand_round_triton(arrays: RoundMetadata) -> None:
     """One launch behind the contract of `expand_round_reference` (int64 tensors, contiguous)."""
-    total, kernel = conv_src.shape
-    rows, chunk = chunk_tokens.shape
-    tensors = (pieces, piece_counts, num_tokens, chunk_spans, token_rows, conv_src, chunk_tokens)
-    well_formed = all(x.is_contiguous() and x.dtype == torch.int64 for x in tensors)
+    pieces, token_rows, chunk_spans = arrays.pieces, arrays.token_rows, arrays.chunk_spans
+    total, kernel = arrays.conv_src.shape
+    rows, chunk = arrays.chunk_tokens.shape
+    well_formed = all(x.is_contiguous() and x.dtype == torch.int64 for x in arrays)
     if (pieces.shape[0] != len(PIECE_ROWS) or token_rows.shape != (len(TOKEN_ROWS), total)
             or chunk_spans.shape != (2, rows) or not well_formed):
-        shapes = ", ".join(f"{name} {tuple(x.shape)}" for name, x in
-                           zip(("pieces", "token rows", "conv", "spans", "chunks"),
-                               (pieces, token_rows, conv_src, chunk_spans, chunk_tokens)))
+        shapes = ", ".join(f"{name} {tuple(x.shape)}" for name, x in arrays._asdict().items())
         raise ValueError(f"expand_round: {shapes} (int64, contiguous)")
     token_programs = triton.cdiv(total, BLOCK_TOKENS)
     _expand_round_kernel[(token_programs + triton.cdiv(rows, BLOCK_ROWS),)](
-        *tensors, total, pieces.shape[1], rows, token_programs,
+        *arrays, total, pieces.shape[1], rows, token_programs,
         K=kernel, CHUNK=chunk, SEARCH_STEPS=max(1, (pieces.shape[1] - 1).bit_length()), BT=BLOCK_TOKENS,
         BR=BLOCK_ROWS,
     )
