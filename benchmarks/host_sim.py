@@ -55,8 +55,11 @@ class ModeledLaunch(Launch):
 
     def __init__(self, probabilities: np.ndarray, capacity: Capacity, host_seconds: dict[str, float], done_at: float,
                  device_seconds: float) -> None:
-        super().__init__(probabilities, [], capacity, host_seconds)
+        super().__init__(probabilities, [], capacity, host_seconds, done_at - device_seconds)
         self.done_at, self.seconds = done_at, device_seconds
+
+    def done(self) -> bool:
+        return time.perf_counter() >= self.done_at
 
     def wait(self) -> np.ndarray:
         time.sleep(max(0.0, self.done_at - time.perf_counter()))

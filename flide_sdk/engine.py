@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 import time
 from collections import deque
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from flide_sdk.capacity import capacity_ladder
+from flide_sdk.capacity import Capacity, capacity_ladder
 from flide_sdk.errors import EngineClosedError, QueueFullError
 from flide_sdk.graphs import BUFFERS, GraphRunner, Launch
 from flide_sdk.history import BLOCK, Trunk
@@ -49,9 +50,18 @@ from flide_sdk.typesafe import SystemOneResponse, Usage
 if TYPE_CHECKING:
     from flide_sdk.session import Session
 
+LOG = logging.getLogger(__name__)
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_POOL_BYTES = 512 << 20
 CUDA_POOL_FRACTION = 0.4  # of the free device memory after the weights are loaded
+# a graph round alone on the device is finished by the event loop awaiting its asks (`Engine._watch`): the loop
+# polls the device from POLL_LEAD_S before the fastest of the graph's last REPLAY_WINDOW replays would end, and
+# the round thread takes the round back if the loop has not finished it by LEASE_FACTOR x that time + LEASE_SLACK_S
+POLL_LEAD_S = 0.0003
+REPLAY_WINDOW = 16
+LEASE_FACTOR, LEASE_SLACK_S = 1.5, 0.001
+SELECTOR_RESOLUTION_S = 0.001
 DEFER_MIN_TOKENS = 64  # an ask waits for a checkpoint produced in the same round only if it saves this much
 # (at least BLOCK: `_traverse` finds the producers an ask may wait for by the hash of their first block)
 STAT_KEYS = (
@@ -128,7 +138,7 @@ class AskPayload:
         return self.trunk.prefix_equals(producer.trunk.buffer, at) and not self.same_trunk(producer)
 
 
-@dataclass
+@dataclass(eq=False)
 class InFlight:
     """A launched round: its asks (grouped by shared trunk), real stream tokens, and its probabilities
     (a `Launch` to wait for, or the array itself when the round ran eagerly)."""
@@ -156,6 +166,7 @@ class Engine:
         round_deadline_ms: float = 0.0,
         max_pending: int = 4096,
         graphs: bool | None = None,
+        answer_on_loop: bool = True,
         name: str = "qwen3.5",
     ) -> None:
         if renderer.max_prompt_tokens > model.config.max_position_embeddings:
@@ -174,6 +185,8 @@ class Engine:
         self._stats_lock = threading.Lock()
         self._stats: dict[str, float] = dict.fromkeys(STAT_KEYS, 0)
         self.max_round_requests = max_round_requests
+        self.answer_on_loop = answer_on_loop
+        self._replays: dict[Capacity, deque[float]] = {}  # device seconds of each graph's last replays
         self.max_round_questions = max_round_tokens  # every question has at least one branch token
         self.max_round_pages: int | None = None  # history pages the resumed asks of a round read (graphs: a limit)
         self._graphs: GraphRunner | None = None
@@ -193,7 +206,8 @@ class Engine:
         # are reused by the round after next, launched once this one is finished)
         self._loop = RoundLoop(self._select, self._launch, self._finish, max_round_tokens,
                                round_deadline_ms / 1000.0, max_pending, depth=BUFFERS,
-                               launch_in_caller=None if self._graphs is None else self._fits_a_graph)
+                               launch_in_caller=None if self._graphs is None else self._fits_a_graph,
+                               watch=self._watch)
 
     @classmethod
     def load(
@@ -210,6 +224,7 @@ class Engine:
         pool_checkpoints: int | None = None,
         max_pending: int = 4096,
         graphs: bool | None = None,
+        answer_on_loop: bool = True,
     ) -> Engine:
         """Load an HF-format Qwen3.5 checkpoint directory (text-only or release layout).
 
@@ -223,6 +238,11 @@ class Engine:
         pool_bytes: checkpoint pool budget (default 40% of free device memory on CUDA, 512 MiB on CPU);
         pool_checkpoints: how many checkpoints it holds at most (default: a quarter of the budget's worth).
         max_pending: queued asks before `ask` waits for room.
+        answer_on_loop: a graph round alone on the device whose asks are all awaited on one event loop is
+        finished by that loop: it sleeps until shortly before the round's expected end, polls the device on
+        each pass, and computes the answers itself, so no hand-off between threads lies on the answers' path
+        (it costs the loop's thread a core for a fraction of a millisecond per round). False: the round
+        thread finishes every round.
         """
         device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         model = load_model(path, device, _resolve_dtype(dtype, device))
@@ -237,6 +257,7 @@ class Engine:
             round_deadline_ms=round_deadline_ms,
             max_pending=max_pending,
             graphs=graphs,
+            answer_on_loop=answer_on_loop,
             name=Path(path).name,
         )
 
@@ -276,6 +297,9 @@ class Engine:
         queue_timeout: seconds to wait for room before raising QueueFullError (None: wait as long as it takes).
         """
         waits = self._room_waits(queue_timeout)
+        ask.awaited_on = asyncio.get_running_loop()
+        if self.answer_on_loop and self._graphs is not None:
+            ask.prepare_now()  # this loop is awake when it finishes a round (`_poll`): no need to hand it over
         while not self._loop.try_submit(ask):
             await asyncio.sleep(next(waits))
         return await asyncio.wrap_future(ask.future)
@@ -508,10 +532,61 @@ class Engine:
         with self._stats_lock:
             self._stats["finish_seconds"] += finished - waited
             if isinstance(result, Launch):
-                for key, seconds in result.device_seconds().items():
+                device = result.device_seconds()
+                self._replays.setdefault(result.capacity, deque(maxlen=REPLAY_WINDOW)).append(device["replay_seconds"])
+                for key, seconds in device.items():
                     self._stats[key] += seconds
         for ask, response in answers:
             ask.future.set_result(response)
+
+    def _watch(self, flight: InFlight) -> float | None:
+        """Lease a round alone on the device to the event loop that awaits all its asks (`answer_on_loop`): the
+        loop polls from POLL_LEAD_S before the fastest of its graph's recent replays would end and finishes the
+        round itself (`_poll`). Returns until when the lease holds (None: no lease, the round thread finishes
+        it). Called by the round loop, locked."""
+        result = flight.result
+        if not self.answer_on_loop or not isinstance(result, Launch):
+            return None
+        loops = {ask.awaited_on for group in flight.groups for ask in group}
+        with self._stats_lock:  # another thread's `_finish` may be adding a replay time
+            replays = self._replays.get(result.capacity)
+            fastest = min(replays) if replays else None
+        if len(loops) != 1 or None in loops or fastest is None:
+            return None
+        poll_at = result.started_at + fastest - POLL_LEAD_S
+        until = result.started_at + LEASE_FACTOR * fastest + LEASE_SLACK_S
+        loop = loops.pop()
+        try:
+            loop.call_soon_threadsafe(self._poll_from, loop, flight, poll_at, until)
+        except RuntimeError:  # the loop is closed: nobody awaits there
+            return None
+        return until
+
+    def _poll_from(self, loop: asyncio.AbstractEventLoop, flight: InFlight, poll_at: float, until: float) -> None:
+        """On the awaiting loop: start polling the leased round at `poll_at` (time.perf_counter()), or up to
+        SELECTOR_RESOLUTION_S before it: an event loop's selector sleeps in whole milliseconds, rounded up."""
+        delay = poll_at - time.perf_counter() - SELECTOR_RESOLUTION_S
+        if delay > 0:
+            loop.call_later(delay, self._poll, loop, flight, until)
+        else:
+            self._poll(loop, flight, until)
+
+    def _poll(self, loop: asyncio.AbstractEventLoop, flight: InFlight, until: float) -> None:
+        """On the awaiting loop: finish the leased round if the device is done with it, poll again on the loop's
+        next pass otherwise (its other tasks run meanwhile), and give the round back to the round thread once
+        the lease runs out."""
+        if flight.result.done():
+            if self._loop.take(flight):
+                try:
+                    self._finish(flight)
+                except BaseException as error:  # a bug in finishing: this round's asks fail, the engine goes on
+                    LOG.exception("finishing a round on its event loop failed")
+                    for ask in (ask for group in flight.groups for ask in group if not ask.future.done()):
+                        ask.future.set_exception(error)
+        elif time.perf_counter() < until:
+            loop.call_soon(self._poll, loop, flight, until)
+        else:
+            self._loop.release(flight)
 
     def _request_spec(self, group: list[PendingAsk]) -> tuple[RequestSpec, PlannedSave | None]:
         lead: AskPayload = group[0].payload

@@ -97,11 +97,16 @@ class Launch:
     """A round on its way through the device; `wait()` returns its probabilities [questions, labels]."""
 
     def __init__(self, probabilities: np.ndarray, events: Sequence[torch.cuda.Event], capacity: Capacity,
-                 host_seconds: dict[str, float]) -> None:
+                 host_seconds: dict[str, float], started_at: float) -> None:
         self._probabilities = probabilities
         self._events = events  # before and after the replay (copies in and out included)
         self.capacity = capacity
         self.host_seconds = host_seconds  # host time of the launch's parts (`GraphRunner.launch`)
+        self.started_at = started_at  # time.perf_counter() when the replay was issued
+
+    def done(self) -> bool:
+        """Whether the device has finished the round (its probabilities are on the host); never blocks."""
+        return self._events[-1].query()
 
     def wait(self) -> np.ndarray:
         self._events[-1].synchronize()
@@ -220,4 +225,4 @@ class GraphRunner:
         replayed = time.perf_counter()
         host_seconds = {"buffer_wait_seconds": freed - started, "pad_seconds": padded - freed,
                         "replay_call_seconds": replayed - padded}
-        return Launch(captured.probabilities[buffer][: plan.num_questions], events, capacity, host_seconds)
+        return Launch(captured.probabilities[buffer][: plan.num_questions], events, capacity, host_seconds, padded)

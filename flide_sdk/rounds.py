@@ -28,6 +28,7 @@ admission, so a test can queue several asks and have them admitted together, det
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -47,13 +48,15 @@ LOG = logging.getLogger(__name__)
 class PendingAsk:
     """One queued ask: its payload for the engine, an estimate of its stream tokens, its future, and when it
     was queued (time.perf_counter(), set by the loop). An ask whose preparation is deferred carries it in
-    `prepare` (it fills payload and tokens, raising on bad input) until `prepare_now` runs it."""
+    `prepare` (it fills payload and tokens, raising on bad input) until `prepare_now` runs it. `awaited_on` is
+    the event loop awaiting the future (None for a blocking caller)."""
 
     payload: Any
     tokens: int
     future: Future = field(default_factory=Future)
     queued_at: float = 0.0
     prepare: Callable[[], None] | None = None
+    awaited_on: asyncio.AbstractEventLoop | None = None
 
     def prepare_now(self) -> None:
         """Run the deferred preparation, if any, once."""
@@ -76,6 +79,7 @@ class RoundLoop:
         depth: int = 2,
         name: str = "flide-rounds",
         launch_in_caller: Callable[[PendingAsk], bool] | None = None,
+        watch: Callable[[Any], float | None] | None = None,
     ) -> None:
         self._select = select
         self._launch = launch
@@ -90,6 +94,8 @@ class RoundLoop:
         self._held = 0
         self.launch_in_caller = launch_in_caller
         self._launching = False  # a submitting thread is launching its ask's round
+        self._watch = watch
+        self._leases: dict[int, float] = {}  # id(flight) -> until when only its watcher finishes it (perf_counter)
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -165,7 +171,7 @@ class RoundLoop:
         finally:
             with self._cond:
                 if flight is not None:
-                    self._in_flight.append(flight)
+                    self._add_flight(flight)
                 self._launching = False
                 self._cond.notify_all()
 
@@ -228,7 +234,8 @@ class RoundLoop:
             with self._cond:  # closed by now: an ask being launched on its thread joins the rounds to finish
                 while self._launching:
                     self._cond.wait()
-            while self._in_flight:
+            while self._in_flight:  # leases no longer hold: the rounds must finish before the thread ends
+                self._leases.pop(id(self._in_flight[0]), None)
                 self._finish(self._in_flight.popleft())
 
     def _close_queue(self, reason: str) -> None:
@@ -246,7 +253,7 @@ class RoundLoop:
         """Launch a round, or finish the oldest one in flight; False once closed. An ask queued with its
         preparation deferred (it found the loop idle) is prepared and launched alone first."""
         batch: list[PendingAsk] = []
-        deferred = None
+        deferred = flight = None
         with self._cond:
             while (self._launching or not self._in_flight and (not self._pending or self._held)) and not self._closed:
                 self._cond.wait()
@@ -269,12 +276,57 @@ class RoundLoop:
                         return not self._closed
                 batch = self._select(self._pending)
                 self._cond.notify_all()  # room in the queue for waiting submitters
+            else:
+                flight = self._claim()
+                if flight is None:  # every round in flight is leased to its watcher
+                    self._cond.wait(min(self._leases.values()) - time.perf_counter())
+                    return True
         if deferred is not None:
             self._launch_here(deferred)
         elif batch:
-            flight = self._launch(batch)
-            if flight is not None:
-                self._in_flight.append(flight)
-        elif self._in_flight:
-            self._finish(self._in_flight.popleft())
+            launched = self._launch(batch)
+            if launched is not None:
+                with self._cond:
+                    self._add_flight(launched)
+        elif flight is not None:
+            self._finish(flight)
         return True
+
+    def _add_flight(self, flight: Any) -> None:
+        """Put a launched round in flight (called locked). A round alone on the device (nothing else in flight or
+        queued) is offered to `watch`, which may lease its finishing to another thread until a time it returns
+        (the event loop awaiting its asks, which then takes it with `take` once the device is done)."""
+        alone = not self._in_flight and not self._pending
+        self._in_flight.append(flight)
+        if alone and self._watch is not None:
+            until = self._watch(flight)
+            if until is not None:
+                self._leases[id(flight)] = until
+
+    def _claim(self) -> Any | None:
+        """The oldest round in flight that this thread may finish (no lease on it, or its lease ran out), taken
+        out of flight; None while every round in flight is leased (called locked)."""
+        now = time.perf_counter()
+        for flight in self._in_flight:
+            if self._leases.get(id(flight), now) <= now:
+                self._leases.pop(id(flight), None)
+                self._in_flight.remove(flight)
+                return flight
+        return None
+
+    def take(self, flight: Any) -> bool:
+        """Take a leased round out of flight for the calling thread to finish; False if the round thread claimed it
+        already (its lease ran out)."""
+        with self._cond:
+            if self._leases.pop(id(flight), None) is None:
+                return False
+            self._in_flight.remove(flight)
+            if self._pending:  # the round thread may be waiting for room in the pipeline
+                self._cond.notify_all()
+            return True
+
+    def release(self, flight: Any) -> None:
+        """Give a leased round back to the round thread (its watcher stops watching before the device is done)."""
+        with self._cond:
+            if self._leases.pop(id(flight), None) is not None:
+                self._cond.notify_all()
