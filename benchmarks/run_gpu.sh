@@ -3,7 +3,7 @@
 # Usage on the device, from the repository root with .whl/ and .bench-data/ carried:
 #   [SIZES="0.8B 4B"] bash benchmarks/run_gpu.sh [step ...]
 #   steps: attention gdn gdn-options conv fidelity check graphs profile qps qps-threads launch-path passages agent
-#          startup host-wake rungs
+#          startup host-wake rungs answer-on-loop
 #   (default: attention gdn fidelity)
 # JSON results land in $OUT (one file per benchmark) with a combined log. The engine benchmarks (qps passages
 # agent startup) print their JSON to $OUT only; the log gets their stderr tail and targets. Nothing else goes
@@ -61,6 +61,9 @@ for step in $steps; do
     passages) for size in $sizes; do engine_bench short_passages $size; done ;;
     agent) for size in $sizes; do engine_bench agent_replay $size; done ;;
     startup) for size in $sizes; do engine_bench startup $size; done ;;
+    answer-on-loop) python3 benchmarks/answer_on_loop.py --model-size 0.8B > /dev/null 2> /tmp/answer-on-loop.err
+      tail -c 600 /tmp/answer-on-loop.err
+      python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUT/answer_on_loop-0.8B.json" ;;
     host-wake) python3 benchmarks/host_wake.py | tail -c 600 ;;  # the host's idle and thread wake-up costs
     rungs) for size in $sizes; do python3 benchmarks/ladder_rungs.py --model-size $size | tail -c 2000; done ;;
     *) echo "unknown step $step" ;;

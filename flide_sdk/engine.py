@@ -1,9 +1,12 @@
 """`Engine`: the public entry point. Loads a checkpoint, renders asks, and runs them in rounds.
 
 An ask is validated in the caller (errors raise there, and the engine stays usable), then queued; an
-ask about a one-off state has its questions rendered and its state tokenized by the round thread when it
-finds the engine idle (its host stages ran faster there than on an asking thread that slept through the
-last round), by the caller otherwise (an error of those steps fails the ask's future alone). On the round
+ask about a one-off state has its questions rendered and its state tokenized by the caller, or, when a
+blocking caller finds the engine idle, by the round thread (its host stages ran faster there than on an
+asking thread that slept through the last round; an error of those steps fails the ask's future alone).
+A graph round alone on the device whose asks are all awaited on one event loop is finished by that loop
+(`answer_on_loop`, `_watch`): it is awake when the round ends, so no thread hand-off lies on the answers'
+path, and the same loop, still awake, prepares and launches its next ask itself. On the round
 thread, `_select` admits queued asks with state-ready traversal (RadixFlow): each ask looks up the furthest
 checkpoint matching its trunk; an ask that would resume from a checkpoint another admitted ask is producing
 in this very round waits for the next round, while the scan goes on filling the round with independent
@@ -299,7 +302,7 @@ class Engine:
         waits = self._room_waits(queue_timeout)
         ask.awaited_on = asyncio.get_running_loop()
         if self.answer_on_loop and self._graphs is not None:
-            ask.prepare_now()  # this loop is awake when it finishes a round (`_poll`): no need to hand it over
+            ask.prepare_now()  # this loop is awake when it finishes a round (`_poll`): no hand-off needed
         while not self._loop.try_submit(ask):
             await asyncio.sleep(next(waits))
         return await asyncio.wrap_future(ask.future)
@@ -326,7 +329,9 @@ class Engine:
         0.62 -> 0.47, its latency 11.11 -> 10.48 ms (Q = 64: 20.35 -> 18.71;
         `2026-12-01-questions_per_state-0.8B-handoff-ab.json`); with a RACE passage's four new questions rendered
         there too, its lone latency went from 5.71 / 5.11 / 4.81 to 4.98 / 4.75 / 4.99 ms in alternating blocks
-        of 25 asks (`2026-12-01-host-ab-h200.json`)."""
+        of 25 asks (`2026-12-01-host-ab-h200.json`). An ask awaited on an event loop of a graph engine with
+        `answer_on_loop` is prepared by that loop at once (`submit`): the loop finished the previous round itself
+        (`_poll`), so it did not sleep through its end."""
         if self._loop.closed:
             raise EngineClosedError("the engine is closed")
         started, cpu_started = time.perf_counter(), time.thread_time()

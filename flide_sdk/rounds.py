@@ -22,6 +22,12 @@ about a one-off state, whose rendering and tokenizing are most of an ask's host 
 idle is queued as it is: the round thread prepares, selects and launches it alone (on the H200's host its host
 stages took about a quarter less time there than on an asking thread asleep through the previous round:
 `Engine._state_ask`); otherwise the submitting thread prepares it.
+A round launched alone on the device may be leased to another thread (`watch`, the engine's: the event loop
+awaiting its asks) until a time `watch` returns: the round thread leaves it to that thread, which takes it out
+of flight (`take`) once the device is done and finishes it itself. No hand-off between threads then lies on
+the answers' path. The round thread finishes a leased round itself when the watcher gives it back (`release`),
+or once the lease has run out and it has other work to do (asks queued, another round to finish; a watcher
+that never polls again, e.g. a loop closed meanwhile, leaves its round to the next such moment or to `close`).
 Closing fails every queued ask with `EngineClosedError`; rounds already launched finish. `hold()` pauses
 admission, so a test can queue several asks and have them admitted together, deterministically.
 """
@@ -278,8 +284,10 @@ class RoundLoop:
                 self._cond.notify_all()  # room in the queue for waiting submitters
             else:
                 flight = self._claim()
-                if flight is None:  # every round in flight is leased to its watcher
-                    self._cond.wait(min(self._leases.values()) - time.perf_counter())
+                if flight is None:  # every round in flight is leased: wait for a watcher to take or release one,
+                    # and, with asks queued behind them, no longer than the first lease (no timed wake-up otherwise:
+                    # in a run of lone asks it came while their loop was preparing the next one)
+                    self._cond.wait(min(self._leases.values()) - time.perf_counter() if self._pending else None)
                     return True
         if deferred is not None:
             self._launch_here(deferred)

@@ -93,20 +93,50 @@ async def test_a_lone_round_is_finished_by_the_loop_that_awaits_it(tiny_path):
 
 
 @pytest.mark.asyncio
-async def test_a_loop_that_does_not_poll_gets_its_answers_from_the_round_thread(tiny_path):
-    """A loop blocked past its lease (here by a synchronous sleep) does not hold its round: the round thread
-    finishes it, and the answers arrive once the loop runs again."""
+async def test_a_blocked_loop_holds_up_no_other_ask(tiny_path):
+    """A loop blocked past its lease (here by a synchronous sleep) does not hold up the asks of others: an ask
+    from another thread queued meanwhile is answered while the loop still sleeps, the round thread having
+    finished the leased round first, and the blocked loop gets its answers once it runs again."""
     async with fl.Engine.load(tiny_path, device="cpu") as plain, fl.Engine.load(tiny_path, device="cpu") as engine:
         finishers = delayed(engine)
         await engine.ask("a first ask, to time the graph", GOOD)
         task = asyncio.ensure_future(engine.ask("an ask whose loop blocks", GOOD))
         while engine.stats()["graph_replays"] < 2:  # the ask is launched by its own task on this loop
             await asyncio.sleep(0)
-        time.sleep(4 * DEVICE_SECONDS)
+        answered: dict[str, float] = {}
+
+        def other() -> None:
+            asyncio.run(engine.ask("asked on another thread", GOOD))
+            answered["at"] = time.perf_counter()
+
+        helper = threading.Timer(3 * DEVICE_SECONDS, other)  # past the lease (1.5 x 0.05 + 0.001 s)
+        helper.start()
+        time.sleep(10 * DEVICE_SECONDS)  # noqa: ASYNC251 -- the point: this loop blocks past its lease
+        woke = time.perf_counter()
         assert_same_answers(await task, await plain.ask("an ask whose loop blocks", GOOD))
-        assert finishers == ["flide-rounds", "flide-rounds"]
+        helper.join(30)
+        assert answered["at"] < woke
+        assert finishers == ["flide-rounds"] * 3
         assert_same_answers(await engine.ask("and the next", GOOD), await plain.ask("and the next", GOOD))
         assert finishers[-1] == threading.current_thread().name
+
+
+def test_a_loop_closed_while_its_round_runs_does_not_stall_the_engine(tiny_path):
+    """A loop closed with its leased round in flight (a timed-out `asyncio.run`) never polls again: the engine
+    finishes that round when the next ask comes, and serves it as usual."""
+    with fl.Engine.load(tiny_path, device="cpu") as engine:
+        finishers = delayed(engine)
+        asyncio.run(engine.ask("a first ask, to time the graph", GOOD))
+
+        async def impatient() -> None:
+            await asyncio.wait_for(engine.ask("asked, then given up on", GOOD), DEVICE_SECONDS / 5)
+
+        with pytest.raises(asyncio.TimeoutError):
+            asyncio.run(impatient())
+        time.sleep(3 * DEVICE_SECONDS)  # the lease runs out
+        response = asyncio.run(engine.ask("the next ask", GOOD))
+        assert set(response) == set(GOOD)
+        assert engine.stats()["rounds"] == 3 and finishers[1] == "flide-rounds"
 
 
 @pytest.mark.asyncio
