@@ -79,7 +79,7 @@ async def measure(engine, reps: int, race_block: int, state_block: int, warmup: 
         questions = noul_questions(q)
         for _ in range(warmup):
             await engine.ask(states.next(), questions)
-        results[f"q{q}"] = await alternate(engine, lambda: (states.next(), questions), reps, state_block)
+        results[f"q{q}"] = await alternate(engine, lambda asked=questions: (states.next(), asked), reps, state_block)
     return results
 
 
