@@ -240,9 +240,13 @@ class RoundLoop:
             with self._cond:  # closed by now: an ask being launched on its thread joins the rounds to finish
                 while self._launching:
                     self._cond.wait()
-            while self._in_flight:  # leases no longer hold: the rounds must finish before the thread ends
-                self._leases.pop(id(self._in_flight[0]), None)
-                self._finish(self._in_flight.popleft())
+            while True:  # leases no longer hold: the rounds must finish before the thread ends
+                with self._cond:  # (a watcher may be taking one meanwhile)
+                    if not self._in_flight:
+                        break
+                    flight = self._in_flight.popleft()
+                    self._leases.pop(id(flight), None)
+                self._finish(flight)
 
     def _close_queue(self, reason: str) -> None:
         """Stop admitting (new asks raise EngineClosedError) and fail every queued ask with `reason`."""
