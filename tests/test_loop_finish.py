@@ -111,7 +111,7 @@ async def test_a_blocked_loop_holds_up_no_other_ask(tiny_path):
 
         helper = threading.Timer(3 * DEVICE_SECONDS, other)  # past the lease (1.5 x 0.05 + 0.001 s)
         helper.start()
-        time.sleep(10 * DEVICE_SECONDS)  # noqa: ASYNC251 -- the point: this loop blocks past its lease
+        time.sleep(20 * DEVICE_SECONDS)  # noqa: ASYNC251 -- the point: this loop blocks past its lease
         woke = time.perf_counter()
         assert_same_answers(await task, await plain.ask("an ask whose loop blocks", GOOD))
         helper.join(30)
