@@ -60,7 +60,8 @@ CPU_POOL_BYTES = 512 << 20
 CUDA_POOL_FRACTION = 0.4  # of the free device memory after the weights are loaded
 # a graph round alone on the device is finished by the event loop awaiting its asks (`Engine._watch`): the loop
 # polls the device from POLL_LEAD_S before the fastest of the graph's last REPLAY_WINDOW replays would end, and
-# the round thread takes the round back if the loop has not finished it by LEASE_FACTOR x that time + LEASE_SLACK_S
+# its lease runs LEASE_FACTOR x that time + LEASE_SLACK_S from the launch (the loop then gives the round back to
+# the round thread, which also takes it once the lease has run out if asks queue behind it)
 POLL_LEAD_S = 0.0003
 REPLAY_WINDOW = 16
 LEASE_FACTOR, LEASE_SLACK_S = 1.5, 0.001
