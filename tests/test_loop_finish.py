@@ -1,7 +1,8 @@
 """A graph round alone on the device is finished by the event loop that awaits its asks (`answer_on_loop`).
 
 CPU engines replay no graphs, so these tests stand a delayed runner in for the graphs: it runs the round
-eagerly when launched and reports it done `DEVICE_SECONDS` later, as a replay on the device would be.
+eagerly when launched and reports it done `DEVICE_SECONDS` later, as a replay on the device would be (host_sim's
+modeled launch).
 """
 
 from __future__ import annotations
@@ -14,32 +15,14 @@ import numpy as np
 import pytest
 
 import flide_sdk as fl
-from flide_sdk.capacity import Capacity, capacity_ladder, choose
-from flide_sdk.graphs import Launch
+from benchmarks.host_sim import ModeledLaunch
+from flide_sdk.capacity import capacity_ladder, choose
 from flide_sdk.layout import RoundPlan
 
 from .conftest import answer_probabilities
 
 GOOD = {"n": fl.Noul("Is it late?"), "c": fl.Choice("Next?", {"wait": None, "act": None})}
 DEVICE_SECONDS = 0.05
-
-
-class DelayedLaunch(Launch):
-    """A round whose probabilities are ready at once but that counts as running until `seconds` after launch."""
-
-    def __init__(self, probabilities: np.ndarray, capacity: Capacity, seconds: float) -> None:
-        super().__init__(probabilities, [], capacity, {}, time.perf_counter())
-        self.seconds = seconds
-
-    def done(self) -> bool:
-        return time.perf_counter() >= self.started_at + self.seconds
-
-    def wait(self) -> np.ndarray:
-        time.sleep(max(0.0, self.started_at + self.seconds - time.perf_counter()))
-        return self._probabilities
-
-    def device_seconds(self) -> dict[str, float]:
-        return {"replay_seconds": self.seconds}
 
 
 class DelayedRunner:
@@ -50,8 +33,9 @@ class DelayedRunner:
         self.ladder = capacity_ladder(engine.model.config.conv_kernel, 4096, engine.max_round_requests,
                                       engine.renderer.max_prompt_tokens)
 
-    def launch(self, plan: RoundPlan) -> DelayedLaunch:
-        return DelayedLaunch(self.engine._run_eager(plan.host_round()), choose(self.ladder, plan), self.seconds)
+    def launch(self, plan: RoundPlan) -> ModeledLaunch:
+        return ModeledLaunch(self.engine._run_eager(plan.host_round()), choose(self.ladder, plan), {},
+                             time.perf_counter() + self.seconds, self.seconds)
 
 
 def delayed(engine: fl.Engine, seconds: float = DEVICE_SECONDS) -> list[str]:
