@@ -8,34 +8,9 @@ in `flide_sdk.errors`.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-
-def _register_source_kernels() -> None:
-    """Make the top-level `kernels/` folder importable as `flide_sdk.kernels` when running from a checkout.
-
-    An installed wheel (or an editable install) maps it there already; with only PYTHONPATH set to the
-    repository root, this registers the folder under that name so nothing named `kernels` is top-level.
-    """
-    name = __name__ + ".kernels"
-    if importlib.util.find_spec(name) is not None:
-        return
-    source = Path(__file__).resolve().parent.parent / "kernels" / "__init__.py"
-    spec = importlib.util.spec_from_file_location(name, source, submodule_search_locations=[str(source.parent)])
-    if spec is None or spec.loader is None:
-        raise ImportError(f"flide_sdk.kernels not found (looked for {source})")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-
-
-_register_source_kernels()
-
-from flide_sdk.decide import decide  # noqa: E402
-from flide_sdk.engine import Engine  # noqa: E402
-from flide_sdk.errors import (  # noqa: E402
+from flide_sdk.decide import decide
+from flide_sdk.engine import Engine
+from flide_sdk.errors import (
     CheckpointError,
     EngineClosedError,
     FlideError,
@@ -45,10 +20,10 @@ from flide_sdk.errors import (  # noqa: E402
     QueueFullError,
     StateTooLongError,
 )
-from flide_sdk.guard import guard, route  # noqa: E402
-from flide_sdk.questions import Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer  # noqa: E402
-from flide_sdk.render import Rendered, RenderedQuestion  # noqa: E402
-from flide_sdk.typesafe import SystemOneResponse, Usage  # noqa: E402
+from flide_sdk.guard import guard, route
+from flide_sdk.questions import Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer
+from flide_sdk.render import Rendered, RenderedQuestion
+from flide_sdk.typesafe import SystemOneResponse, Usage
 
 __all__ = [
     "CheckpointError",

@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from flide_sdk.capacity import Capacity, choose, stage_into
-from flide_sdk.kernels.round_metadata import RoundMetadata, expand_round_triton
 from flide_sdk.layout import Branches, HostRound, RequestSpec, RoundPlan, StateRows, plan_round
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
 from flide_sdk.ops import Ops
@@ -68,15 +67,18 @@ def device_round(
     capacity: Capacity,
     staged: dict[str, torch.Tensor],
     expanded: dict[str, torch.Tensor],
-    expansion: Callable[..., None] = expand_round_triton,
+    expansion: Callable[..., None] | None = None,
 ) -> tuple[dict[str, torch.Tensor], Callable[[], None]]:
     """The device arrays a graph's forward reads (named as `HostRound.arrays()`), from views of the staging
     copy (`staged`) and of the expansion's arrays (`expanded`, `Capacity.expanded_shapes`), and the call that
-    expands the one into the other (`kernels.round_metadata`; `expansion` its kernel or its reference)."""
+    expands the one into the other (`kernels.round_metadata`; `expansion` its kernel, the default, or its
+    reference). The kernel module is imported here: a CPU install has no Triton."""
+    from flide_sdk.kernels.round_metadata import RoundMetadata, expand_round_triton
+
     arrays = {**staged, "token_rows": expanded["token_rows"], "conv_src": expanded["conv_src"],
               **capacity.level_views(expanded["chunk_tokens"])}
     metadata = RoundMetadata(**{name: {**staged, **expanded}[name] for name in RoundMetadata._fields})
-    return arrays, functools.partial(expansion, metadata)
+    return arrays, functools.partial(expansion or expand_round_triton, metadata)
 
 
 def placeholder_round(conv_kernel: int, rows: StateRows, kv_sink: int) -> HostRound:

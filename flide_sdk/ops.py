@@ -17,17 +17,17 @@ from dataclasses import dataclass
 
 import torch
 
-from flide_sdk.kernels.attention_front import attention_front_reference
-from flide_sdk.kernels.fork_attention import fork_attention_reference
-from flide_sdk.kernels.gated_delta import gated_delta_reference
-from flide_sdk.kernels.gdn_front import gdn_front_reference
-from flide_sdk.kernels.label_softmax import label_softmax_reference
-from flide_sdk.kernels.rms_norm import (
+from flide_sdk.kernels.reference import (
     add_rms_norm_reference,
+    attention_front_reference,
+    fork_attention_reference,
+    gated_delta_reference,
     gated_rms_norm_reference,
+    gdn_front_reference,
+    label_softmax_reference,
     rms_norm_reference,
+    swiglu_reference,
 )
-from flide_sdk.kernels.swiglu import swiglu_reference
 from flide_sdk.layout import AttentionPlan, DeltaPlan
 
 

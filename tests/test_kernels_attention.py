@@ -8,13 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from flide_sdk.kernels.fork_attention import (
-    PLAN_ROW_BLOCK,
-    fork_attention_reference,
-    fork_attention_triton,
-    plan_tiles_reference,
-    tile_table,
-)
+from flide_sdk.kernels.fork_attention import PLAN_ROW_BLOCK, fork_attention_triton, plan_tiles_reference, tile_table
+from flide_sdk.kernels.reference import fork_attention_reference
 from flide_sdk.layout import PAGE, RequestSpec, Resume, plan_round
 
 

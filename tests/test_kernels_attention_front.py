@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flide_sdk.kernels.attention_front import attention_front_reference, attention_front_triton
+from flide_sdk.kernels.attention_front import attention_front_triton
+from flide_sdk.kernels.reference import attention_front_reference
 from flide_sdk.kernels.rotary import rms_norm_rotary_triton
 from flide_sdk.models.qwen35 import rotary_tables
 

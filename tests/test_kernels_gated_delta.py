@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from flide_sdk.kernels.gated_delta import _level_groups, gated_delta_reference, gated_delta_triton
+from flide_sdk.kernels.gated_delta import _level_groups, gated_delta_triton
+from flide_sdk.kernels.reference import gated_delta_reference
 from flide_sdk.layout import (
     GDN_CHUNK,
     DeltaLevel,

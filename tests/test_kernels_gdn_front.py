@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from flide_sdk.kernels.gdn_front import gdn_front_reference, gdn_front_triton
+from flide_sdk.kernels.gdn_front import gdn_front_triton
 from flide_sdk.kernels.gdn_gates import gdn_gates_triton
+from flide_sdk.kernels.reference import gdn_front_reference
 from flide_sdk.kernels.short_conv import indexed_conv_triton, save_windows_triton
 from flide_sdk.layout import RequestSpec, plan_round
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flide_sdk.kernels.gdn_gates import gdn_gates_reference, gdn_gates_triton
+from flide_sdk.kernels.gdn_gates import gdn_gates_triton
+from flide_sdk.kernels.reference import gdn_gates_reference
 
 from .test_kernels_norm import DTYPES, check, inputs
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flide_sdk.kernels.label_softmax import label_softmax_reference, label_softmax_triton
+from flide_sdk.kernels.label_softmax import label_softmax_triton
+from flide_sdk.kernels.reference import label_softmax_reference
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -5,14 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flide_sdk.kernels.rms_norm import (
-    add_rms_norm_reference,
-    add_rms_norm_triton,
-    gated_rms_norm_reference,
-    gated_rms_norm_triton,
-    rms_norm_reference,
-    rms_norm_triton,
-)
+from flide_sdk.kernels.reference import add_rms_norm_reference, gated_rms_norm_reference, rms_norm_reference
+from flide_sdk.kernels.rms_norm import add_rms_norm_triton, gated_rms_norm_triton, rms_norm_triton
 
 EPS = 1e-6
 WIDTHS = [16, 64, 1000, 1024]  # 1000: a row narrower than its power-of-two block

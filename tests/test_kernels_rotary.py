@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flide_sdk.kernels.rms_norm import rms_norm_reference
-from flide_sdk.kernels.rotary import rms_norm_rotary_reference, rms_norm_rotary_triton
+from flide_sdk.kernels.reference import rms_norm_reference, rms_norm_rotary_reference
+from flide_sdk.kernels.rotary import rms_norm_rotary_triton
 from flide_sdk.models.qwen35 import rotary_tables
 
 from .test_kernels_norm import DTYPES, EPS, STEP, check, inputs

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flide_sdk.kernels.swiglu import BLOCK_I, BLOCK_T, swiglu_reference, swiglu_triton
+from flide_sdk.kernels.reference import swiglu_reference
+from flide_sdk.kernels.swiglu import BLOCK_I, BLOCK_T, swiglu_triton
 
 from .test_kernels_norm import DTYPES, check, inputs
 

@@ -11,9 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flide_sdk.kernels.fork_attention import fork_attention_reference
-from flide_sdk.kernels.gated_delta import gated_delta_reference, l2_normalize
-from flide_sdk.kernels.short_conv import indexed_conv_reference
+from flide_sdk.kernels.reference import (
+    fork_attention_reference,
+    gated_delta_reference,
+    indexed_conv_reference,
+    l2_normalize,
+)
 from flide_sdk.layout import GDN_CHUNK, RequestSpec, plan_round
 
 CONV = 4

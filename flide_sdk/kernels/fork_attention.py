@@ -29,7 +29,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -52,49 +51,6 @@ WIDE_BLOCK_ROWS, WIDE_BLOCK_KEYS = 64, PAGE
 # takes PLAN_ROW_BLOCK query rows and then PLAN_BLOCK tiles at a time.
 SPLIT_KEYS, SLOTS_PER_SM, PLAN_ROW_BLOCK, PLAN_BLOCK, PLAN_WARPS = 512, 2, 2048, 256, 8
 MERGE_WARPS = 8  # the merge holds a whole tile's sums: 8 warps keep it in registers (4 spill at 0.8B shapes)
-
-
-def fork_attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    plan: AttentionPlan,
-    query_rows: torch.Tensor | None,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    gate: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Attention output for every stream token, or only for `query_rows` (then q holds just those rows).
-
-    q: [Tq, Hq, D]; k, v: [T, Hkv, D]; k_cache, v_cache: [pages * PAGE, Hkv, D] pool arenas of this layer.
-    gate: [Tq, Hq, D] or None: the output is multiplied by sigmoid(gate) (Qwen3.5's output gate).
-    Returns [Tq, Hq, D] in q's dtype. Scale 1/sqrt(D).
-    """
-    heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    group = heads // kv_heads
-    rows = torch.arange(k.shape[0], device=q.device) if query_rows is None else query_rows
-    out = torch.empty_like(q)
-    for (start, end), (cached, pages) in zip(plan.request_bounds, plan.history):
-        mine = ((rows >= start) & (rows < end)).nonzero().squeeze(1)
-        if mine.numel() == 0:
-            continue
-        token = rows[mine]
-        keys = torch.arange(start, end, device=q.device)
-        visible = (keys[None, :] < plan.ctx_hi[token, None]) | (
-            (keys[None, :] >= plan.seg_lo[token, None]) & (keys[None, :] <= token[:, None])
-        )
-        k_req, v_req = k[start:end], v[start:end]
-        if cached:
-            pages = torch.as_tensor(pages, device=q.device)
-            slots = (pages[:, None] * PAGE + torch.arange(PAGE, device=q.device)).reshape(-1)[:cached]
-            k_req, v_req = torch.cat([k_cache[slots], k_req]), torch.cat([v_cache[slots], v_req])
-            visible = torch.cat([visible.new_ones(len(token), cached), visible], dim=1)
-        qh = q[mine].transpose(0, 1)
-        kh = k_req.transpose(0, 1).repeat_interleave(group, dim=0)
-        vh = v_req.transpose(0, 1).repeat_interleave(group, dim=0)
-        attended = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible, scale=head_dim**-0.5)
-        out[mine] = attended.transpose(0, 1)
-    return out if gate is None else out * torch.sigmoid(gate)
 
 
 def plan_tiles_reference(

@@ -17,28 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
-from flide_sdk.kernels.gdn_gates import _gates_tile, gates_launch, gdn_gates_reference
+from flide_sdk.kernels.gdn_gates import _gates_tile, gates_launch
 from flide_sdk.kernels.short_conv import (
     _conv_tile,
     _save_window,
     conv_launch,
-    indexed_conv_reference,
     save_launch,
-    save_windows_reference,
 )
-
-
-def gdn_front_reference(
-    qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_weight: torch.Tensor, A_log: torch.Tensor,
-    dt_bias: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, conv_src: torch.Tensor,
-    save_slots: torch.Tensor, save_src: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(silu(indexed conv of qkv) [T, C], g [T, H], beta [T, H]), and the saved windows written into
-    `window_cache` in place: `indexed_conv_reference`, `gdn_gates_reference` and `save_windows_reference`."""
-    mixed = indexed_conv_reference(qkv, window_cache, resume_slots, conv_weight, conv_src)
-    g, beta = gdn_gates_reference(a, b, A_log, dt_bias)
-    save_windows_reference(qkv, window_cache, resume_slots, save_slots, save_src)
-    return mixed, g, beta
 
 
 @triton.jit

@@ -16,15 +16,6 @@ import triton.language as tl
 BLOCK_HIDDEN = 256  # hidden channels a program takes at a time
 
 
-def label_softmax_reference(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
-    """softmax over each row's labels of h[r] . head[label_ids[r, l]] in float32 ([R, L]; 0 where l is -1).
-
-    h [R, hidden]; head [vocab, hidden]; label_ids [R, L] (-1: no label)."""
-    label_rows = head[label_ids.clamp(min=0)]  # [R, L, hidden]
-    logits = torch.einsum("rh,rlh->rl", h.float(), label_rows.float())
-    return torch.softmax(logits.masked_fill(label_ids < 0, float("-inf")), dim=-1)
-
-
 @triton.jit
 def _label_softmax_kernel(
     h_ptr, head_ptr, ids_ptr, out_ptr, hidden, labels, stride_h, stride_head, stride_ids, stride_out,

@@ -14,22 +14,12 @@ definition; `gdn_gates_triton` the kernel. Launch shapes depend on tensor shapes
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from flide_sdk.kernels import TileLaunch
 
 TILE = 1024  # elements a program holds: a block of tokens times the padded head count
-
-
-def gdn_gates_reference(
-    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(g, beta), both float32 [T, H]: the definition, as transformers computes it."""
-    beta = torch.sigmoid(b).float()
-    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
-    return g, beta
 
 
 @triton.jit

@@ -39,7 +39,6 @@ each part alone (its tests, `benchmarks/bench_conv.py`).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -47,38 +46,6 @@ from flide_sdk.kernels import TileLaunch
 
 BLOCK_T = 16  # 16 x 128 at 4 warps: no register spills on sm_90 (32 x 128 spilled)
 BLOCK_C = 128
-
-
-def conv_rows(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """Rows of the virtual table [zero row, x, resumed windows] at `index` (any shape), as [*index.shape, C]."""
-    total = x.shape[0]
-    windows = window_cache[resume_slots].reshape(-1, x.shape[1])
-    from_stream = x[(index - 1).clamp(0, max(total - 1, 0))] if total else x.new_zeros(*index.shape, x.shape[1])
-    from_window = windows[(index - 1 - total).clamp(min=0)] if windows.shape[0] else torch.zeros_like(from_stream)
-    rows = torch.where((index > total)[..., None], from_window, from_stream)
-    return torch.where((index == 0)[..., None], torch.zeros_like(rows), rows)
-
-
-def indexed_conv_reference(
-    x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, weight: torch.Tensor, src: torch.Tensor
-) -> torch.Tensor:
-    """silu(sum_j weight[:, j] * table[src[t, j]]) for every token t.
-
-    x: [T, C] stream rows; window_cache: [S, K-1, C] the layer's window arena; resume_slots: [n] its slots
-    the table's window rows come from; weight: [C, K] (tap K-1 is the token itself); src: [T, K].
-    Returns [T, C] in x's dtype; the sum runs in weight's dtype.
-    """
-    gathered = conv_rows(x, window_cache, resume_slots, src).to(weight.dtype)  # [T, K, C]
-    mixed = (gathered * weight.t()[None]).sum(dim=1)
-    return F.silu(mixed).to(x.dtype)
-
-
-def save_windows_reference(
-    x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, save_slots: torch.Tensor,
-    save_src: torch.Tensor,
-) -> None:
-    """window_cache[save_slots[r]] = table rows save_src[r] ([n_save, K-1]), in place."""
-    window_cache[save_slots] = conv_rows(x, window_cache, resume_slots, save_src).to(window_cache.dtype)
 
 
 @triton.jit

@@ -19,33 +19,10 @@ kernels are CUDA-graph safe. Leading dimensions are flattened into rows; the las
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 TILE = 4096  # elements a program holds: a block of rows of the padded width (at least one row)
-
-
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Zero-centred RMSNorm of Qwen3.5: x / rms(x) * (1 + w), computed in float32, in w's dtype."""
-    xf = x.float()
-    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed * (1.0 + weight.float())).to(weight.dtype)
-
-
-def add_rms_norm_reference(
-    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(s, rms_norm(s)) with s = x + delta in x's dtype: a residual add and the norm that reads its result."""
-    total = (x + delta).to(x.dtype)
-    return total, rms_norm_reference(total, weight, eps)
-
-
-def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """w * rmsnorm(x) * silu(gate), as the Gated DeltaNet output norm."""
-    xf = x.float()
-    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (weight * normed * F.silu(gate.float())).to(x.dtype)
 
 
 @triton.jit

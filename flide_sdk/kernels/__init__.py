@@ -1,12 +1,10 @@
-"""Compute kernels of flide_sdk, installed as `flide_sdk.kernels`.
+"""Compute kernels of flide_sdk.
 
-One module per kernel. Each module holds the pure-torch reference (the definition, used on CPU and in
-tests) and, once written, the Triton kernel with its autograd-free wrapper, proven against that
-reference. Kernels read only device tensors planned on the host (`flide_sdk.layout`), so their launch
-shapes depend on the stream capacity alone. Launched as programmatic dependent launches (672d40f: every
-kernel waiting for the one before it first thing, with and without letting the next launch at once), the
-engine's graphs replayed no faster on the H200 and slower with the early trigger
-(benchmarks/results/2026-12-01-pdl-ab-h200.json); so they are plain launches.
+`reference` holds the pure-torch definition of every op (the CPU path; it needs no Triton). Each other module
+is one Triton kernel with its launch wrapper, tested against its reference; they are imported only on CUDA
+(or under TRITON_INTERPRET=1 in tests). Kernels read only device tensors planned on the host
+(`flide_sdk.layout`), so their launch shapes depend on the stream capacity alone. Why they are plain launches
+and not programmatic dependent ones: docs/decisions/plain-kernel-launches.md.
 """
 
 import functools

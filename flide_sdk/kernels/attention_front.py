@@ -20,27 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flide_sdk.kernels.rotary import _norm_rotary_rows, rms_norm_rotary_reference, row_blocks
-
-
-def attention_front_reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
-    cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor, query_rows: torch.Tensor | None,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q, k normalised and rotated, v) contiguous, and k and v written into the caches at `slots`.
-
-    q [Tq, H, D] (Tq = T, or the readout rows `query_rows` of the stream); k, v [T, Hkv, D]; q_weight and
-    k_weight the head norms' weights [D]; cos_table and sin_table [positions, R] in the weights' dtype;
-    positions [T] each token's; caches [pool positions, Hkv, D]; slots [T].
-    """
-    q_positions = positions if query_rows is None else positions[query_rows]
-    q = rms_norm_rotary_reference(q, q_weight, eps, cos_table[q_positions], sin_table[q_positions])
-    k = rms_norm_rotary_reference(k, k_weight, eps, cos_table[positions], sin_table[positions])
-    v = v.contiguous()
-    k_cache[slots] = k
-    v_cache[slots] = v
-    return q, k, v
+from flide_sdk.kernels.rotary import _norm_rotary_rows, row_blocks
 
 
 @triton.jit

@@ -21,24 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from flide_sdk.kernels.rms_norm import rms_norm_reference
-
 # Elements a program holds: a block of head rows of the padded head dimension, at least one row. At 4 warps,
 # 4 rows of 256 give a thread 8 contiguous elements a row (16 rows took ~200 registers a thread on sm_90).
 TILE = 1024
-
-
-def rms_norm_rotary_reference(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
-) -> torch.Tensor:
-    """rms_norm(x, weight, eps) [T, H, D] with its first R channels rotated by cos/sin [T, R] (the definition)."""
-    normed = rms_norm_reference(x, weight, eps)
-    rot = cos.shape[-1]
-    half = rot // 2
-    x_rot, x_pass = normed[..., :rot], normed[..., rot:]
-    rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
-    x_rot = x_rot * cos[:, None, :] + rotated * sin[:, None, :]
-    return torch.cat([x_rot, x_pass], dim=-1)
 
 
 @triton.jit

@@ -1,0 +1,252 @@
+"""The definitions of the stream ops and fused pointwise ops, in plain torch: what the engine runs on CPU.
+
+Each Triton kernel of this package computes the same contract on CUDA and is tested against the function
+here. This module imports no Triton, so a CPU install needs none.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from flide_sdk.layout import PAGE, AttentionPlan, DeltaPlan
+
+L2_EPS = 1e-6
+QUERY_BLOCK = 256  # query rows attended at once by `fork_attention_reference`
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Zero-centred RMSNorm of Qwen3.5: x / rms(x) * (1 + w), computed in float32, in w's dtype."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * (1.0 + weight.float())).to(weight.dtype)
+
+
+def add_rms_norm_reference(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, rms_norm(s)) with s = x + delta in x's dtype: a residual add and the norm that reads its result."""
+    total = (x + delta).to(x.dtype)
+    return total, rms_norm_reference(total, weight, eps)
+
+
+def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """w * rmsnorm(x) * silu(gate), as the Gated DeltaNet output norm."""
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (weight * normed * F.silu(gate.float())).to(x.dtype)
+
+
+def rms_norm_rotary_reference(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """rms_norm(x, weight, eps) [T, H, D] with its first R channels rotated by cos/sin [T, R] (the definition)."""
+    normed = rms_norm_reference(x, weight, eps)
+    rot = cos.shape[-1]
+    half = rot // 2
+    x_rot, x_pass = normed[..., :rot], normed[..., rot:]
+    rotated = torch.cat([-x_rot[..., half:], x_rot[..., :half]], dim=-1)
+    x_rot = x_rot * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat([x_rot, x_pass], dim=-1)
+
+
+def attention_front_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+    cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor, query_rows: torch.Tensor | None,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q, k normalised and rotated, v) contiguous, and k and v written into the caches at `slots`.
+
+    q [Tq, H, D] (Tq = T, or the readout rows `query_rows` of the stream); k, v [T, Hkv, D]; q_weight and
+    k_weight the head norms' weights [D]; cos_table and sin_table [positions, R] in the weights' dtype;
+    positions [T] each token's; caches [pool positions, Hkv, D]; slots [T].
+    """
+    q_positions = positions if query_rows is None else positions[query_rows]
+    q = rms_norm_rotary_reference(q, q_weight, eps, cos_table[q_positions], sin_table[q_positions])
+    k = rms_norm_rotary_reference(k, k_weight, eps, cos_table[positions], sin_table[positions])
+    v = v.contiguous()
+    k_cache[slots] = k
+    v_cache[slots] = v
+    return q, k, v
+
+
+def fork_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: AttentionPlan,
+    query_rows: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    gate: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention output for every stream token, or only for `query_rows` (then q holds just those rows).
+
+    q: [Tq, Hq, D]; k, v: [T, Hkv, D]; k_cache, v_cache: [pages * PAGE, Hkv, D] pool arenas of this layer.
+    gate: [Tq, Hq, D] or None: the output is multiplied by sigmoid(gate) (Qwen3.5's output gate).
+    Returns [Tq, Hq, D] in q's dtype. Scale 1/sqrt(D). A request's queries run QUERY_BLOCK rows at a time, so
+    memory grows with its keys times the block, never with the square of its length.
+    """
+    heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    group = heads // kv_heads
+    rows = torch.arange(k.shape[0], device=q.device) if query_rows is None else query_rows
+    out = torch.empty_like(q)
+    for (start, end), (cached, pages) in zip(plan.request_bounds, plan.history):
+        mine = ((rows >= start) & (rows < end)).nonzero().squeeze(1)
+        if mine.numel() == 0:
+            continue
+        k_req, v_req = k[start:end], v[start:end]
+        if cached:
+            pages = torch.as_tensor(pages, device=q.device)
+            slots = (pages[:, None] * PAGE + torch.arange(PAGE, device=q.device)).reshape(-1)[:cached]
+            k_req, v_req = torch.cat([k_cache[slots], k_req]), torch.cat([v_cache[slots], v_req])
+        kh = k_req.transpose(0, 1).repeat_interleave(group, dim=0)
+        vh = v_req.transpose(0, 1).repeat_interleave(group, dim=0)
+        keys = torch.arange(start, end, device=q.device)
+        for block in mine.split(QUERY_BLOCK):
+            token = rows[block]
+            visible = (keys[None, :] < plan.ctx_hi[token, None]) | (
+                (keys[None, :] >= plan.seg_lo[token, None]) & (keys[None, :] <= token[:, None])
+            )
+            if cached:
+                visible = torch.cat([visible.new_ones(len(token), cached), visible], dim=1)
+            qh = q[block].transpose(0, 1)
+            attended = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible, scale=head_dim**-0.5)
+            out[block] = attended.transpose(0, 1)
+    return out if gate is None else out * torch.sigmoid(gate)
+
+
+def l2_normalize(x: torch.Tensor, eps: float = L2_EPS) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def gated_delta_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    plan: DeltaPlan,
+    states: torch.Tensor,
+) -> torch.Tensor:
+    """Outputs [T, Hv, Dv] (v's dtype) of the gated delta rule over every segment of `plan`.
+
+    q, k: [T, Hk, Dk] (raw: normalised here); v: [T, Hv, Dv]; g, beta: [T, Hv] (float32).
+    states: [num_rows, Hv, Dk, Dv] float32 state table, read at init rows and written at final rows.
+    """
+    total, v_heads = v.shape[0], v.shape[1]
+    group = v_heads // k.shape[1]
+    scale = q.shape[-1] ** -0.5
+    qf = (l2_normalize(q.float()) * scale).repeat_interleave(group, dim=1)
+    kf = l2_normalize(k.float()).repeat_interleave(group, dim=1)
+    vf, gf, bf = v.float(), g.float(), beta.float()
+    # one zero row at index T absorbs chunk padding: no decay, no update, no output
+    qf, kf, vf = (torch.cat([x, x.new_zeros(1, *x.shape[1:])]) for x in (qf, kf, vf))
+    gf, bf = (torch.cat([x, x.new_zeros(1, x.shape[1])]) for x in (gf, bf))
+    out = vf.new_zeros(total + 1, v_heads, vf.shape[-1])
+    for level in plan.levels:
+        _run_level(qf, kf, vf, gf, bf, level, states, out)
+    return out[:total].to(v.dtype)
+
+
+def _run_level(qf, kf, vf, gf, bf, level, states, out) -> None:
+    idx = level.chunk_tokens  # [C, L]
+    # [C, H, L, D] per chunk and head
+    q, k, v = (x[idx].permute(0, 2, 1, 3) for x in (qf, kf, vf))
+    g, beta = (x[idx].permute(0, 2, 1) for x in (gf, bf))
+    length = idx.shape[1]
+    cum = g.cumsum(dim=-1)  # [C, H, L]
+    diff = cum[..., :, None] - cum[..., None, :]
+    causal = torch.ones(length, length, dtype=torch.bool, device=idx.device).tril()
+    gamma = diff.masked_fill(~causal, float("-inf")).exp()  # [C, H, L, L]
+    k_beta = k * beta[..., None]
+    # I + strictly-lower part of (diag(beta) K K^T * Gamma): the unit-triangular solve ignores the diagonal
+    system = (k_beta @ k.transpose(-1, -2)) * gamma
+    u = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k_beta * cum.exp()[..., None], upper=False, unitriangular=True)
+    intra = (q @ k.transpose(-1, -2)) * gamma
+    q_decayed = q * cum.exp()[..., None]
+    last = cum[..., -1:]  # [C, H, 1]
+    k_to_end = k * (last - cum).exp()[..., None]
+    chunk_decay = last.exp()[..., None]  # [C, H, 1, 1]
+
+    state = states[level.init_row].clone()  # [S, H, Dk, Dv]
+    outputs = torch.empty_like(u)
+    for step, count in enumerate(level.active):
+        # the rows of the active segments' chunk `step`: their first chunks are rows 0.., later ones step_base + step
+        c = level.step_base[:count] + step if step else torch.arange(count, device=idx.device)
+        s = state[:count]
+        v_new = u[c] - w[c] @ s
+        outputs[c] = q_decayed[c] @ s + intra[c] @ v_new
+        state[:count] = s * chunk_decay[c] + k_to_end[c].transpose(-1, -2) @ v_new
+    keep = level.final_row >= 0
+    states[level.final_row[keep]] = state[keep]
+    out[idx.reshape(-1)] = outputs.permute(0, 2, 1, 3).reshape(-1, *out.shape[1:])
+
+
+def conv_rows(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows of the virtual table [zero row, x, resumed windows] at `index` (any shape), as [*index.shape, C]."""
+    total = x.shape[0]
+    windows = window_cache[resume_slots].reshape(-1, x.shape[1])
+    from_stream = x[(index - 1).clamp(0, max(total - 1, 0))] if total else x.new_zeros(*index.shape, x.shape[1])
+    from_window = windows[(index - 1 - total).clamp(min=0)] if windows.shape[0] else torch.zeros_like(from_stream)
+    rows = torch.where((index > total)[..., None], from_window, from_stream)
+    return torch.where((index == 0)[..., None], torch.zeros_like(rows), rows)
+
+
+def indexed_conv_reference(
+    x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, weight: torch.Tensor, src: torch.Tensor
+) -> torch.Tensor:
+    """silu(sum_j weight[:, j] * table[src[t, j]]) for every token t.
+
+    x: [T, C] stream rows; window_cache: [S, K-1, C] the layer's window arena; resume_slots: [n] its slots
+    the table's window rows come from; weight: [C, K] (tap K-1 is the token itself); src: [T, K].
+    Returns [T, C] in x's dtype; the sum runs in weight's dtype.
+    """
+    gathered = conv_rows(x, window_cache, resume_slots, src).to(weight.dtype)  # [T, K, C]
+    mixed = (gathered * weight.t()[None]).sum(dim=1)
+    return F.silu(mixed).to(x.dtype)
+
+
+def save_windows_reference(
+    x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, save_slots: torch.Tensor,
+    save_src: torch.Tensor,
+) -> None:
+    """window_cache[save_slots[r]] = table rows save_src[r] ([n_save, K-1]), in place."""
+    window_cache[save_slots] = conv_rows(x, window_cache, resume_slots, save_src).to(window_cache.dtype)
+
+
+def gdn_gates_reference(
+    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g, beta), both float32 [T, H]: the definition, as transformers computes it."""
+    beta = torch.sigmoid(b).float()
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    return g, beta
+
+
+def gdn_front_reference(
+    qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_weight: torch.Tensor, A_log: torch.Tensor,
+    dt_bias: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, conv_src: torch.Tensor,
+    save_slots: torch.Tensor, save_src: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(silu(indexed conv of qkv) [T, C], g [T, H], beta [T, H]), and the saved windows written into
+    `window_cache` in place: `indexed_conv_reference`, `gdn_gates_reference` and `save_windows_reference`."""
+    mixed = indexed_conv_reference(qkv, window_cache, resume_slots, conv_weight, conv_src)
+    g, beta = gdn_gates_reference(a, b, A_log, dt_bias)
+    save_windows_reference(qkv, window_cache, resume_slots, save_slots, save_src)
+    return mixed, g, beta
+
+
+def label_softmax_reference(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
+    """softmax over each row's labels of h[r] . head[label_ids[r, l]] in float32 ([R, L]; 0 where l is -1).
+
+    h [R, hidden]; head [vocab, hidden]; label_ids [R, L] (-1: no label)."""
+    label_rows = head[label_ids.clamp(min=0)]  # [R, L, hidden]
+    logits = torch.einsum("rh,rlh->rl", h.float(), label_rows.float())
+    return torch.softmax(logits.masked_fill(label_ids < 0, float("-inf")), dim=-1)
+
+
+def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, as torch computes it (the definition)."""
+    return F.silu(gate) * up
