@@ -1,17 +1,23 @@
 """flide_sdk: exact, forked decision questions (yes/no, choice, score) about a long, growing state.
 
-Public API (DESIGN.md §2): `Engine` with `ask`, `ask_sync`, `render`, `stats`, `aclose`; question types
-`Noul`, `Choice`, `Score` and their answers; the `SystemOneResponse` every ask returns; the agent-framework
-entry points `decide`, `guard`, `route` (and `flide_sdk.typesafe.transport` for the TypeSafe SDK); errors
-in `flide_sdk.errors`.
+Public API (docs/ARCHITECTURE.md): `Engine` with `ask`, `ask_sync`, `session`, `render`, `stats`, `aclose`;
+`Session`; question types `Noul`, `Choice`, `Score` and their answers; the `SystemOneResponse` every ask
+returns; the agent-framework entry points `decide` (and its `Decision`), `guard`, `route`
+(`flide_sdk.typesafe` for the TypeSafe SDK); every error the SDK raises derives from `FlideError`.
+The library prints nothing itself: it logs to the `flide_sdk` logger, which has a NullHandler.
 """
 
 from __future__ import annotations
 
-from flide_sdk.decide import decide
+import logging
+from importlib.metadata import PackageNotFoundError, version
+
+from flide_sdk.decide import Decision, decide
 from flide_sdk.engine import Engine
 from flide_sdk.errors import (
+    AskTimeoutError,
     CheckpointError,
+    DeviceError,
     EngineClosedError,
     FlideError,
     GuardBlockedError,
@@ -21,14 +27,36 @@ from flide_sdk.errors import (
     StateTooLongError,
 )
 from flide_sdk.guard import guard, route
-from flide_sdk.questions import Choice, ChoiceAnswer, Noul, NoulAnswer, Score, ScoreAnswer
+from flide_sdk.questions import (
+    Answer,
+    Choice,
+    ChoiceAnswer,
+    Noul,
+    NoulAnswer,
+    Question,
+    Questions,
+    Score,
+    ScoreAnswer,
+    State,
+)
 from flide_sdk.render import Rendered, RenderedQuestion
+from flide_sdk.session import Session
 from flide_sdk.typesafe import SystemOneResponse, Usage
 
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+try:
+    __version__ = version("flide_sdk")
+except PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
+    __version__ = "0+unknown"
+
 __all__ = [
+    "Answer",
+    "AskTimeoutError",
     "CheckpointError",
     "Choice",
     "ChoiceAnswer",
+    "Decision",
     "Engine",
     "EngineClosedError",
     "FlideError",
@@ -36,15 +64,20 @@ __all__ = [
     "InvalidQuestionError",
     "InvalidStateError",
     "Noul",
+    "NoulAnswer",
+    "Question",
+    "Questions",
+    "QueueFullError",
     "Rendered",
     "RenderedQuestion",
-    "NoulAnswer",
-    "QueueFullError",
     "Score",
     "ScoreAnswer",
+    "Session",
+    "State",
     "StateTooLongError",
     "SystemOneResponse",
     "Usage",
+    "__version__",
     "decide",
     "guard",
     "route",

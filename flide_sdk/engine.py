@@ -22,6 +22,7 @@ loop finishes round k after launching round k+1, so host and device work overlap
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 import threading
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 
 from flide_sdk.capacity import Capacity, capacity_ladder
-from flide_sdk.errors import EngineClosedError, QueueFullError
+from flide_sdk.errors import AskTimeoutError, EngineClosedError, QueueFullError
 from flide_sdk.graphs import BUFFERS, GraphRunner, Launch
 from flide_sdk.history import BLOCK, Trunk
 from flide_sdk.layout import PAGE, Branches, HostRound, RequestSpec, Resume, RoundPlan, Save
@@ -45,7 +46,7 @@ from flide_sdk.models.checkpoint import load_model
 from flide_sdk.models.qwen35 import Qwen35Model
 from flide_sdk.ops import Ops, ops_for
 from flide_sdk.pool import Checkpoint, CheckpointPool, PlannedSave
-from flide_sdk.questions import Answer, Question, parse_questions
+from flide_sdk.questions import Answer, Question, Questions, State, parse_questions
 from flide_sdk.render import Rendered, RenderedQuestion, Renderer, state_text
 from flide_sdk.rounds import PendingAsk, RoundLoop
 from flide_sdk.typesafe import SystemOneResponse, Usage
@@ -274,7 +275,7 @@ class Engine:
         return cls.load(tiny_checkpoint(seed), **load_options)
 
     # ----------------------------------------------------------------------------------------- asking
-    def render(self, state: Any, questions: Any) -> Rendered:
+    def render(self, state: State, questions: Questions) -> Rendered:
         """The token-level view of an ask: trunk ids, and per question its branch ids, label ids and labels."""
         return self.renderer.render(state, parse_questions(questions))
 
@@ -284,7 +285,7 @@ class Engine:
 
         return Session(self, self.renderer.new_history())
 
-    def prepare(self, trunk: Trunk, questions: Any) -> PendingAsk:
+    def prepare(self, trunk: Trunk, questions: Questions) -> PendingAsk:
         """Validate questions against a trunk and build the queued form of the ask (raises on bad input)."""
         if self._loop.closed:
             raise EngineClosedError("the engine is closed")
@@ -308,18 +309,18 @@ class Engine:
             await asyncio.sleep(next(waits))
         return await asyncio.wrap_future(ask.future)
 
-    async def ask(self, state: Any, questions: Any, *, queue_timeout: float | None = None) -> SystemOneResponse:
+    async def ask(self, state: State, questions: Questions, *, queue_timeout: float | None = None) -> SystemOneResponse:
         """Answer `questions` (name -> Noul/Choice/Score, a TypeSafe question, or a dict) about `state`
         (a string, or JSON data). The response maps each name to its answer and carries `model` and `usage`."""
         return await self.submit(self._state_ask(state, questions), queue_timeout)
 
     def ask_sync(
-        self, state: Any, questions: Any, timeout: float | None = None, *, queue_timeout: float | None = None
+        self, state: State, questions: Questions, timeout: float | None = None, *, queue_timeout: float | None = None
     ) -> SystemOneResponse:
         """Blocking `ask`, for scripts. Do not call it from the engine's own callbacks."""
         return self.submit_sync(self._state_ask(state, questions), timeout, queue_timeout)
 
-    def _state_ask(self, state: Any, questions: Any) -> PendingAsk:
+    def _state_ask(self, state: State, questions: Questions) -> PendingAsk:
         """The queued form of an ask about a one-off state, its questions and state validated (bad input raises
         here), rendering the questions and tokenizing the state left for later: to the round thread when the ask
         finds the engine idle, to the submitting thread otherwise (`RoundLoop.try_submit`). An error of those
@@ -361,7 +362,7 @@ class Engine:
             self._stats["submit_seconds"] += time.perf_counter() - started
             self._stats["submit_cpu_seconds"] += time.thread_time() - cpu_started
 
-    def _prepare_state(self, state: Any, questions: Any) -> PendingAsk:
+    def _prepare_state(self, state: State, questions: Questions) -> PendingAsk:
         """An ask about a one-off state prepared on this thread (benchmarks time its launch alone)."""
         ask = self._state_ask(state, questions)
         ask.prepare_now()
@@ -370,14 +371,24 @@ class Engine:
     def submit_sync(
         self, ask: PendingAsk, timeout: float | None = None, queue_timeout: float | None = None
     ) -> SystemOneResponse:
-        """Queue a prepared ask (waiting for room, at most `queue_timeout` s) and block until its answers arrive."""
+        """Queue a prepared ask (waiting for room, at most `queue_timeout` s) and block until its answers arrive.
+
+        After `timeout` s, AskTimeoutError; an ask no round has taken yet is withdrawn then, as a cancelled
+        async ask is."""
         if queue_timeout is None:
             self._loop.submit(ask)
         else:
             waits = self._room_waits(queue_timeout)
             while not self._loop.try_submit(ask):
                 time.sleep(next(waits))
-        return ask.future.result(timeout)
+        try:
+            return ask.future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            if ask.future.cancel():
+                raise AskTimeoutError(float(timeout), withdrawn=True) from None
+            if ask.future.done():  # answered just now
+                return ask.future.result()
+            raise AskTimeoutError(float(timeout), withdrawn=False) from None
 
     def _room_waits(self, queue_timeout: float | None) -> Iterator[float]:
         """Growing pauses between attempts to queue an ask; QueueFullError once `queue_timeout` has passed,
@@ -661,6 +672,30 @@ class Engine:
             **self.pool.counters,
         )
         return stats
+
+    def info(self) -> dict[str, Any]:
+        """What this engine runs and with what memory: model shapes, device, dtype, limits, the captured graph
+        capacities (stream tokens; empty without graphs), and bytes of weights, checkpoint pool and graphs."""
+        config = self.model.config
+        weights = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        return {
+            "model": self.name,
+            "device": str(self.device),
+            "dtype": str(self.model.embed_tokens.weight.dtype).removeprefix("torch."),
+            "layers": config.num_layers,
+            "attention_layers": config.layer_types.count("full_attention"),
+            "hidden_size": config.hidden_size,
+            "vocab_size": config.vocab_size,
+            "max_prompt_tokens": self.renderer.max_prompt_tokens,
+            "max_round_tokens": self._loop.max_round_tokens,
+            "max_round_requests": self.max_round_requests,
+            "capacities": [] if self._graphs is None else [c.tokens for c in self._graphs.ladder],
+            "memory_bytes": {
+                "weights": weights,
+                "pool": self.pool.capacity_bytes,
+                "graphs": int(self._stats["graph_memory_bytes"]),
+            },
+        }
 
     # ---------------------------------------------------------------------------------------- lifecycle
     @property

@@ -32,6 +32,17 @@ class StateTooLongError(FlideError, ValueError):
         self.limit = limit
 
 
+class AskTimeoutError(FlideError, TimeoutError):
+    """A blocking ask (`ask_sync(timeout=...)`) did not finish in time. An ask no round had taken yet was withdrawn
+    (`withdrawn`: it will never be computed); one already running finishes on the device, its answer dropped."""
+
+    def __init__(self, timeout: float, withdrawn: bool) -> None:
+        state = "it was withdrawn before any round took it" if withdrawn else "its round was already running"
+        super().__init__(f"the ask did not finish within {timeout:g} s; {state}")
+        self.timeout = timeout
+        self.withdrawn = withdrawn
+
+
 class EngineClosedError(FlideError, RuntimeError):
     """The engine was closed (or is closing); the ask was not and will not be answered."""
 
@@ -41,7 +52,13 @@ EngineClosed = EngineClosedError
 
 
 class CheckpointError(FlideError, ValueError):
-    """A checkpoint directory is missing files, has an unsupported model type, or lacks weights."""
+    """A checkpoint directory cannot be served: a file missing or unreadable (config, weights, tokenizer, chat
+    template), a config value out of range, a tensor of the wrong shape or dtype or not finite. The message
+    names the file and the field, tensor or value."""
+
+
+class DeviceError(FlideError, ValueError):
+    """The device or dtype asked of `Engine.load` is unknown, unsupported, or not available in this torch."""
 
 
 class QueueFullError(FlideError, TimeoutError):

@@ -23,6 +23,18 @@ Content = Union[str, dict, list]
 NOUL_OUTCOMES = ("true", "false")
 
 
+class Tagged(msgspec.Struct, frozen=True, tag_field="type"):
+    """A question or answer type tagged by its `type` ("noul", "choice", "score"), with its dict form."""
+
+    @property
+    def type(self) -> str:
+        return self.__struct_config__.tag
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form as Python data, `type` included (score maps keyed by strings, as on the wire)."""
+        return msgspec.to_builtins(self, str_keys=True)
+
+
 def _check_content(where: str, value: Any, optional: bool) -> None:
     if value is None and optional:
         return
@@ -30,7 +42,7 @@ def _check_content(where: str, value: Any, optional: bool) -> None:
         raise InvalidQuestionError(f"{where} must be a string, a JSON object or a list, not {type(value).__name__}")
 
 
-class Noul(msgspec.Struct, tag="noul", tag_field="type", frozen=True, forbid_unknown_fields=True):
+class Noul(Tagged, tag="noul", frozen=True, forbid_unknown_fields=True):
     """A yes/no question. `criteria` may describe the outcomes: {"true": ..., "false": ...}."""
 
     instructions: Content | None = None
@@ -61,7 +73,7 @@ class Noul(msgspec.Struct, tag="noul", tag_field="type", frozen=True, forbid_unk
         return NoulAnswer(noul=float(probabilities[0]))
 
 
-class Choice(msgspec.Struct, tag="choice", tag_field="type", frozen=True, forbid_unknown_fields=True):
+class Choice(Tagged, tag="choice", frozen=True, forbid_unknown_fields=True):
     """A multiple-choice question: `criteria` maps each option name to a description (or None)."""
 
     instructions: Content | None = None
@@ -96,7 +108,7 @@ class Choice(msgspec.Struct, tag="choice", tag_field="type", frozen=True, forbid
         )
 
 
-class Score(msgspec.Struct, tag="score", tag_field="type", frozen=True, forbid_unknown_fields=True):
+class Score(Tagged, tag="score", frozen=True, forbid_unknown_fields=True):
     """A score question: `criteria` lists the levels in order, one description per score from zero."""
 
     instructions: Content | None = None
@@ -130,13 +142,13 @@ class Score(msgspec.Struct, tag="score", tag_field="type", frozen=True, forbid_u
 Question = Union[Noul, Choice, Score]
 
 
-class NoulAnswer(msgspec.Struct, tag="noul", tag_field="type", frozen=True):
+class NoulAnswer(Tagged, tag="noul", frozen=True):
     """P(yes) of a Noul question."""
 
     noul: float
 
 
-class ChoiceAnswer(msgspec.Struct, tag="choice", tag_field="type", frozen=True):
+class ChoiceAnswer(Tagged, tag="choice", frozen=True):
     """The most probable option, every option's probability, and a confidence in [0, 1]."""
 
     choice: str
@@ -144,7 +156,7 @@ class ChoiceAnswer(msgspec.Struct, tag="choice", tag_field="type", frozen=True):
     confidence: float
 
 
-class ScoreAnswer(msgspec.Struct, tag="score", tag_field="type", frozen=True):
+class ScoreAnswer(Tagged, tag="score", frozen=True):
     """The expected level index, the levels (legend), their probabilities, and a confidence in [0, 1]."""
 
     score: float
@@ -154,6 +166,11 @@ class ScoreAnswer(msgspec.Struct, tag="score", tag_field="type", frozen=True):
 
 
 Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]
+
+State = Union[str, Mapping[str, Any], Sequence[Any]]
+"""What an ask is about: text as is, or JSON data (rendered with json.dumps)."""
+Questions = Mapping[str, Union[Question, Mapping[str, Any], Any]]
+"""Questions by name: Noul / Choice / Score, a dict with a "type" key, or a TypeSafe SDK question object."""
 
 
 def choice_confidence(probabilities: Sequence[float]) -> float:

@@ -8,10 +8,12 @@ resumes from it. `fork()` copies the history (not the device state: checkpoints 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from flide_sdk.errors import InvalidStateError
 from flide_sdk.history import History
+from flide_sdk.questions import Questions
 
 if TYPE_CHECKING:
     from flide_sdk.engine import Engine
@@ -26,18 +28,18 @@ class Session:
         self._history = history
         self._closed = False
 
-    def append(self, item: str | dict[str, Any]) -> None:
+    def append(self, item: str | Mapping[str, Any]) -> None:
         """Add text (concatenated to a text state) or a message dict with `role`/`content` (a list state)."""
         self._check_open()
         self._history.append(item)
 
-    async def ask(self, questions: Any) -> SystemOneResponse:
+    async def ask(self, questions: Questions) -> SystemOneResponse:
         """Answer `questions` about the history so far."""
         self._check_open()
         return await self.engine.submit(self.engine.prepare(self._history.snapshot(), questions))
 
-    def ask_sync(self, questions: Any, timeout: float | None = None) -> SystemOneResponse:
-        """Blocking `ask`, for scripts."""
+    def ask_sync(self, questions: Questions, timeout: float | None = None) -> SystemOneResponse:
+        """Blocking `ask`, for scripts; AskTimeoutError after `timeout` s (the ask is withdrawn if it has not started)."""
         self._check_open()
         return self.engine.submit_sync(self.engine.prepare(self._history.snapshot(), questions), timeout)
 

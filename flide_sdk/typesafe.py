@@ -7,9 +7,10 @@ Code written against the TypeSafe System One SDK (`typesafe-sdk`) ports to flide
   `answers["urgent"].noul` keeps working) that also carries `model`, `usage` (input and output tokens) and the
   TypeSafe views `nouls`, `choices`, `scores`. `to_json()` is the System One wire form (score maps keyed by
   strings); it validates as `typesafe_sdk.SystemOneResponse`. Nothing on this path touches JSON.
-- Unchanged, over HTTP semantics but in process. `transport(engine)` returns a transport for httpx2, the HTTP
-  client the TypeSafe SDK takes (`TypeSafeClient(api_key="local", transport=...)`, and its async twin). It
-  answers `POST /v1/systemone` (JSON bodies, zstd-compressed or not) and `GET /v1/models` from the engine.
+- Unchanged, over HTTP semantics but in process. `client(engine)` / `async_client(engine)` build the TypeSafe
+  clients on `transport(engine)`, a transport for httpx2 (the HTTP client the TypeSafe SDK takes), with the base
+  URL `LOCAL_BASE_URL` so that errors name the in-process endpoint. The transport answers `POST /v1/systemone`
+  (JSON bodies, zstd-compressed or not) and `GET /v1/models` from the engine.
 
 Errors map onto TypeSafe's hierarchy by HTTP status (`http_error`), the same table for the transport and
 for `as_typesafe_error`: a malformed body (not JSON, bad compression, image assets) is 400 (bad request);
@@ -47,6 +48,8 @@ if TYPE_CHECKING:
 
     from flide_sdk.engine import Engine
 
+LOCAL_BASE_URL = "http://in-process.flide-sdk"
+"""The base URL of the in-process clients (`client`, `async_client`): errors name it, not the hosted API."""
 SYSTEM_ONE_PATH = "/v1/systemone"
 MODELS_PATH = "/v1/models"
 DEFAULT_QUEUE_TIMEOUT_S = 30.0
@@ -64,7 +67,7 @@ class SystemOneResponse(dict):
     """The answers of one ask by question name, with the request's `model` and `usage`.
 
     A plain `dict[str, Answer]` for existing code, plus the TypeSafe SDK's surface: `answers`, `nouls`,
-    `choices`, `scores`, `model`, `usage`. `to_json()` gives the System One wire form.
+    `choices`, `scores`, `model`, `usage`. `to_dict()` / `to_json()` give the System One wire form.
     """
 
     __slots__ = ("model", "usage")
@@ -94,7 +97,7 @@ class SystemOneResponse(dict):
         """Score answers keyed by question name."""
         return {name: a for name, a in self.items() if isinstance(a, ScoreAnswer)}
 
-    def to_builtins(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The wire form as Python data: `{"model", "answers", "usage"}`, score maps keyed by strings."""
         return msgspec.to_builtins({"model": self.model, "answers": dict(self), "usage": self.usage}, str_keys=True)
 
@@ -142,7 +145,7 @@ def as_typesafe_error(error: BaseException) -> Exception:
         429: ts.TypeSafeRateLimitError,
     }
     kind = by_status.get(status, ts.TypeSafeInternalServerError)
-    return kind(status, body, httpx2.Headers(headers), endpoint=f"POST {SYSTEM_ONE_PATH}")
+    return kind(status, body, httpx2.Headers(headers), endpoint=f"POST {LOCAL_BASE_URL}{SYSTEM_ONE_PATH}")
 
 
 # ------------------------------------------------------------------------------------------ transport
@@ -290,3 +293,22 @@ def transport(engine: Engine, *, queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S)
     429 (TypeSafe's rate-limit error, with `retry_after_ms`).
     """
     return Transport(engine, queue_timeout=queue_timeout)
+
+
+def client(engine: Engine, *, queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S, **options: Any) -> Any:
+    """A `typesafe_sdk.TypeSafeClient` answered by `engine` in this process (base URL `LOCAL_BASE_URL`, so its
+    errors name the in-process endpoint). `options` go to the client (e.g. `retry`). Needs typesafe-sdk."""
+    import typesafe_sdk
+
+    options.setdefault("api_key", "local")
+    return typesafe_sdk.TypeSafeClient(base_url=LOCAL_BASE_URL, transport=transport(engine, queue_timeout=queue_timeout),
+                                       **options)
+
+
+def async_client(engine: Engine, *, queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S, **options: Any) -> Any:
+    """The `typesafe_sdk.AsyncTypeSafeClient` twin of `client`."""
+    import typesafe_sdk
+
+    options.setdefault("api_key", "local")
+    return typesafe_sdk.AsyncTypeSafeClient(base_url=LOCAL_BASE_URL,
+                                            transport=transport(engine, queue_timeout=queue_timeout), **options)

@@ -73,7 +73,7 @@ def test_engine_ask_returns_a_typesafe_system_one_response(engine):
     assert response.usage == fl.Usage(input_tokens=prompt_tokens, output_tokens=3)
     assert response.model == engine.name
 
-    wire = response.to_builtins()
+    wire = response.to_dict()
     assert set(wire["answers"]["severity"]["legend"]) == {"0", "1", "2"}  # string-keyed score maps on the wire
     assert set(wire["answers"]["severity"]["probabilities"]) == {"0", "1", "2"}
     assert wire["usage"] == {"input_tokens": prompt_tokens, "output_tokens": 3}
