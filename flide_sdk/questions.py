@@ -167,9 +167,9 @@ class ScoreAnswer(Tagged, tag="score", frozen=True):
 
 Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]
 
-State = Union[str, Mapping[str, Any], Sequence[Any]]
+State = str | Mapping[str, Any] | Sequence[Any]
 """What an ask is about: text as is, or JSON data (rendered with json.dumps)."""
-Questions = Mapping[str, Union[Question, Mapping[str, Any], Any]]
+Questions = Mapping[str, Question | Mapping[str, Any] | Any]
 """Questions by name: Noul / Choice / Score, a dict with a "type" key, or a TypeSafe SDK question object."""
 
 

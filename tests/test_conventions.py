@@ -98,7 +98,8 @@ def test_the_library_prints_nothing_when_a_round_fails(tmp_path):
         print("answered:", sorted(engine.session().ask_sync({"q": fl.Noul("ok?")})))
         engine.close()
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                            check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["failed: a bug in tokenizing", "answered: ['q']"]
     assert result.stderr == ""
@@ -157,7 +158,7 @@ def test_cli_errors_are_one_line_and_status_2(arguments, error, monkeypatch, cap
 
 def test_cli_info_runs_as_a_module():
     result = subprocess.run([sys.executable, "-m", "flide_sdk", "info", "tiny"], capture_output=True, text=True,
-                            timeout=120)
+                            timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["device"] == "cpu" and info["dtype"] == "float32" and info["layers"] == 8
