@@ -35,11 +35,13 @@ def probabilities(answers: dict) -> np.ndarray:
     return np.concatenate([answer_probabilities(answers[name]) for name in sorted(answers)])
 
 
-def check(answers, fresh_engine, hf_model, state) -> float:
+def check(answers, fresh_engine, hf_model, state, against_transformers: bool = True) -> float:
+    """The answers equal a fresh engine's (no checkpoints) and, unless told otherwise, transformers' on the
+    standalone prompts (the costly part: a long session checks it at some steps only)."""
     fresh = fresh_engine.ask_sync(state, QUESTIONS)
     worst = float(np.abs(probabilities(answers) - probabilities(fresh)).max())
     rendered = fresh_engine.render(state, QUESTIONS)
-    for name in QUESTIONS:
+    for name in QUESTIONS if against_transformers else ():
         expected = reference_probabilities(hf_model, rendered, name)
         worst = max(worst, float(np.abs(answer_probabilities(answers[name]) - expected).max()))
     assert worst <= TOLERANCE, worst
@@ -65,7 +67,7 @@ def test_text_session_and_fork_stay_exact_and_compute_only_new_tokens(engine, fr
         before = engine.stats()
         answers = session.ask_sync(QUESTIONS)
         after = engine.stats()
-        check(answers, fresh, hf_tiny, state)
+        check(answers, fresh, hf_tiny, state, against_transformers=step % 6 == 0 or step == 29)
         rendered = engine.render(state, QUESTIONS)
         trunk_tokens = len(rendered.state_ids)
         branch_tokens = sum(len(q.ids) for q in rendered.questions.values())
@@ -83,7 +85,7 @@ def test_text_session_and_fork_stay_exact_and_compute_only_new_tokens(engine, fr
             piece = growth(rng)
             fork.append(piece)
             fork_state += piece
-            check(fork.ask_sync(QUESTIONS), fresh, hf_tiny, fork_state)
+            check(fork.ask_sync(QUESTIONS), fresh, hf_tiny, fork_state, against_transformers=step % 6 == 3)
     assert engine.stats()["checkpoint_hits"] >= 48
 
 
