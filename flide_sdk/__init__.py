@@ -23,6 +23,7 @@ from flide_sdk.errors import (
     GuardBlockedError,
     InvalidQuestionError,
     InvalidStateError,
+    MapInputError,
     QueueFullError,
     StateTooLongError,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "GuardBlockedError",
     "InvalidQuestionError",
     "InvalidStateError",
+    "MapInputError",
     "Noul",
     "NoulAnswer",
     "Question",

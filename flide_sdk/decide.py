@@ -1,4 +1,4 @@
-"""`decide`: a jev-style decorator that turns a typed Python function into one decision request.
+"""`decide`: a jev-style decorator that turns a typed Python function (or model class) into one decision request.
 
 The decorated function's body never runs: its signature is the question. Its return annotation is a
 msgspec Struct or a pydantic model; each field becomes one question, all of a call's questions are asked in
@@ -32,26 +32,88 @@ Instructions of a field: its description (pydantic `Field(description=...)`, msg
 `Meta(description=...)`), else its name with underscores as spaces, prefixed by the function's docstring
 when it has one (chosen). State of a call (chosen, shared with `guard` / `route`): a one-parameter
 function's argument as is, otherwise a dict of the bound arguments (defaults applied); Structs, pydantic
-models, enums and other non-JSON values are converted to JSON data first. Models defined inside a function
-resolve too (the decorator reads the annotations in the scope it is applied in). pydantic models are
-rebuilt with `model_validate(..., by_name=True)` (pydantic >= 2.11), msgspec Structs with their constructor.
+models, enums and other non-JSON values are converted to JSON data first (InvalidStateError naming the
+argument otherwise). Models defined inside a function resolve too (the decorator reads the annotations in
+the scope it is applied in). pydantic models are rebuilt with `model_validate(..., by_name=True)`
+(pydantic >= 2.11), msgspec Structs with their constructor.
+
+The docstring is a template of the call's arguments: `{{ name }}` placeholders (jinja2 syntax) render with
+the bound arguments, defaults applied, as the caller passed them (`{{ ticket.title }}` reads an attribute).
+Templates: jinja2's SandboxedEnvironment with StrictUndefined, not an own substitution: jinja2 is already a
+dependency, its parser lists a template's names for the decoration-time check, and attribute access and
+filters come with it, sandboxed. A placeholder naming no parameter, or a syntax error, is an
+InvalidQuestionError when the function is decorated; a failing render (an undefined attribute) is an
+InvalidStateError of the call. A docstring without placeholders is rendered once and its questions compiled
+once (`.questions`, the same objects every call, so the renderer's question cache serves them); with
+placeholders each call renders its own questions (`.questions` is None; `Decision.questions` holds a call's).
+
+`.map(inputs)` answers many inputs at once: all their asks are submitted together, so they share engine
+rounds, and the results come back in input order. An item is the argument of a one-parameter function;
+for more parameters a tuple is the positional arguments, a dict the keyword arguments, anything else the
+first argument alone (chosen). `.map` follows the function: it blocks for a sync one (the asks are awaited
+on a private event loop; on a helper thread when called from a running loop) and is a coroutine for an
+async one. `.decision.map(inputs)` gives the `Decision`s. An input that fails (arguments that do not bind,
+a state or template that does not render, a prompt too long for the model) raises MapInputError naming its
+index, the lowest failing one, with the original error as its cause (inputs are checked before anything is
+asked); EngineClosedError and QueueFullError pass through as they are (no input is at fault).
+
+The class form: `@fl.decide(engine)` on the pydantic model or Struct itself (its docstring is the template,
+its fields the questions) returns the class unchanged, construction included, with two static attributes,
+`decide` (blocking) and `adecide` (a coroutine): each is a decided function of one parameter `state`, with
+`.decision`, `.map`, `.decision.map` and `.questions` as above (chosen: two names added to the class, so a
+model rarely shadows them; a class with a field or attribute of either name is refused). `@fl.decide` with
+no engine (a function or class as its first argument) is an InvalidQuestionError naming the fix.
+
+    engine = fl.Engine.tiny()
+
+    class Ticket(BaseModel):
+        urgent: bool = Field(description="Does this need a reply within the hour?")
+        area: Literal["billing", "bug", "other"]
+
+    @fl.decide(engine)
+    def triage(text: str, plan: str = "free") -> Ticket:
+        '''Triage a support ticket from a customer on the {{ plan }} plan.'''
+
+    triage("I was charged twice.", plan="pro")          # Ticket(urgent=..., area=...)
+    triage.decision("I was charged twice.")             # Decision: value, probabilities, confidence, ...
+    triage.map(["text a", ("text b", "pro"), {"text": "text c", "plan": "pro"}])  # [Ticket, Ticket, Ticket]
+
+    @fl.decide(engine)
+    class Refund(BaseModel):
+        '''Does the customer on the {{ state.plan }} plan want money back?'''
+        refund: bool
+
+    Refund.decide({"plan": "pro", "text": "..."})       # a Refund; Refund(refund=True) still constructs
+    await Refund.adecide.map([{"plan": "pro", "text": "..."}, {"plan": "free", "text": "..."}])
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import enum
 import functools
 import inspect
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
+import jinja2
+import jinja2.meta
+import jinja2.sandbox
 import msgspec
 import numpy as np
 
-from flide_sdk.errors import InvalidQuestionError
+from flide_sdk.errors import (
+    EngineClosedError,
+    FlideError,
+    InvalidQuestionError,
+    InvalidStateError,
+    MapInputError,
+    QueueFullError,
+)
 from flide_sdk.questions import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Question, Score
 from flide_sdk.render import LETTERS
 from flide_sdk.typesafe import SystemOneResponse
@@ -62,6 +124,9 @@ if typing.TYPE_CHECKING:
 T = TypeVar("T")
 MAX_LEVELS = len(LETTERS)
 DEFAULT_FLOAT_LEVELS = 5
+CLASS_ATTRIBUTES = ("decide", "adecide")  # what the class form adds: blocking, then async
+TEMPLATES = jinja2.sandbox.SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
+TEMPLATE_MARKS = ("{{", "{%", "{#")  # a docstring without any is used verbatim, never parsed
 
 
 # ------------------------------------------------------------------------------------------ the state
@@ -77,14 +142,52 @@ def to_data(value: Any) -> Any:
     return msgspec.to_builtins(value, enc_hook=_pydantic_to_data)
 
 
-def call_state(signature: inspect.Signature, args: tuple, kwargs: dict) -> Any:
-    """The state of a call: a one-parameter function's argument as is, else a dict of the bound arguments."""
+def bound_arguments(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The arguments of a call by parameter name, defaults applied (TypeError when they do not bind)."""
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
-    values = {name: to_data(value) for name, value in bound.arguments.items()}
+    return dict(bound.arguments)
+
+
+def state_of(signature: inspect.Signature, arguments: dict[str, Any]) -> Any:
+    """The state of bound arguments: a one-parameter function's argument as is, else a dict of all of them."""
+    values = {}
+    for name, value in arguments.items():
+        try:
+            values[name] = to_data(value)
+        except (TypeError, ValueError, msgspec.MsgspecError) as error:
+            raise InvalidStateError(f"argument {name!r} is not JSON data: {error}") from error
     if len(signature.parameters) == 1:
         return next(iter(values.values()))
     return values
+
+
+def call_state(signature: inspect.Signature, args: tuple, kwargs: dict) -> Any:
+    """The state of a call: a one-parameter function's argument as is, else a dict of the bound arguments."""
+    return state_of(signature, bound_arguments(signature, args, kwargs))
+
+
+def compile_template(name: str, docstring: str | None, parameters: list[str]) -> tuple[jinja2.Template | None, str | None]:
+    """A docstring as a template of the call's arguments, or (None, its fixed text) when it has no placeholder;
+    InvalidQuestionError for a syntax error or a placeholder naming none of `parameters`."""
+    if not docstring or not any(mark in docstring for mark in TEMPLATE_MARKS):
+        return None, docstring or None
+    try:
+        names = jinja2.meta.find_undeclared_variables(TEMPLATES.parse(docstring)) - set(TEMPLATES.globals)
+        template = TEMPLATES.from_string(docstring)
+    except jinja2.TemplateSyntaxError as error:
+        raise InvalidQuestionError(f"{name}: its docstring is not a valid template (line {error.lineno}: {error.message})") from None
+    unknown = sorted(names - set(parameters))
+    if unknown:
+        raise InvalidQuestionError(
+            f"{name}: docstring placeholder(s) {', '.join(unknown)} name no parameter of {name}({', '.join(parameters)})"
+        )
+    if names:
+        return template, None
+    try:  # only comments, raw blocks or constants: rendered once
+        return None, template.render() or None
+    except jinja2.TemplateError as error:
+        raise InvalidQuestionError(f"{name}: its docstring template fails to render: {error}") from None
 
 
 # -------------------------------------------------------------------------------------------- fields
@@ -190,39 +293,47 @@ def check_options(threshold: float, float_levels: int) -> None:
 
 @dataclass(frozen=True)
 class Decision(Generic[T]):
-    """One decided call: the coerced `value`, and per field the probability of each value and a confidence."""
+    """One decided call: the coerced `value`, per field the probability of each value and a confidence, the
+    engine's `response`, and the `questions` asked (a templated docstring renders into them per call)."""
 
     value: T
     probabilities: dict[str, dict[Any, float]]
     confidence: dict[str, float]
     response: SystemOneResponse
+    questions: dict[str, Question]
 
 
 class CompiledModel(Generic[T]):
     """A return type compiled into questions, and the reading of a response back into an instance."""
 
-    def __init__(self, model_type: type[T], *, context: str | None, threshold: float, float_levels: int) -> None:
+    def __init__(self, model_type: type[T], *, context: str | None, threshold: float, float_levels: int,
+                 scope: dict[str, Any] | None = None) -> None:
         check_options(threshold, float_levels)
         self.model_type = model_type
         self.threshold = threshold
         self._pydantic = hasattr(model_type, "model_fields") and hasattr(model_type, "model_validate")
+        fields = self._fields(model_type, scope)
+        self.texts = {name: description or name.replace("_", " ").strip() for name, _, _, description in fields}
         rules = [
-            field_rule(name, annotation, metadata, _instructions(name, description, context), float_levels)
-            for name, annotation, metadata, description in self._fields(model_type)
+            field_rule(name, annotation, metadata, _instructions(context, self.texts[name]), float_levels)
+            for name, annotation, metadata, _ in fields
         ]
         if not rules:
             raise InvalidQuestionError(f"{model_type.__name__} has no fields to ask about")
         self.rules = {rule.name: rule for rule in rules}
         self.questions: dict[str, Question] = {rule.name: rule.question for rule in rules}
 
-    def _fields(self, model_type: type) -> list[tuple[str, Any, list[Any], str | None]]:
+    def _fields(self, model_type: type, scope: dict[str, Any] | None) -> list[tuple[str, Any, list[Any], str | None]]:
         if self._pydantic:
             return [
                 (name, info.annotation, list(info.metadata), info.description)
                 for name, info in model_type.model_fields.items()
             ]
         if isinstance(model_type, type) and issubclass(model_type, msgspec.Struct):
-            hints = typing.get_type_hints(model_type, include_extras=True)
+            try:
+                hints = typing.get_type_hints(model_type, localns=scope, include_extras=True)
+            except NameError as error:
+                raise InvalidQuestionError(f"{model_type.__qualname__}: cannot resolve an annotation ({error})") from None
             fields = []
             for name in model_type.__struct_fields__:
                 base, metadata = _split_annotated(hints[name])
@@ -230,11 +341,20 @@ class CompiledModel(Generic[T]):
                 fields.append((name, base, metadata, description))
             return fields
         raise InvalidQuestionError(
-            f"the return annotation must be a msgspec Struct or a pydantic model, not {model_type!r}"
+            f"decide needs a msgspec Struct or a pydantic model (the return annotation, or the decorated class), "
+            f"not {model_type!r}"
         )
 
-    def decision(self, response: SystemOneResponse) -> Decision[T]:
-        """The instance the response stands for, with each field's value probabilities and confidence."""
+    def questions_for(self, context: str | None) -> dict[str, Question]:
+        """The questions with `context` (a call's rendered docstring) before each field's own text."""
+        return {
+            name: msgspec.structs.replace(question, instructions=_instructions(context, self.texts[name]))
+            for name, question in self.questions.items()
+        }
+
+    def decision(self, response: SystemOneResponse, questions: dict[str, Question] | None = None) -> Decision[T]:
+        """The instance the response stands for, with each field's value probabilities and confidence;
+        `questions`: what was asked (the compiled questions by default)."""
         values = {name: rule.coerce(response[name], self.threshold) for name, rule in self.rules.items()}
         value = self.model_type.model_validate(values, by_name=True) if self._pydantic else self.model_type(**values)
         return Decision(
@@ -242,63 +362,207 @@ class CompiledModel(Generic[T]):
             probabilities={name: rule.probabilities(response[name]) for name, rule in self.rules.items()},
             confidence={name: rule.confidence(response[name], self.threshold) for name, rule in self.rules.items()},
             response=response,
+            questions=self.questions if questions is None else questions,
         )
 
 
-def _instructions(name: str, description: str | None, context: str | None) -> str:
-    text = description or name.replace("_", " ").strip()
+def _instructions(context: str | None, text: str) -> str:
     return f"{context}\n{text}" if context else text
+
+
+# ------------------------------------------------------------------------------------------- deciders
+def _run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to its end on a private event loop (on a helper thread when this one runs a loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1) as helper:
+        return helper.submit(asyncio.run, coroutine).result()
+
+
+class Decider(Generic[T]):
+    """A compiled decide target: the state and questions of a call, asked alone or many in shared rounds."""
+
+    def __init__(self, engine: Engine, name: str, signature: inspect.Signature, model_type: type[T],
+                 docstring: str | None, scope: dict[str, Any], threshold: float, float_levels: int) -> None:
+        self.engine = engine
+        self.name = name
+        self.signature = signature
+        self.template, context = compile_template(name, docstring, list(signature.parameters))
+        self.compiled = CompiledModel(model_type, context=context, threshold=threshold, float_levels=float_levels,
+                                      scope=scope)
+        self.questions = None if self.template is not None else self.compiled.questions
+
+    def request(self, args: tuple, kwargs: dict) -> tuple[Any, dict[str, Question]]:
+        """The state and the questions of one call (a templated docstring rendered with its arguments)."""
+        arguments = bound_arguments(self.signature, args, kwargs)
+        state = state_of(self.signature, arguments)
+        if self.template is None:
+            return state, self.compiled.questions
+        try:
+            context = self.template.render(arguments)
+        except Exception as error:  # an undefined attribute, the sandbox, or a filter failing on these values
+            raise InvalidStateError(f"{self.name}: its docstring template fails on this call's arguments: {error}") from error
+        return state, self.compiled.questions_for(context)
+
+    def decide_sync(self, args: tuple, kwargs: dict) -> Decision[T]:
+        state, questions = self.request(args, kwargs)
+        return self.compiled.decision(self.engine.ask_sync(state, questions), questions)
+
+    async def decide(self, args: tuple, kwargs: dict) -> Decision[T]:
+        state, questions = self.request(args, kwargs)
+        return self.compiled.decision(await self.engine.ask(state, questions), questions)
+
+    def requests(self, inputs: Iterable[Any]) -> list[tuple[Any, dict[str, Question]]]:
+        """Each input's state and questions, all checked before anything is asked (MapInputError otherwise)."""
+        one = len(self.signature.parameters) == 1
+        requests = []
+        for index, item in enumerate(inputs):
+            if not one and isinstance(item, tuple):
+                args, kwargs = item, {}
+            elif not one and isinstance(item, Mapping):
+                args, kwargs = (), dict(item)
+            else:
+                args, kwargs = (item,), {}
+            try:
+                requests.append(self.request(args, kwargs))
+            except (TypeError, FlideError) as error:
+                raise MapInputError(self.name, index, error) from error
+        return requests
+
+    async def ask_all(self, requests: list[tuple[Any, dict[str, Question]]]) -> list[Decision[T]]:
+        """Submit every request at once (they share rounds) and read the answers back in order."""
+        responses = await asyncio.gather(*(self.engine.ask(state, q) for state, q in requests), return_exceptions=True)
+        decisions = []
+        for index, ((_, questions), response) in enumerate(zip(requests, responses)):
+            if isinstance(response, BaseException):
+                if isinstance(response, (EngineClosedError, QueueFullError)) or not isinstance(response, Exception):
+                    raise response  # the engine's state, or a cancellation: no input is at fault
+                raise MapInputError(self.name, index, response) from response
+            decisions.append(self.compiled.decision(response, questions))
+        return decisions
+
+    def decide_many_sync(self, inputs: Iterable[Any]) -> list[Decision[T]]:
+        requests = self.requests(inputs)
+        return _run(self.ask_all(requests)) if requests else []
+
+    async def decide_many(self, inputs: Iterable[Any]) -> list[Decision[T]]:
+        return await self.ask_all(self.requests(inputs))
+
+
+def _surface(decider: Decider, is_async: bool, function: Callable[..., Any] | None, name: str) -> Callable[..., Any]:
+    """The public callable of a decider: a call gives the value, `.decision` the Decision, `.map` and
+    `.decision.map` the same for many inputs; `.questions` the compiled questions (None when templated)."""
+    if is_async:
+
+        async def decision(*args: Any, **kwargs: Any) -> Decision:
+            return await decider.decide(args, kwargs)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return (await decider.decide(args, kwargs)).value
+
+        async def decisions(inputs: Iterable[Any]) -> list[Decision]:
+            return await decider.decide_many(inputs)
+
+        async def values(inputs: Iterable[Any]) -> list[Any]:
+            return [decided.value for decided in await decider.decide_many(inputs)]
+
+    else:
+
+        def decision(*args: Any, **kwargs: Any) -> Decision:
+            return decider.decide_sync(args, kwargs)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return decider.decide_sync(args, kwargs).value
+
+        def decisions(inputs: Iterable[Any]) -> list[Decision]:
+            return decider.decide_many_sync(inputs)
+
+        def values(inputs: Iterable[Any]) -> list[Any]:
+            return [decided.value for decided in decider.decide_many_sync(inputs)]
+
+    for helper, qualname in ((decision, f"{name}.decision"), (decisions, f"{name}.decision.map"), (values, f"{name}.map")):
+        helper.__name__, helper.__qualname__ = qualname.rsplit(".", 1)[-1], qualname
+    if function is not None:
+        call = functools.wraps(function)(call)
+    else:
+        call.__name__, call.__qualname__ = name.rsplit(".", 1)[-1], name
+        call.__signature__ = decider.signature  # type: ignore[attr-defined]
+    decision.map = decisions  # type: ignore[attr-defined]
+    call.decision = decision  # type: ignore[attr-defined]
+    call.map = values  # type: ignore[attr-defined]
+    call.questions = decider.questions  # type: ignore[attr-defined]
+    return call
+
+
+def _decide_function(engine: Engine, function: Callable[..., Any], scope: dict[str, Any], threshold: float,
+                     float_levels: int) -> Callable[..., Any]:
+    try:
+        hints = typing.get_type_hints(function, localns=scope, include_extras=True)
+    except NameError as error:
+        raise InvalidQuestionError(f"{function.__qualname__}: cannot resolve an annotation ({error})") from None
+    if "return" not in hints:
+        raise InvalidQuestionError(f"{function.__qualname__} needs a return annotation (a Struct or pydantic model)")
+    model_type, _ = _split_annotated(hints["return"])
+    decider = Decider(engine, function.__qualname__, inspect.signature(function), model_type,
+                      inspect.getdoc(function), scope, threshold, float_levels)
+    return _surface(decider, inspect.iscoroutinefunction(function), function, function.__qualname__)
+
+
+def _decide_class(engine: Engine, model_type: type[T], scope: dict[str, Any], threshold: float,
+                  float_levels: int) -> type[T]:
+    name = f"{model_type.__qualname__}.decide"
+    parameter = inspect.Parameter("state", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    signature = inspect.Signature([parameter], return_annotation=model_type)
+    own_doc = model_type.__dict__.get("__doc__")  # not inspect.getdoc: it would inherit BaseModel's docstring
+    docstring = inspect.cleandoc(own_doc) if isinstance(own_doc, str) else None
+    decider = Decider(engine, name, signature, model_type, docstring, scope, threshold, float_levels)
+    for attribute in CLASS_ATTRIBUTES:
+        if attribute in decider.compiled.rules or hasattr(model_type, attribute):
+            raise InvalidQuestionError(
+                f"{model_type.__qualname__} already has a field or attribute {attribute!r}, which the class form of "
+                f"decide adds; rename it or decorate a function instead"
+            )
+    for attribute, is_async in zip(CLASS_ATTRIBUTES, (False, True)):
+        surface = _surface(decider, is_async, None, f"{model_type.__qualname__}.{attribute}")
+        setattr(model_type, attribute, staticmethod(surface))
+    return model_type
+
+
+def _check_engine(engine: Any) -> None:
+    """Refuse a bare `@fl.decide` (a function or class where the engine goes) and other non-engines."""
+    if inspect.isclass(engine) or inspect.isroutine(engine):
+        what = "class" if inspect.isclass(engine) else "function"
+        raise InvalidQuestionError(
+            f"decide needs an engine: use @fl.decide(engine) (a bare @fl.decide was applied to the {what} "
+            f"{getattr(engine, '__qualname__', engine)!r})"
+        )
+    if not (callable(getattr(engine, "ask", None)) and callable(getattr(engine, "ask_sync", None))):
+        raise InvalidQuestionError(f"decide needs an engine: use @fl.decide(engine), not a {type(engine).__name__}")
 
 
 # ------------------------------------------------------------------------------------------ decorator
 def decide(
     engine: Engine, *, threshold: float = 0.5, float_levels: int = DEFAULT_FLOAT_LEVELS
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a (sync or async) function whose return annotation is a msgspec Struct or pydantic model.
+) -> Callable[[Any], Any]:
+    """Decorate a (sync or async) function whose return annotation is a msgspec Struct or pydantic model, or
+    such a class itself.
 
-    Calling it asks the engine one request about the call's arguments and returns the coerced instance;
-    `.decision(...)` returns the `Decision` instead; `.questions` are the compiled questions.
+    A decorated function, called, asks the engine one request about the call's arguments and returns the
+    coerced instance; `.decision(...)` returns the `Decision` instead; `.map(inputs)` / `.decision.map(inputs)`
+    answer many inputs in shared rounds; `.questions` are the compiled questions (None with placeholders).
+    A decorated class gets `Model.decide(state)` and `await Model.adecide(state)`, each with that surface.
     threshold: P(yes) at or above which a bool field is True. float_levels: levels of a float Score.
     """
 
+    _check_engine(engine)
     check_options(threshold, float_levels)
     scope = dict(sys._getframe(1).f_locals)  # where the decorator runs: resolves models defined in a function
 
-    def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
-        try:
-            hints = typing.get_type_hints(function, localns=scope, include_extras=True)
-        except NameError as error:
-            raise InvalidQuestionError(f"{function.__qualname__}: cannot resolve an annotation ({error})") from None
-        if "return" not in hints:
-            raise InvalidQuestionError(f"{function.__qualname__} needs a return annotation (a Struct or pydantic model)")
-        model_type, _ = _split_annotated(hints["return"])
-        docstring = inspect.getdoc(function)
-        compiled = CompiledModel(model_type, context=docstring, threshold=threshold, float_levels=float_levels)
-        signature = inspect.signature(function)
-
-        if inspect.iscoroutinefunction(function):
-
-            async def decision(*args: Any, **kwargs: Any) -> Decision:
-                state = call_state(signature, args, kwargs)
-                return compiled.decision(await engine.ask(state, compiled.questions))
-
-            @functools.wraps(function)
-            async def call(*args: Any, **kwargs: Any) -> Any:
-                return (await decision(*args, **kwargs)).value
-
-        else:
-
-            def decision(*args: Any, **kwargs: Any) -> Decision:
-                state = call_state(signature, args, kwargs)
-                return compiled.decision(engine.ask_sync(state, compiled.questions))
-
-            @functools.wraps(function)
-            def call(*args: Any, **kwargs: Any) -> Any:
-                return decision(*args, **kwargs).value
-
-        call.decision = decision  # type: ignore[attr-defined]
-        call.questions = compiled.questions  # type: ignore[attr-defined]
-        return call
+    def wrap(target: Any) -> Any:
+        if isinstance(target, type):
+            return _decide_class(engine, target, scope, threshold, float_levels)
+        return _decide_function(engine, target, scope, threshold, float_levels)
 
     return wrap
-

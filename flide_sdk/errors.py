@@ -81,3 +81,14 @@ class GuardBlockedError(FlideError):
         self.function = function
         self.probability = probability
         self.block_above = block_above
+
+
+class MapInputError(FlideError, ValueError):
+    """One input of a decided function's `.map` failed (arguments that do not bind, a state or docstring
+    template that does not render, a prompt too long): `index` names it, `error` (also `__cause__`) is why."""
+
+    def __init__(self, function: str, index: int, error: BaseException) -> None:
+        super().__init__(f"{function}.map: input {index} failed: {type(error).__name__}: {error}")
+        self.function = function
+        self.index = index
+        self.error = error
