@@ -84,8 +84,9 @@ def fork_attention_reference(
 
     q: [Tq, Hq, D]; k, v: [T, Hkv, D]; k_cache, v_cache: [pages * PAGE, Hkv, D] pool arenas of this layer.
     gate: [Tq, Hq, D] or None: the output is multiplied by sigmoid(gate) (Qwen3.5's output gate).
-    Returns [Tq, Hq, D] in q's dtype. Scale 1/sqrt(D). A request's queries run QUERY_BLOCK rows at a time, so
-    memory grows with its keys times the block, never with the square of its length.
+    Returns [Tq, Hq, D] in q's dtype. Scale 1/sqrt(D). A request's queries run QUERY_BLOCK rows at a time over
+    the keys up to the block's last row, so memory grows with its keys times the block, never with the square of
+    its length.
     """
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     group = heads // kv_heads
@@ -102,16 +103,19 @@ def fork_attention_reference(
             k_req, v_req = torch.cat([k_cache[slots], k_req]), torch.cat([v_cache[slots], v_req])
         kh = k_req.transpose(0, 1).repeat_interleave(group, dim=0)
         vh = v_req.transpose(0, 1).repeat_interleave(group, dim=0)
-        keys = torch.arange(start, end, device=q.device)
         for block in mine.split(QUERY_BLOCK):
             token = rows[block]
+            seen = int(token.max()) + 1  # no token sees a key after itself
+            keys = torch.arange(start, seen, device=q.device)
             visible = (keys[None, :] < plan.ctx_hi[token, None]) | (
                 (keys[None, :] >= plan.seg_lo[token, None]) & (keys[None, :] <= token[:, None])
             )
             if cached:
                 visible = torch.cat([visible.new_ones(len(token), cached), visible], dim=1)
             qh = q[block].transpose(0, 1)
-            attended = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible, scale=head_dim**-0.5)
+            width = cached + seen - start
+            attended = F.scaled_dot_product_attention(qh, kh[:, :width], vh[:, :width], attn_mask=visible,
+                                                      scale=head_dim**-0.5)
             out[block] = attended.transpose(0, 1)
     return out if gate is None else out * torch.sigmoid(gate)
 
