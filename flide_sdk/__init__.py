@@ -58,6 +58,7 @@ __all__ = [
     "Choice",
     "ChoiceAnswer",
     "Decision",
+    "DeviceError",
     "Engine",
     "EngineClosedError",
     "FlideError",

@@ -38,11 +38,11 @@ import numpy as np
 import torch
 
 from flide_sdk.capacity import Capacity, capacity_ladder
-from flide_sdk.errors import AskTimeoutError, EngineClosedError, QueueFullError
+from flide_sdk.errors import AskTimeoutError, DeviceError, EngineClosedError, QueueFullError
 from flide_sdk.graphs import BUFFERS, GraphRunner, Launch
 from flide_sdk.history import BLOCK, Trunk
 from flide_sdk.layout import PAGE, Branches, HostRound, RequestSpec, Resume, RoundPlan, Save
-from flide_sdk.models.checkpoint import load_model
+from flide_sdk.models.checkpoint import load_model, read_config
 from flide_sdk.models.qwen35 import Qwen35Model
 from flide_sdk.ops import Ops, ops_for
 from flide_sdk.pool import Checkpoint, CheckpointPool, PlannedSave
@@ -79,14 +79,33 @@ STAT_KEYS = (
 )
 
 
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device to load on: cuda when available, else cpu; DeviceError for another kind or an absent GPU."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise DeviceError(f"device {device!r} is not a device name: give 'cpu', 'cuda' or 'cuda:N'") from error
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise DeviceError(f"device {device!r}: {why} (torch {torch.__version__}); load on 'cpu'")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise DeviceError(f"device {device!r}: only {torch.cuda.device_count()} CUDA devices are visible")
+    elif resolved.type != "cpu":
+        raise DeviceError(f"device {device!r} is not supported: flide_sdk runs on 'cpu' or 'cuda'")
+    return resolved
+
+
 def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     if dtype is None:
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype):
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
         return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return DTYPES[dtype]
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise DeviceError(f"dtype must be one of {sorted(DTYPES)} (a name or the torch.dtype), got {dtype!r}")
 
 
 def _default_pool_bytes(device: torch.device) -> int:
@@ -249,10 +268,11 @@ class Engine:
         (it costs the loop's thread a core for a fraction of a millisecond per round). False: the round
         thread finishes every round.
         """
-        device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
-        model = load_model(path, device, _resolve_dtype(dtype, device))
-        limit = max_prompt_tokens or model.config.max_position_embeddings
-        renderer = Renderer.from_checkpoint(path, limit)
+        device = _resolve_device(device)
+        dtype = _resolve_dtype(dtype, device)
+        config, _ = read_config(path)  # config, tokenizer and template are checked before any weight is read
+        renderer = Renderer.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size)
+        model = load_model(path, device, dtype)
         return cls(
             model, renderer, device,
             pool_bytes=pool_bytes,

@@ -80,12 +80,12 @@ class CheckpointPool:
         element = torch.finfo(dtype).bits // 8
         state_bytes = c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim * 4
         window_bytes = (c.conv_kernel - 1) * c.conv_dim * element
+        # both positive: a Qwen35Config has Gated DeltaNet and attention layers, of positive sizes (`validate`)
         self.slot_bytes = len(self.gdn_layers) * (state_bytes + window_bytes)
         self.page_bytes = len(self.attention_layers) * 2 * PAGE * c.num_kv_heads * c.head_dim * element
-        slot_bytes, page_bytes = max(1, self.slot_bytes), max(1, self.page_bytes)
-        wanted = max_checkpoints if max_checkpoints is not None else max(4, int(0.25 * budget_bytes) // slot_bytes)
-        slots = min(wanted, budget_bytes // slot_bytes)  # a zero budget disables checkpoints
-        pages = (budget_bytes - slots * self.slot_bytes) // page_bytes
+        wanted = max_checkpoints if max_checkpoints is not None else max(4, int(0.25 * budget_bytes) // self.slot_bytes)
+        slots = min(wanted, budget_bytes // self.slot_bytes)  # a zero budget disables checkpoints
+        pages = (budget_bytes - slots * self.slot_bytes) // self.page_bytes
         self.num_slots, self.num_pages = slots, pages
         self.state_rows = StateRows(zero=slots, scratch=slots + 1, scratch_count=scratch_rows)
         self.window_sink = slots

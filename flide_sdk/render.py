@@ -45,6 +45,7 @@ from flide_sdk.history import (
     History,
     Trunk,
 )
+from flide_sdk.models.checkpoint import read_json
 from flide_sdk.questions import Choice, Content, Noul, Question, Score
 from flide_sdk.word_cache import WordEncoder, component_settings
 
@@ -86,16 +87,30 @@ class Rendered:
 
 def load_chat_template(path: Path) -> str:
     """The chat template of a checkpoint: chat_template.jinja, or `chat_template` in tokenizer_config.json."""
+    return _chat_template(path)[0]
+
+
+def _chat_template(path: Path) -> tuple[str, str]:
+    """(the chat template of a checkpoint, where it was read from: the file, and the field if any)."""
     jinja_file = path / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text()
+        try:
+            return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+        except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
+            raise CheckpointError(f"{jinja_file}: unreadable ({error})") from error
     config_file = path / "tokenizer_config.json"
-    template = json.loads(config_file.read_text()).get("chat_template") if config_file.is_file() else None
-    if isinstance(template, list):
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    template = None
+    if config_file.is_file():
+        config = read_json(config_file)
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{config_file}: must hold a JSON object, got a {type(config).__name__}")
+        template = config.get("chat_template")
+    if isinstance(template, list):  # named templates
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)
     if not isinstance(template, str):
         raise CheckpointError(f"{path}: no chat template (chat_template.jinja or tokenizer_config.json)")
-    return template
+    return template, f"{config_file} (chat_template)"
 
 
 def split_user_turn(template_source: str) -> tuple[str, str]:
@@ -106,14 +121,18 @@ def split_user_turn(template_source: str) -> tuple[str, str]:
         raise jinja2.exceptions.TemplateError(message)
 
     env.globals["raise_exception"] = raise_exception
-    template = env.from_string(template_source)
 
     def render(content: str) -> str:
         return template.render(
             messages=[{"role": "user", "content": content}], add_generation_prompt=True, enable_thinking=False
         )
 
-    first, second = (render(s) for s in _SENTINELS)
+    try:
+        template = env.from_string(template_source)
+        first, second = (render(s) for s in _SENTINELS)
+    except Exception as error:  # the template is the checkpoint's code: whatever it raises, it does not render
+        message = f"the chat template does not render a user turn ({type(error).__name__}: {error})"
+        raise CheckpointError(message) from error
     if first.count(_SENTINELS[0]) != 1:
         raise CheckpointError("the chat template does not place the user content exactly once")
     head, tail = first.split(_SENTINELS[0])
@@ -230,12 +249,32 @@ class Renderer:
         self._label_ids: dict[str, int] = {}
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, max_prompt_tokens: int) -> Renderer:
+    def from_checkpoint(cls, path: str | Path, max_prompt_tokens: int, vocab_size: int | None = None) -> Renderer:
+        """The renderer of a checkpoint directory: its tokenizer.json and chat template. CheckpointError, naming
+        the file, for a tokenizer that does not load or is not Qwen3.5's, one with token ids from `vocab_size`
+        on (the model's embedding rows), or a chat template that does not render."""
         path = Path(path)
         tokenizer_file = path / "tokenizer.json"
         if not tokenizer_file.is_file():
             raise CheckpointError(f"{path}: no tokenizer.json")
-        return cls(Tokenizer.from_file(str(tokenizer_file)), load_chat_template(path), max_prompt_tokens)
+        try:
+            tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        except Exception as error:  # tokenizers raises a bare Exception for a file it cannot read
+            raise CheckpointError(f"{tokenizer_file}: not a readable tokenizer ({error})") from error
+        try:
+            check_pretokenizer(tokenizer)
+        except CheckpointError as error:
+            raise CheckpointError(f"{tokenizer_file}: {error}") from error
+        if vocab_size is not None:
+            largest = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
+            if largest >= vocab_size:
+                raise CheckpointError(f"{tokenizer_file}: token id {largest} is past the model's vocab_size "
+                                      f"{vocab_size} (config.json); every id of the tokenizer needs an embedding row")
+        template, source = _chat_template(path)
+        try:
+            return cls(tokenizer, template, max_prompt_tokens)
+        except CheckpointError as error:  # the tokenizer passed its checks above: this is the template's
+            raise CheckpointError(f"{source}: {error}") from error
 
     def _encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)

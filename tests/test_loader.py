@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,11 +13,12 @@ from safetensors import safe_open
 
 import flide_sdk as fl
 from flide_sdk.models.checkpoint import random_state_dict, read_config
-from flide_sdk.models.qwen35 import Qwen35Config
+from flide_sdk.models.qwen35 import MAX_POSITIONS, Qwen35Config
 from flide_sdk.testing import tiny_config_json, train_tiny_tokenizer, write_tokenizer_files
 
 from .test_exactness import assert_exact, mixed_requests
 
+RELEASE_CONFIGS = Path(__file__).resolve().parents[2] / "shared" / "data" / "configs"
 VISION = {"depth": 1, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": 64,
           "patch_size": 4, "spatial_merge_size": 2, "temporal_patch_size": 2, "num_position_embeddings": 16}
 
@@ -93,7 +97,7 @@ def test_release_layout_written_by_transformers(tmp_path, tokenizer):
     release, reference = save_release_layout(tmp_path, tokenizer)
     raw = json.loads((tmp_path / "config.json").read_text())
     assert raw["model_type"] == "qwen3_5" and "text_config" in raw
-    config, prefix = read_config(tmp_path)
+    _, prefix = read_config(tmp_path)
     assert prefix == "model.language_model."
     with safe_open(str(next(tmp_path.glob("*.safetensors"))), framework="pt") as reader:
         keys = list(reader.keys())
@@ -116,3 +120,52 @@ def test_loader_errors(tmp_path, tokenizer):
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 12, "layer_types": None}))
     with pytest.raises(fl.CheckpointError, match="missing"):
         fl.Engine.load(tmp_path, device="cpu")
+
+
+# ------------------------------------------------------------------------------- config validation (units)
+@pytest.mark.skipif(not RELEASE_CONFIGS.is_dir(), reason="the released configs live in ../shared/data")
+@pytest.mark.parametrize("size", ["0.8B", "2B", "4B"])
+def test_released_configs_pass_validation(tmp_path, size):
+    shutil.copy(RELEASE_CONFIGS / f"Qwen3.5-{size}.json", tmp_path / "config.json")
+    config, prefix = read_config(tmp_path)
+    assert prefix == "model.language_model." and config.tie_word_embeddings
+    assert config.rotary_dim == 64 and config.max_position_embeddings == 262_144 <= MAX_POSITIONS
+    assert config.layer_types.count("full_attention") * 4 == config.num_layers
+    config.check_cuda_kernels()
+
+
+def test_a_config_is_validated_however_it_is_built():
+    config = Qwen35Config.from_text_config(tiny_config_json(1024, 5))
+    for change, message in [
+        ({"layer_types": ("linear_attention",) * 8}, "no full_attention layer"),
+        ({"layer_types": ()}, "layer_types must list"),
+        ({"hidden_size": 0}, "hidden_size must be a positive integer, got 0"),
+        ({"num_kv_heads": 3}, "must be a multiple of num_key_value_heads"),
+        ({"max_position_embeddings": MAX_POSITIONS + 1}, "max_position_embeddings must be at most"),
+        ({"rotary_dim": 34}, "even number of rotary channels in \\[2, head_dim=32\\], got 34"),
+        ({"rms_norm_eps": float("inf")}, "rms_norm_eps must be a positive finite number"),
+        ({"eos_token_id": -1}, "eos_token_id must be a token id"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            dataclasses.replace(config, **change)
+    assert dataclasses.replace(config, max_position_embeddings=MAX_POSITIONS).max_position_embeddings == MAX_POSITIONS
+
+
+def test_integral_float_sizes_and_eos_lists_are_taken():
+    config = Qwen35Config.from_text_config(tiny_config_json(1024, [7, 8], hidden_size=64.0))
+    assert type(config.hidden_size) is int and config.hidden_size == 64 and config.eos_token_id == 7
+    with pytest.raises(ValueError, match="hidden_size must be a positive integer, got inf"):
+        Qwen35Config.from_text_config(tiny_config_json(1024, 5, hidden_size=float("inf")))
+
+
+def test_cuda_kernel_sizes():
+    config = Qwen35Config.from_text_config(tiny_config_json(1024, 5, linear_value_head_dim=32))
+    config.check_cuda_kernels()
+    for change, message in [
+        ({"head_dim": 48}, "head_dim must be a power of two for the CUDA attention kernel, got 48"),
+        ({"gdn_key_dim": 8}, "linear_key_head_dim must be a power of two >= 16 for the CUDA Gated DeltaNet kernel"),
+        ({"gdn_value_dim": 16}, "linear_value_head_dim must be a power of two >= 32 .* got 16"),  # the tiny model's
+        ({"gdn_value_dim": 48}, "linear_value_head_dim must be a power of two >= 32 .* got 48"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            dataclasses.replace(config, **change).check_cuda_kernels()

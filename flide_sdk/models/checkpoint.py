@@ -4,7 +4,9 @@ Two layouts load: the text-only one written by `Qwen3_5ForCausalLM.save_pretrain
 `qwen3_5_text`, decoder keys under `model.`, `lm_head.weight` unless tied) and the published release
 (`model_type` `qwen3_5`, `text_config` nested, decoder keys under `model.language_model.`, vision tower
 `model.visual.*` and `mtp.*` ignored). Weights come from `*.safetensors` files, sharded or not; only the
-text decoder's tensors are read, straight to the target device and dtype.
+text decoder's tensors are read, straight to the target device and dtype. Whatever is wrong with a checkpoint
+(unreadable JSON or safetensors, a config out of range, a tensor of the wrong shape or dtype or not finite)
+raises CheckpointError naming the file and the field or tensor, before the weights are allocated where it can.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from flide_sdk.errors import CheckpointError
@@ -24,30 +27,61 @@ FLOAT32_PARAMETERS = ("A_log", "dt_bias")
 """Parameters kept in float32 whatever the engine dtype (they feed exp/softplus of the decay)."""
 
 
+FLOATING_DTYPES = ("BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2")
+"""safetensors dtypes a weight may be stored in (cast to the engine's dtype as it is read); integers, bools and
+others are refused."""
+
+
+def read_json(file: Path) -> Any:
+    """The JSON value in `file`; CheckpointError naming the file when it cannot be read or is not JSON."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise CheckpointError(f"{file}: not readable as JSON ({error})") from error
+
+
 def read_config(path: str | Path) -> tuple[Qwen35Config, str]:
     """The decoder config of a checkpoint directory, and the key prefix of its decoder weights."""
     config_path = Path(path) / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{path}: no config.json (expected a Hugging Face checkpoint directory)")
-    raw = json.loads(config_path.read_text())
+    raw = read_json(config_path)
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{config_path}: must hold a JSON object, got a {type(raw).__name__}")
     model_type = raw.get("model_type")
+    where = config_path
     try:
         if model_type == "qwen3_5":
-            text = raw.get("text_config") or {}
+            where = f"{config_path}: text_config"
+            text = raw.get("text_config")
+            if not isinstance(text, dict):
+                raise TypeError(f"must be a JSON object, got {type(text).__name__}")
             tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
             return Qwen35Config.from_text_config(text, tie_word_embeddings=tie), "model.language_model."
         if model_type == "qwen3_5_text":
             return Qwen35Config.from_text_config(raw), "model."
-    except (KeyError, ValueError) as error:
-        raise CheckpointError(f"{config_path}: invalid Qwen3.5 config: {error}") from error
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{where}: {error}") from error
     raise CheckpointError(f"{config_path}: model_type {model_type!r} is not supported (expected qwen3_5 or qwen3_5_text)")
 
 
 def _tensor_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [path / name for name in sorted(set(weight_map.values()))]
+        raw = read_json(index)
+        weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: no weight_map (a JSON object of tensor name -> shard file)")
+        names = set()
+        for name in weight_map.values():
+            if not isinstance(name, str) or Path(name).name != name:
+                raise CheckpointError(f"{index}: weight_map names {name!r}, not a file name in {path}")
+            names.add(name)
+        missing = sorted(name for name in names if not (path / name).is_file())
+        if missing:
+            raise CheckpointError(f"{index}: weight_map names {missing[0]}, which is not in {path}"
+                                  f" ({len(missing)} of {len(names)} shards missing)")
+        return [path / name for name in sorted(names)]
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{path}: no *.safetensors weight files")
@@ -59,30 +93,67 @@ def _target_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
 
 
 def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype) -> Qwen35Model:
-    """Build the decoder of the checkpoint at `path` on `device` in `dtype`, reading only its tensors."""
+    """Build the decoder of the checkpoint at `path` on `device` in `dtype`, reading only its tensors.
+
+    The config is validated first (nothing is allocated for a bad one); each tensor's shape and dtype are checked
+    before it is read, and all are checked finite on the device with one read of the device at the end."""
     path = Path(path)
+    device = torch.device(device)
     config, prefix = read_config(path)
-    with torch.device("meta"):
-        model = Qwen35Model(config)
-    wanted = {prefix + name: name for name in model.state_dict()}
+    if device.type == "cuda":
+        try:
+            config.check_cuda_kernels()
+        except ValueError as error:
+            raise CheckpointError(f"{path / 'config.json'}: {error}") from error
+    try:
+        with torch.device("meta"):  # shapes only, no memory
+            model = Qwen35Model(config)
+    except (OverflowError, RuntimeError, TypeError) as error:  # a shape past int64
+        first_line = str(error).splitlines()[0]
+        message = f"{path / 'config.json'}: its sizes make tensors too large to describe ({first_line})"
+        raise CheckpointError(message) from error
+
+    def key_of(name: str) -> str:
+        return name if name == "lm_head.weight" else prefix + name
+
+    wanted = {key_of(name): name for name in model.state_dict()}
     if not config.tie_word_embeddings:
         wanted["lm_head.weight"] = "lm_head.weight"
     expected_shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     found: dict[str, torch.Tensor] = {}
+    sources: dict[str, Path] = {}
+    finite: list[torch.Tensor] = []  # per tensor found, whether it is all finite (on the device, read once)
     for file in _tensor_files(path):
-        with safe_open(str(file), framework="pt", device="cpu") as reader:
-            for key in reader.keys():
-                name = wanted.get(key)
-                if name is None:
-                    continue
-                tensor = reader.get_tensor(key)
-                if tuple(tensor.shape) != expected_shapes[name]:
-                    raise CheckpointError(f"{file.name}: {key} has shape {tuple(tensor.shape)}, expected {expected_shapes[name]}")
-                found[name] = tensor.to(device=device, dtype=_target_dtype(name, dtype))
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as reader:
+                for key in reader.keys():  # noqa: SIM118 (a safe_open reader is not iterable)
+                    name = wanted.get(key)
+                    if name is None:
+                        continue
+                    if name in found:
+                        raise CheckpointError(f"{file}: {key} is also in {sources[name]}")
+                    view = reader.get_slice(key)
+                    shape, stored = tuple(view.get_shape()), view.get_dtype()
+                    if shape != expected_shapes[name]:
+                        raise CheckpointError(f"{file}: {key} has shape {shape}, expected {expected_shapes[name]}")
+                    if stored not in FLOATING_DTYPES:
+                        raise CheckpointError(f"{file}: {key} has dtype {stored}; weights must be floating point "
+                                              f"({', '.join(FLOATING_DTYPES)})")
+                    tensor = reader.get_tensor(key).to(device=device, dtype=_target_dtype(name, dtype))
+                    found[name], sources[name] = tensor, file
+                    finite.append(torch.isfinite(tensor).all())
+        except (OSError, SafetensorError) as error:
+            raise CheckpointError(f"{file}: not a readable safetensors file ({error})") from error
     missing = sorted(set(expected_shapes) - set(found))
     if missing:
-        shown = ", ".join(prefix + name if name != "lm_head.weight" else name for name in missing[:5])
+        shown = ", ".join(key_of(name) for name in missing[:5])
         raise CheckpointError(f"{path}: {len(missing)} decoder tensors missing, e.g. {shown}")
+    flags = torch.stack(finite).tolist()  # the one read of the device
+    if not all(flags):
+        bad = [name for name, ok in zip(found, flags) if not ok]
+        more = f" (and {len(bad) - 1} more tensors)" if len(bad) > 1 else ""
+        raise CheckpointError(f"{sources[bad[0]]}: {key_of(bad[0])} has NaN or infinite values "
+                              f"(as {str(found[bad[0]].dtype).removeprefix('torch.')}){more}")
     model.load_state_dict(found, assign=True)
     model.fuse_projections()
     return model.eval()
