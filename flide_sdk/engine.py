@@ -22,11 +22,13 @@ loop finishes round k after launching round k+1, so host and device work overlap
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import functools
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,6 +57,15 @@ if TYPE_CHECKING:
     from flide_sdk.session import Session
 
 LOG = logging.getLogger(__name__)
+OPEN_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+"""Engines not closed yet: closed at interpreter exit, so a script that never closes its engine exits cleanly
+(a round thread still running while the interpreter finalizes aborted the process)."""
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    for engine in list(OPEN_ENGINES):
+        engine.close()
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_POOL_BYTES = 512 << 20
@@ -232,6 +243,7 @@ class Engine:
                                round_deadline_ms / 1000.0, max_pending, depth=BUFFERS,
                                launch_in_caller=None if self._graphs is None else self._fits_a_graph,
                                watch=self._watch)
+        OPEN_ENGINES.add(self)
 
     @classmethod
     def load(

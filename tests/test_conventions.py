@@ -105,6 +105,23 @@ def test_the_library_prints_nothing_when_a_round_fails(tmp_path):
     assert result.stderr == ""
 
 
+def test_an_engine_left_open_is_closed_at_exit():
+    """A script that never closes its engine exits cleanly: its round thread is stopped before the interpreter
+    finalizes (a round thread still running then aborted the process about one exit in three)."""
+    script = textwrap.dedent("""
+        import atexit, threading
+        # registered before flide_sdk is imported, so it runs after flide_sdk's own exit handler
+        atexit.register(lambda: print("round threads at exit:", [t.name for t in threading.enumerate()
+                                                                 if t.name == "flide-rounds"]))
+        import flide_sdk as fl
+        engine = fl.Engine.tiny()
+        engine.ask_sync("a state", {"q": fl.Noul("ok?")})
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["round threads at exit: []"]
+
+
 def test_typesafe_errors_name_the_in_process_endpoint(engine):
     bad = {"q": ts.Choice(instructions="Which?", criteria={f"option {i}": None for i in range(30)})}  # > 26 labels
     with client(engine, retry=ts.RetryPolicy(max_retries=0)) as typesafe:
