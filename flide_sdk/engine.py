@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from flide_sdk.capacity import Capacity, capacity_ladder
-from flide_sdk.errors import AskTimeoutError, DeviceError, EngineClosedError, QueueFullError
+from flide_sdk.errors import AskTimeoutError, DeviceError, EngineClosedError, InvalidOptionError, QueueFullError
 from flide_sdk.graphs import BUFFERS, GraphRunner, Launch
 from flide_sdk.history import BLOCK, Trunk
 from flide_sdk.layout import PAGE, Branches, HostRound, RequestSpec, Resume, RoundPlan, Save
@@ -117,6 +117,26 @@ def _resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> tor
     if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
     raise DeviceError(f"dtype must be one of {sorted(DTYPES)} (a name or the torch.dtype), got {dtype!r}")
+
+
+def _check_options(positions: int, **options: float | None) -> None:
+    """Refuse an engine option out of range (None: its default). Sizes are positive integers (pool budgets may
+    be 0: no checkpoints), the deadline a finite number of milliseconds, prompts within the model's positions."""
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name == "round_deadline_ms":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
+            expected = "a finite number of milliseconds >= 0"
+        else:
+            low = 0 if name == "pool_bytes" else 1
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+            expected = f"an integer >= {low}"
+        if not ok:
+            raise InvalidOptionError(f"{name} must be {expected}, got {value!r}")
+    if options.get("max_prompt_tokens") is not None and options["max_prompt_tokens"] > positions:
+        raise InvalidOptionError(f"max_prompt_tokens={options['max_prompt_tokens']} is more than the model's "
+                                 f"{positions} positions (max_position_embeddings)")
 
 
 def _default_pool_bytes(device: torch.device) -> int:
@@ -204,9 +224,10 @@ class Engine:
         answer_on_loop: bool = True,
         name: str = "qwen3.5",
     ) -> None:
-        if renderer.max_prompt_tokens > model.config.max_position_embeddings:
-            raise ValueError(f"max_prompt_tokens={renderer.max_prompt_tokens} is more than the model's "
-                             f"{model.config.max_position_embeddings} positions")
+        _check_options(model.config.max_position_embeddings, max_prompt_tokens=renderer.max_prompt_tokens,
+                       pool_bytes=pool_bytes, pool_checkpoints=pool_checkpoints, max_round_tokens=max_round_tokens,
+                       max_round_requests=max_round_requests, round_deadline_ms=round_deadline_ms,
+                       max_pending=max_pending)
         self.model = model
         self.renderer = renderer
         self.device = device
@@ -227,7 +248,7 @@ class Engine:
         self._graphs: GraphRunner | None = None
         if graphs if graphs is not None else device.type == "cuda":
             if device.type != "cuda":
-                raise ValueError("CUDA graphs need a CUDA device (graphs=True on cpu)")
+                raise DeviceError("CUDA graphs need a CUDA device (graphs=True on cpu)")
             ladder = capacity_ladder(model.config.conv_kernel, max_round_tokens, max_round_requests,
                                      renderer.max_prompt_tokens)
             self._graphs = GraphRunner(model, self.ops, self._caches, ladder, self.pool.state_rows,
@@ -283,6 +304,10 @@ class Engine:
         device = _resolve_device(device)
         dtype = _resolve_dtype(dtype, device)
         config, _ = read_config(path)  # config, tokenizer and template are checked before any weight is read
+        _check_options(config.max_position_embeddings, max_prompt_tokens=max_prompt_tokens, pool_bytes=pool_bytes,
+                       pool_checkpoints=pool_checkpoints, max_round_tokens=max_round_tokens,
+                       max_round_requests=max_round_requests, round_deadline_ms=round_deadline_ms,
+                       max_pending=max_pending)
         renderer = Renderer.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size)
         model = load_model(path, device, dtype)
         return cls(

@@ -43,6 +43,11 @@ class AskTimeoutError(FlideError, TimeoutError):
         self.withdrawn = withdrawn
 
 
+class InvalidOptionError(FlideError, ValueError):
+    """An option of `Engine.load` / `Engine` is out of range (a size that is not a positive integer, a limit past
+    what the model holds); raised before anything is loaded or allocated."""
+
+
 class EngineClosedError(FlideError, RuntimeError):
     """The engine was closed (or is closing); the ask was not and will not be answered."""
 

@@ -44,8 +44,24 @@ def test_state_longer_than_maximum(tiny_path):
 
 def test_prompt_limit_past_the_models_positions_is_refused(tiny_path):
     """Prompts longer than the model's positions would read past its rotary tables: refused at load."""
-    with pytest.raises(ValueError, match="max_prompt_tokens=40000 is more than the model's 32768 positions"):
+    with pytest.raises(fl.InvalidOptionError, match="max_prompt_tokens=40000 is more than the model's 32768 positions"):
         fl.Engine.load(tiny_path, device="cpu", max_prompt_tokens=40_000)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("max_prompt_tokens", 0), ("max_round_tokens", -1), ("max_round_requests", 0), ("max_pending", 0),
+     ("pool_bytes", -1), ("pool_checkpoints", 0), ("round_deadline_ms", -1.0), ("round_deadline_ms", float("nan")),
+     ("max_round_tokens", 100.5), ("max_pending", True), ("pool_bytes", "1GB")],
+)
+def test_options_out_of_range_are_refused_before_loading(tiny_path, option, value):
+    with pytest.raises(fl.InvalidOptionError, match=option):
+        fl.Engine.load(tiny_path, device="cpu", **{option: value})
+
+
+def test_graphs_on_cpu_are_a_device_error(tiny_path):
+    with pytest.raises(fl.DeviceError, match="CUDA graphs need a CUDA device"):
+        fl.Engine.load(tiny_path, device="cpu", graphs=True)
 
 
 @pytest.mark.asyncio
