@@ -4,10 +4,10 @@
     python examples/typesafe_swap.py --model DIR --device cuda
 
 The block marked "unchanged TypeSafe SDK code" is ordinary code written against `typesafe-sdk`: it knows
-nothing of flide_sdk. The script builds its clients with `transport=flide_sdk.typesafe.transport(engine)`
-instead of reaching the hosted API, runs it synchronously and asynchronously (the concurrent requests
+nothing of flide_sdk. The script builds its clients with `flide_sdk.typesafe.client(engine)` (and its async
+twin), answered by the engine in this process instead of the hosted API, runs it synchronously and asynchronously (the concurrent requests
 share the engine's rounds), and checks that every answer equals `engine.ask` on the same request — the
-engine takes the TypeSafe question objects natively too.
+engine takes the TypeSafe question objects natively too. Needs `pip install "flide_sdk[typesafe]"`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,14 @@ import argparse
 import asyncio
 
 from example_engine import engine_from_args
-from typesafe_sdk import AsyncTypeSafeClient, Choice, Noul, Score, SystemOneResponse, TypeSafeClient
+
+try:
+    from typesafe_sdk import AsyncTypeSafeClient, Choice, Noul, Score, SystemOneResponse, TypeSafeClient
+except ImportError:
+    raise SystemExit('this example needs the TypeSafe SDK: pip install "flide_sdk[typesafe]"') from None
 
 import flide_sdk as fl
-from flide_sdk.typesafe import transport
+from flide_sdk import typesafe
 
 # ----------------------------------------------------------------------- unchanged TypeSafe SDK code
 QUESTIONS = {
@@ -63,7 +67,7 @@ def describe(result: SystemOneResponse) -> str:
 
 
 def run(engine: fl.Engine) -> None:
-    with TypeSafeClient(api_key="local", transport=transport(engine)) as client:
+    with typesafe.client(engine) as client:
         results = [triage(client, ticket) for ticket in TICKETS]
         models = client.models.list()
     for i, result in enumerate(results):
@@ -71,7 +75,7 @@ def run(engine: fl.Engine) -> None:
     print(f"models: {[m.name for m in models.models]}")
 
     async def concurrently() -> list[SystemOneResponse]:
-        async with AsyncTypeSafeClient(api_key="local", transport=transport(engine)) as client:
+        async with typesafe.async_client(engine) as client:
             return await triage_all(client, TICKETS)
 
     rounds = engine.stats()["rounds"]
