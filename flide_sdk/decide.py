@@ -1,90 +1,10 @@
 """`decide`: a jev-style decorator that turns a typed Python function (or model class) into one decision request.
 
-The decorated function's body never runs: its signature is the question. Its return annotation is a
-msgspec Struct or a pydantic model; each field becomes one question, all of a call's questions are asked in
-one request (branches of one trunk), and the answers are coerced back into the field types, so
-`ticket = triage(text)` returns a `Ticket`. `triage.decision(text)` returns a `Decision` that keeps
-everything the coercion dropped: per field, the probability of each value and a confidence.
-
-jev (PyPI `jev`, "a decorator that compiles Python function definitions into Jev queries") maps a pydantic
-return model's `bool` fields to Noul, `Literal` / `Enum` fields to Choice and bounded `int` / `float` fields
-to Score. Its own documentation was not reachable from here; the rules below are the ones the closest
-documented implementation of that mapping states (pydantic-ai's TypeSafe model, pydantic/pydantic-ai
-#8450 and #8505: a bool is True when P(yes) reaches the threshold, 0.5 by default, a probability exactly
-at the threshold being a yes; Literal / Enum pick the most probable option), and natural choices where
-that is silent (marked "chosen"):
-
-- `bool` -> Noul; value = P(yes) >= threshold (default 0.5). Confidence = distance from the threshold,
-  scaled to 0 at the threshold and 1 at certainty (|2p - 1| at 0.5).
-- `Literal[v1, v2, ...]` -> Choice over `str(v)`; value = the most probable literal (the first on ties).
-- `Enum` -> Choice over its members, each labelled by its value when that is a string, else by its name
-  (chosen); value = the most probable member.
-- `int` bounded on both sides (ge/gt and le/lt) -> Score with one level per integer lo..hi (2 to 26
-  levels), each described by its number; value = round(lo + E[level index]) with Python's round, i.e.
-  round-half-to-even on the expected value (chosen: rounding the value, not the index).
-- `float` bounded by ge and le -> Score with `float_levels` (default 5) evenly spaced levels from lo to hi
-  (chosen); value = lo + (hi - lo) * E[level index] / (levels - 1), linear interpolation of the expected
-  level, clipped to [lo, hi]. Exclusive float bounds are refused (chosen: an endpoint can be the answer).
-- Anything else (unbounded numbers, str, optional or nested types, lists) raises InvalidQuestionError when
-  the function is decorated.
-
-Instructions of a field: its description (pydantic `Field(description=...)`, msgspec
-`Meta(description=...)`), else its name with underscores as spaces, prefixed by the function's docstring
-when it has one (chosen). State of a call (chosen, shared with `guard` / `route`): a one-parameter
-function's argument as is, otherwise a dict of the bound arguments (defaults applied); Structs, pydantic
-models, enums and other non-JSON values are converted to JSON data first (InvalidStateError naming the
-argument otherwise). Models defined inside a function resolve too (the decorator reads the annotations in
-the scope it is applied in). pydantic models are rebuilt with `model_validate(..., by_name=True)`
-(pydantic >= 2.11), msgspec Structs with their constructor.
-
-The docstring is a template of the call's arguments: `{{ name }}` placeholders (jinja2 syntax) render with
-the bound arguments, defaults applied, as the caller passed them (`{{ ticket.title }}` reads an attribute).
-Templates: jinja2's SandboxedEnvironment with StrictUndefined, not an own substitution: jinja2 is already a
-dependency, its parser lists a template's names for the decoration-time check, and attribute access and
-filters come with it, sandboxed. A placeholder naming no parameter, or a syntax error, is an
-InvalidQuestionError when the function is decorated; a failing render (an undefined attribute) is an
-InvalidStateError of the call. A docstring without placeholders is rendered once and its questions compiled
-once (`.questions`, the same objects every call, so the renderer's question cache serves them); with
-placeholders each call renders its own questions (`.questions` is None; `Decision.questions` holds a call's).
-
-`.map(inputs)` answers many inputs at once: all their asks are submitted together, so they share engine
-rounds, and the results come back in input order. An item is the argument of a one-parameter function;
-for more parameters a tuple is the positional arguments, a dict the keyword arguments, anything else the
-first argument alone (chosen). `.map` follows the function: it blocks for a sync one (the asks are awaited
-on a private event loop; on a helper thread when called from a running loop) and is a coroutine for an
-async one. `.decision.map(inputs)` gives the `Decision`s. An input that fails (arguments that do not bind,
-a state or template that does not render, a prompt too long for the model) raises MapInputError naming its
-index, the lowest failing one, with the original error as its cause (inputs are checked before anything is
-asked); EngineClosedError and QueueFullError pass through as they are (no input is at fault).
-
-The class form: `@fl.decide(engine)` on the pydantic model or Struct itself (its docstring is the template,
-its fields the questions) returns the class unchanged, construction included, with two static attributes,
-`decide` (blocking) and `adecide` (a coroutine): each is a decided function of one parameter `state`, with
-`.decision`, `.map`, `.decision.map` and `.questions` as above (chosen: two names added to the class, so a
-model rarely shadows them; a class with a field or attribute of either name is refused). `@fl.decide` with
-no engine (a function or class as its first argument) is an InvalidQuestionError naming the fix.
-
-    engine = fl.Engine.tiny()
-
-    class Ticket(BaseModel):
-        urgent: bool = Field(description="Does this need a reply within the hour?")
-        area: Literal["billing", "bug", "other"]
-
-    @fl.decide(engine)
-    def triage(text: str, plan: str = "free") -> Ticket:
-        '''Triage a support ticket from a customer on the {{ plan }} plan.'''
-
-    triage("I was charged twice.", plan="pro")          # Ticket(urgent=..., area=...)
-    triage.decision("I was charged twice.")             # Decision: value, probabilities, confidence, ...
-    triage.map(["text a", ("text b", "pro"), {"text": "text c", "plan": "pro"}])  # [Ticket, Ticket, Ticket]
-
-    @fl.decide(engine)
-    class Refund(BaseModel):
-        '''Does the customer on the {{ state.plan }} plan want money back?'''
-        refund: bool
-
-    Refund.decide({"plan": "pro", "text": "..."})       # a Refund; Refund(refund=True) still constructs
-    await Refund.adecide.map([{"plan": "pro", "text": "..."}, {"plan": "free", "text": "..."}])
+The decorated function's body never runs: its signature is the question. Each field of its return type (a msgspec
+Struct or pydantic model) becomes one question, all asked in one request, and the answers are coerced back into
+the field types; `.decision(...)` keeps each field's probabilities and confidence, `.map(inputs)` answers many
+inputs in shared rounds, and the docstring is a jinja2 template of the call's arguments. The type mapping and
+every rule chosen where jev is silent: docs/decide.md.
 """
 
 from __future__ import annotations
