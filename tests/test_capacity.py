@@ -32,6 +32,8 @@ from flide_sdk.layout import (
 )
 from flide_sdk.ops import kernel_ops, reference_ops
 
+from .test_kernels_engine import small_tiny_checkpoint
+
 K = 4
 ROWS = StateRows(zero=40, scratch=41, scratch_count=16)
 SINK = 10_000
@@ -133,6 +135,12 @@ def level_segments(level) -> set:
 PAD_INDEX = [0]
 
 
+@pytest.fixture(scope="module")
+def small_tiny_path(tmp_path_factory):
+    """The interpreter's model: the tiny model cut to 4 layers of both kinds (`test_kernels_engine`)."""
+    return small_tiny_checkpoint(tmp_path_factory.mktemp("small-tiny"))
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_every_field_matches_the_slow_layout(seed):
     requests = random_requests(seed)
@@ -209,18 +217,20 @@ def test_padding_only_at_the_tail_and_padded_rounds_fit():
         assert np.array_equal(level.chunk_tokens[:chunks], np.where(kept == real, total, kept))
 
 
-def test_padded_rounds_compute_what_unpadded_rounds_compute():
-    """Reference ops and the Triton kernels (interpreter): probabilities, saved states, windows and keys."""
-    engine = fl.Engine.tiny()
+def test_padded_rounds_compute_what_unpadded_rounds_compute(small_tiny_path):
+    """Reference ops and the Triton kernels (interpreter): probabilities, saved states, windows and keys. The
+    first round saves its long trunk inside its second chunk (a remainder past the save point) beside a
+    request with no save; the second resumes it after two pages of history, the last partial, and saves."""
+    engine = fl.Engine.load(small_tiny_path, device="cpu")
     try:
         model, pool = engine.model, engine.pool
         rng = np.random.default_rng(5)
-        trunk = rng.integers(0, 200, 150)
-        first = [RequestSpec.of(trunk, [rng.integers(0, 200, 9), rng.integers(0, 200, 25)],
-                                [np.array([5, 6, 7]), np.array([5])], save=Save(130, 0, np.arange(130))),
-                 RequestSpec.of(rng.integers(0, 200, 40), [rng.integers(0, 200, 3)], [np.array([5, 6])])]
-        second = [RequestSpec.of(trunk[130:], [np.array([1, 2, 3])], [np.array([5, 6])], start=130,
-                                 resume=Resume(0, np.arange(3)), save=Save(150, 1, np.arange(192, 212)))]
+        trunk = rng.integers(0, 200, 72)
+        first = [RequestSpec.of(trunk, [rng.integers(0, 200, 9), rng.integers(0, 200, 15)],
+                                [np.array([5, 6, 7]), np.array([5])], save=Save(66, 0, np.arange(66))),
+                 RequestSpec.of(rng.integers(0, 200, 20), [rng.integers(0, 200, 3)], [np.array([5, 6])])]
+        second = [RequestSpec.of(trunk[66:], [np.array([1, 2, 3])], [np.array([5, 6])], start=66,
+                                 resume=Resume(0, np.arange(2)), save=Save(72, 1, np.arange(192, 198)))]
         ladder = capacity_ladder(model.config.conv_kernel, 1024, 8, 4096)
         for ops in (reference_ops, kernel_ops()):
             results = []
@@ -231,8 +241,9 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute():
                 for requests in (first, second):
                     host = plan_round(requests, model.config.conv_kernel, pool.state_rows, pool.kv_sink)
                     if padded:
-                        host_run = pad_round(host, choose(ladder, host), pool.window_sink, pool.kv_sink,
-                                             pool.state_rows.zero)
+                        capacity = choose(ladder, host)
+                        assert capacity.tokens > host.num_real, "the round is padded"
+                        host_run = pad_round(host, capacity, pool.window_sink, pool.kv_sink, pool.state_rows.zero)
                     else:
                         host_run = host
                     outputs.append(model(host_run.to("cpu"), ops, engine._caches)[: host.num_questions, : host.label_ids.shape[1]])
@@ -252,11 +263,12 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute():
         engine.close()
 
 
-def test_rounds_split_at_request_boundaries_and_large_requests_run_alone():
+def test_rounds_split_at_request_boundaries_and_large_requests_run_alone(small_tiny_path):
     """Asks that do not fit one round together are split over rounds, never inside a request; a request
-    larger than the round capacity still runs (alone); answers equal a roomy engine's."""
+    larger than the round capacity still runs (alone); answers equal a roomy engine's. (Prompts of 80..111
+    tokens, no two of which fit 128, and one of about 500.)"""
     words = " ".join(f"w{i}" for i in range(400))
-    states = [f"{k} {words[: 300 + 40 * k]}" for k in range(5)] + [words * 3]
+    states = [f"{k} {words[: 60 + 10 * k]}" for k in range(5)] + [words[:600]]
     question = {"q": fl.Noul("Is it long?")}
 
     async def run(engine):
@@ -265,8 +277,8 @@ def test_rounds_split_at_request_boundaries_and_large_requests_run_alone():
             await asyncio.sleep(0.05)
         return [r["q"].noul for r in await asyncio.gather(*tasks)], engine.stats()
 
-    small = fl.Engine.tiny(max_round_tokens=512)
-    roomy = fl.Engine.tiny(max_round_tokens=8192)
+    small = fl.Engine.load(small_tiny_path, device="cpu", max_round_tokens=128)
+    roomy = fl.Engine.load(small_tiny_path, device="cpu", max_round_tokens=8192)
     try:
         got, small_stats = asyncio.run(run(small))
         expected, roomy_stats = asyncio.run(run(roomy))
@@ -322,18 +334,18 @@ def test_staging_layout_packs_every_field_once_and_expands_to_the_padded_round()
     assert checked >= 10
 
 
-def test_a_pass_over_refilled_round_tensors_answers_the_new_round():
+def test_a_pass_over_refilled_round_tensors_answers_the_new_round(small_tiny_path):
     """As graph capture does: round tensors that are views of one flat buffer, a pass, the buffer refilled with
     another round, a second pass on the same tensor objects. Tables derived from the metadata inside a pass
     (the attention tile tables) must be rebuilt: the second pass answers what a pass on fresh tensors does."""
     from flide_sdk.graphs import FlatLayout, StagingLayout, device_round
 
-    engine = fl.Engine.tiny()
+    engine = fl.Engine.load(small_tiny_path, device="cpu")
     try:
         model, pool, ops = engine.model, engine.pool, kernel_ops()
         rng = np.random.default_rng(8)
         rounds = [[RequestSpec.of(rng.integers(0, 200, n), [rng.integers(0, 200, 6)] * b, [np.array([5, 6])] * b)
-                   for n, b in requests] for requests in ([(20, 1)], [(90, 3), (40, 2)])]
+                   for n, b in requests] for requests in ([(20, 1)], [(70, 2), (20, 2)])]
         hosts = [plan_round(requests, model.config.conv_kernel, pool.state_rows, pool.kv_sink) for requests in rounds]
         capacity = choose(capacity_ladder(model.config.conv_kernel, 1024, 8, 4096), hosts[1])
         layout, expanded = StagingLayout(capacity), FlatLayout(capacity.expanded_shapes())
