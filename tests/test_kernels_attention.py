@@ -14,14 +14,15 @@ from flide_sdk.layout import PAGE, RequestSpec, Resume, plan_round
 
 
 def round_with_history(seed: int, heads: int, kv_heads: int, dim: int):
-    """Requests with trunks of 1..130 tokens, 1..16 branches, some resuming after a paged history."""
+    """Requests with trunks of 1..130 tokens, 1..4 branches of 1..40 tokens (branch regions of one request over
+    more than one tile), some resuming after a paged history."""
     rng = np.random.default_rng(seed)
     pages_total = 12
     k_cache = torch.randn(pages_total * PAGE, kv_heads, dim)
     v_cache = torch.randn(pages_total * PAGE, kv_heads, dim)
     requests = []
     for trunk_len, history in [(1, 0), (63, 0), (64, 70), (65, 0), (130, 129), (5, 1)]:
-        branches = [rng.integers(0, 50, rng.integers(1, 70)) for _ in range(rng.integers(1, 17))]
+        branches = [rng.integers(0, 50, rng.integers(1, 41)) for _ in range(rng.integers(1, 5))]
         resume = None
         if history:
             pages = rng.choice(pages_total, size=-(-history // PAGE), replace=False)
@@ -188,8 +189,10 @@ def test_split_plan_covers_each_tiles_keys_in_order(min_split_keys, extra_items)
 
 
 @pytest.mark.parametrize(("seed", "heads", "kv_heads", "min_split_keys", "extra_items"),
-                         [(0, 4, 2, 64, 10_000), (1, 2, 2, 64, 5), (4, 4, 1, 128, 10_000)])
+                         [(0, 4, 2, 64, 64), (1, 2, 2, 64, 5), (4, 4, 1, 128, 64)])
 def test_split_tiles_match_reference(seed, heads, kv_heads, min_split_keys, extra_items):
+    """64 extra items: every long tile split into pieces of the minimum (the round has fewer than 64 x
+    min_split_keys keys; a grid of 64 items past one per tile); 5: pieces of a fifth of the round's keys."""
     rnd, q, k, v, k_cache, v_cache = round_with_history(seed, heads, kv_heads, 16)
     plan, rows = rnd.attention, rnd.readout.rows
     gate = torch.randn_like(q)
@@ -201,6 +204,13 @@ def test_split_tiles_match_reference(seed, heads, kv_heads, min_split_keys, extr
         assert relative_error(got, expected) < 1e-5
     split_tables = [t for t in plan.tile_tables.values() if int(t.tile_splits.max()) > 1]
     assert split_tables, "some tile of the round was split"
+    for table in split_tables:
+        tiles = int(table.num_tiles)
+        pieces = table.tile_piece[:tiles][table.tile_splits[:tiles] > 1]
+        if extra_items == 64:
+            assert (pieces <= min_split_keys).all(), "pieces of the minimum, as with unbounded items"
+        else:
+            assert (pieces > min_split_keys).all(), "pieces of the round's share"
 
 
 def test_split_settings_are_checked():
