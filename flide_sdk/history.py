@@ -28,6 +28,7 @@ import numpy as np
 import xxhash
 
 from flide_sdk.errors import InvalidStateError
+from flide_sdk.questions import UNENCODABLE_HINT, unencodable
 
 BLOCK = 64
 HASH_SEED = 0x5EED_F11D
@@ -193,6 +194,9 @@ class History:
         if isinstance(item, str):
             if self.kind == "messages":
                 raise InvalidStateError("this session holds messages; append a dict with 'role' and 'content'")
+            found = unencodable(item)
+            if found is not None:
+                raise InvalidStateError(f"the appended text holds a lone surrogate{found}; {UNENCODABLE_HINT}")
             self.kind = "text"
             self._pending += item
             self.appended_chars += len(item)
@@ -205,6 +209,9 @@ class History:
             encoded = json.dumps(item, ensure_ascii=False)
         except (TypeError, ValueError) as error:
             raise InvalidStateError(f"the message is not JSON-serializable: {error}") from None
+        found = unencodable(item, encoded)
+        if found is not None:
+            raise InvalidStateError(f"the message holds a lone surrogate{found}; {UNENCODABLE_HINT}")
         piece = ("[" if self.kind is None else ", ") + encoded
         self.kind = "messages"
         self._closer = "]"

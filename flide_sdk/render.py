@@ -46,7 +46,7 @@ from flide_sdk.history import (
     Trunk,
 )
 from flide_sdk.models.checkpoint import read_json
-from flide_sdk.questions import Choice, Content, Noul, Question, Score
+from flide_sdk.questions import UNENCODABLE_HINT, Choice, Content, Noul, Question, Score, unencodable
 from flide_sdk.word_cache import WordEncoder, component_settings
 
 LETTERS = tuple(string.ascii_uppercase)
@@ -146,13 +146,19 @@ def content_text(value: Content) -> str:
 
 
 def state_text(state: Any) -> str:
-    """A state as it appears in the prompt: a string as is, anything else as JSON."""
+    """A state as it appears in the prompt: a string as is, anything else as JSON; refused (InvalidStateError)
+    when it holds a lone surrogate, which no tokenizer can encode."""
     if isinstance(state, str):
-        return state
-    try:
-        return json.dumps(state, ensure_ascii=False)
-    except (TypeError, ValueError) as error:
-        raise InvalidStateError(f"the state must be a string or JSON-serializable: {error}") from None
+        text = state
+    else:
+        try:
+            text = json.dumps(state, ensure_ascii=False)
+        except (TypeError, ValueError) as error:
+            raise InvalidStateError(f"the state must be a string or JSON-serializable: {error}") from None
+    found = unencodable(state, text)
+    if found is not None:
+        raise InvalidStateError(f"the state holds a lone surrogate{found}; {UNENCODABLE_HINT}")
+    return text
 
 
 def question_labels(question: Question) -> tuple[str, ...]:
