@@ -16,10 +16,11 @@ from flide_sdk.testing import make_tiny_checkpoint
 from .conftest import text_of_tokens
 from .test_exactness import assert_exact, pick
 
-# The interpreter's cost is programs x layers: the tiny model cut to 4 layers (3 Gated DeltaNet + 1 attention,
-# both kinds) with one key head and two value heads in its Gated DeltaNet (still grouped, Hv = 2 Hk); its
-# attention keeps 4 query heads over 2 key/value heads.
-SMALL_TINY = {"num_hidden_layers": 4, "linear_num_key_heads": 1, "linear_num_value_heads": 2}
+# The interpreter's cost is programs x layers: the tiny model cut to 4 layers, two of each kind in turn (so
+# each kind's per-layer caches are told apart), with one key head and two value heads in its Gated DeltaNet
+# (still grouped, Hv = 2 Hk); its attention keeps 4 query heads over 2 key/value heads.
+SMALL_TINY = {"num_hidden_layers": 4, "layer_types": ["linear_attention", "full_attention"] * 2,
+              "linear_num_key_heads": 1, "linear_num_value_heads": 2}
 
 
 def small_tiny_checkpoint(path: Path) -> Path:
@@ -40,28 +41,30 @@ def hf_small_tiny(small_tiny_path):
 
 @pytest.mark.asyncio
 async def test_kernel_engine_mixed_round_and_resumed_session(small_tiny_path, hf_small_tiny):
-    """One round of three requests (a 1-token state, trunks over one and two Gated DeltaNet chunks, neither a
-    multiple of 64: the unfused trunk scan), questions of every type; then a session (one trunk: the fused
-    scan) resumed from its checkpoint after a history of two pages, the last one partial."""
+    """One round of four requests (a 1-token state, trunks over one and two Gated DeltaNet chunks, none a
+    multiple of 64: the unfused trunk scan), questions of every type, one of them a session's first ask; then
+    the session (one trunk: the fused scan) resumed from that round's checkpoint after a history of two pages,
+    the last one partial."""
     base = fl.Engine.load(small_tiny_path, device="cpu")
     base.close()
     async with Engine(base.model, base.renderer, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
+        session = engine.session()
+        state = text_of_tokens(engine.renderer, 80, seed=6)
+        session.append(state)
         requests = [
             ("the", pick(["urgent"])),
             (text_of_tokens(engine.renderer, 100, seed=4), pick(["action", "severity", "described"])),
             (text_of_tokens(engine.renderer, 40, seed=5), pick(["json"])),
         ]
-        answers = await asyncio.gather(*(engine.ask(state, questions) for state, questions in requests))
+        *answers, first = await asyncio.gather(*(engine.ask(state, questions) for state, questions in requests),
+                                               session.ask(pick(["urgent"])))
         assert engine.stats()["rounds"] == 1
-        for (state, questions), got in zip(requests, answers):
-            assert_exact(hf_small_tiny, engine, state, questions, got)
-        session = engine.session()
-        state = text_of_tokens(engine.renderer, 80, seed=6)
-        session.append(state)
-        await session.ask(pick(["urgent"]))
+        for (asked, questions), got in zip([*requests, (state, pick(["urgent"]))], [*answers, first]):
+            assert_exact(hf_small_tiny, engine, asked, questions, got)
         session.append(" and then the agent ran the tests again")
         before = engine.stats()["checkpoint_hits"]
         resumed = await session.ask(pick(["action", "severity"]))
         assert engine.stats()["checkpoint_hits"] == before + 1
+        assert engine.stats()["rounds"] == 2
         assert_exact(hf_small_tiny, engine, state + " and then the agent ran the tests again",
                      pick(["action", "severity"]), resumed)
