@@ -6,6 +6,7 @@ the Triton kernels under the interpreter, pool writes included)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 
 import numpy as np
@@ -308,15 +309,18 @@ def staged_and_expanded(host, capacity, expand):
 def test_staging_layout_packs_every_field_once_and_expands_to_the_padded_round():
     """The flat staging buffer of each capacity holds every staged array at its own offset, and a round staged
     there and expanded (reference and kernel, the interpreter) gives every array `pad_round` gives (what the
-    graph's forward then reads)."""
+    graph's forward then reads). The reference expands each round at every capacity it fits up to about twice
+    its tokens, the kernel (whose programs the interpreter runs one by one) at the two smallest: the least
+    padding and a rung more."""
     from flide_sdk.graphs import StagingLayout
 
     cases = [(random_requests(seed, count), K) for seed, count in ((2, 6), (3, 1), (4, 9))]
     tiny = RequestSpec.of(np.array([7]), [np.array([1]), np.array([2, 3])], [np.array([5]), np.array([5])])
     cases += [([tiny], K), ([tiny] * 3, 2)]  # pieces shorter than the conv window; a kernel of 2 taps
-    checked = 0
+    checked = collections.Counter()
     for requests, kernel in cases:
         host = plan_round(requests, kernel, ROWS, SINK)
+        fitting = 0
         for capacity in capacity_ladder(kernel, 4096, 16, 4096):
             layout = StagingLayout(capacity)
             spans = sorted((offset, offset + int(np.prod(shape))) for offset, shape in layout.fields.values())
@@ -325,13 +329,14 @@ def test_staging_layout_packs_every_field_once_and_expands_to_the_padded_round()
             if not capacity.fits(host) or capacity.tokens > 2 * host.num_real + 256:
                 continue
             padded = pad_round(host, capacity, 39, SINK, ROWS.zero)
-            for expand in (expand_round_reference, expand_round_triton):
+            fitting += 1
+            for expand in (expand_round_reference, expand_round_triton)[: 2 if fitting <= 2 else 1]:
                 flat, arrays = staged_and_expanded(host, capacity, expand)
                 assert (flat != -7).any()
                 for name, array in padded.arrays().items():
                     assert np.array_equal(arrays[name].numpy(), array), (name, expand.__name__, capacity.tokens)
-                checked += 1
-    assert checked >= 10
+                checked[expand] += 1
+    assert checked[expand_round_triton] == 10 and checked[expand_round_reference] >= 30
 
 
 def test_a_pass_over_refilled_round_tensors_answers_the_new_round(small_tiny_path):
