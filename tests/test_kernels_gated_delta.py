@@ -132,8 +132,8 @@ def test_triton_matches_reference_with_gqa_and_tiling(knobs):
      # the prep's products (the knobs) do not depend on the scan: each knob with the other scan is a sweep
      pytest.param({"wy_low_precision": True}, {"fused_trunks": 64}, marks=pytest.mark.slow),
      pytest.param({"wy_low_precision": True, "sub_block": 64}, {"fused_trunks": 0}, marks=pytest.mark.slow)],
-    ids=["tf32-products-unfused", "tf32-products-fused", "16-bit-products-unfused", "16-bit-products-sub-block-64-fused",
-         "16-bit-products-fused", "16-bit-products-sub-block-64-unfused"],
+    ids=["tf32-products-unfused", "tf32-products-fused", "16-bit-products-unfused",
+         "16-bit-products-sub-block-64-fused", "16-bit-products-fused", "16-bit-products-sub-block-64-unfused"],
 )
 def test_triton_with_16_bit_storage_stays_within_its_rounding(knobs, fusing):
     """float16 W, U, q-k block, start states and v_new; the W and U products in TF32 (default) or in float16
@@ -164,14 +164,20 @@ def test_long_segments_match_reference(storage, fusing):
     check_against_reference(host.to("cpu").delta, host.num_tokens, 8, 1, 32, 16, **storage, **fusing)
 
 
-@pytest.mark.parametrize("programs",
-                         [{"chunk_programs": 1, "scan_programs": 1}, {"chunk_programs": 6, "scan_programs": 4}],
-                         ids=["one-program", "three-and-two"])
-@FUSING
+ONE_PROGRAM, THREE_AND_TWO = {"chunk_programs": 1, "scan_programs": 1}, {"chunk_programs": 6, "scan_programs": 4}
+
+
+@pytest.mark.parametrize(
+    ("programs", "fusing"),
+    [(ONE_PROGRAM, {"fused_trunks": 0}), (THREE_AND_TWO, {"fused_trunks": 0}), (ONE_PROGRAM, {"fused_trunks": 64}),
+     pytest.param(THREE_AND_TWO, {"fused_trunks": 64}, marks=pytest.mark.slow)],
+    ids=["unfused-one-program", "unfused-three-and-two", "fused-one-program", "fused-three-and-two"],
+)
 def test_capped_grids_loop_over_every_row(programs, fusing):
     """Programs that loop over several chunk rows and segments (a capped grid) compute the same round: caps
     are per launch, so with two value heads 6 and 4 programs give each head 3 chunk programs and 2 scan
-    programs, and 1 gives each head one (the least)."""
+    programs, and 1 gives each head one (the least). The fused scan loops over the trunks in the one-program
+    grid; with three and two as well under -m slow."""
     trunks = [(64, 70, None), (130, 129, 200), (5, 1, None), (65, 0, 64), (63, 0, None)]
     host = plan_round(make_requests(6, trunks, max_branches=2), 4)
     assert all(len(level.init_row) > 2 for level in host.levels[::2])
@@ -271,7 +277,8 @@ def test_chained_scan_computes_what_separate_launches_do(fusing):
     assert relative_error(states, expected_states) <= TOLERANCE
 
 
-HELPING = [({"scan_helpers": 4, "helper_steps": 1}, "all-branch-rows"), ({"scan_helpers": 1, "helper_steps": 2}, "one-row"),
+HELPING = [({"scan_helpers": 4, "helper_steps": 1}, "all-branch-rows"),
+           ({"scan_helpers": 1, "helper_steps": 2}, "one-row"),
            ({"scan_helpers": 64, "helper_steps": 1}, "programs-loop-over-items"),
            ({"scan_helpers": 4, "helper_steps": 1, "scan_programs": 2}, "no-idle-programs")]
 
