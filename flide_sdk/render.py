@@ -246,7 +246,7 @@ class Renderer:
         self.head, self.tail = split_user_turn(template_source)
         self.max_prompt_tokens = max_prompt_tokens
         added = [token.content for token in tokenizer.get_added_tokens_decoder().values()]
-        self.boundaries = BoundaryFinder(added)
+        self.boundaries = BoundaryFinder(added, tokenizer)  # the tokenizer for token-level cuts of long tails
         self.words = WordEncoder(tokenizer)  # the fast path of `encode_cut` (`words.enabled`: whether it runs)
         # least recently used first: rendered questions by `content_key`, branch ids by branch text
         self._questions: OrderedDict[tuple, RenderedQuestion] = OrderedDict()
