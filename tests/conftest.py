@@ -17,6 +17,9 @@ import flide_sdk as fl
 from flide_sdk.render import Rendered
 from flide_sdk.testing import tiny_checkpoint
 
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # xdist workers share the cores: no worker oversubscribes them
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 TOLERANCE = 1e-4  # max |delta p| against transformers in float32 (DESIGN.md §8); never loosen it
 WORDS = (
     "the agent read the file and found an error in line 12 then it ran the test again and the test failed "

@@ -32,8 +32,9 @@ from flide_sdk.layout import (
     plan_round,
 )
 from flide_sdk.ops import kernel_ops, reference_ops
+from flide_sdk.testing import make_tiny_checkpoint
 
-from .test_kernels_engine import small_tiny_checkpoint
+from .test_kernels_engine import SMALL_TINY
 
 K = 4
 ROWS = StateRows(zero=40, scratch=41, scratch_count=16)
@@ -137,9 +138,12 @@ PAD_INDEX = [0]
 
 
 @pytest.fixture(scope="module")
-def small_tiny_path(tmp_path_factory):
-    """The interpreter's model: the tiny model cut to 4 layers of both kinds (`test_kernels_engine`)."""
-    return small_tiny_checkpoint(tmp_path_factory.mktemp("small-tiny"))
+def two_layer_path(tmp_path_factory):
+    """The interpreter's model for rounds compared with rounds: `test_kernels_engine`'s small tiny model cut to
+    one layer of each kind (every kernel of a forward pass, every pool arena written); the per-layer caches of
+    several layers of a kind are `test_kernels_engine`'s."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("two-layers"), **{
+        **SMALL_TINY, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]})
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -218,11 +222,11 @@ def test_padding_only_at_the_tail_and_padded_rounds_fit():
         assert np.array_equal(level.chunk_tokens[:chunks], np.where(kept == real, total, kept))
 
 
-def test_padded_rounds_compute_what_unpadded_rounds_compute(small_tiny_path):
+def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
     """Reference ops and the Triton kernels (interpreter): probabilities, saved states, windows and keys. The
     first round saves its long trunk inside its second chunk (a remainder past the save point) beside a
     request with no save; the second resumes it after two pages of history, the last partial, and saves."""
-    engine = fl.Engine.load(small_tiny_path, device="cpu")
+    engine = fl.Engine.load(two_layer_path, device="cpu")
     try:
         model, pool = engine.model, engine.pool
         rng = np.random.default_rng(5)
@@ -247,7 +251,8 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(small_tiny_path):
                         host_run = pad_round(host, capacity, pool.window_sink, pool.kv_sink, pool.state_rows.zero)
                     else:
                         host_run = host
-                    outputs.append(model(host_run.to("cpu"), ops, engine._caches)[: host.num_questions, : host.label_ids.shape[1]])
+                    probabilities = model(host_run.to("cpu"), ops, engine._caches)
+                    outputs.append(probabilities[: host.num_questions, : host.label_ids.shape[1]])
                 outputs += [pool.states[:2].clone(), pool.windows[:2].clone(), pool.kv[:, :, : 4 * PAGE].clone()]
                 results.append(outputs)
             # the kernels compute a padded round's real rows exactly as the unpadded round's; torch's CPU
@@ -264,7 +269,7 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(small_tiny_path):
         engine.close()
 
 
-def test_rounds_split_at_request_boundaries_and_large_requests_run_alone(small_tiny_path):
+def test_rounds_split_at_request_boundaries_and_large_requests_run_alone(two_layer_path):
     """Asks that do not fit one round together are split over rounds, never inside a request; a request
     larger than the round capacity still runs (alone); answers equal a roomy engine's. (Prompts of 80..111
     tokens, no two of which fit 128, and one of about 500.)"""
@@ -278,8 +283,8 @@ def test_rounds_split_at_request_boundaries_and_large_requests_run_alone(small_t
             await asyncio.sleep(0.05)
         return [r["q"].noul for r in await asyncio.gather(*tasks)], engine.stats()
 
-    small = fl.Engine.load(small_tiny_path, device="cpu", max_round_tokens=128)
-    roomy = fl.Engine.load(small_tiny_path, device="cpu", max_round_tokens=8192)
+    small = fl.Engine.load(two_layer_path, device="cpu", max_round_tokens=128)
+    roomy = fl.Engine.load(two_layer_path, device="cpu", max_round_tokens=8192)
     try:
         got, small_stats = asyncio.run(run(small))
         expected, roomy_stats = asyncio.run(run(roomy))
@@ -339,13 +344,13 @@ def test_staging_layout_packs_every_field_once_and_expands_to_the_padded_round()
     assert checked[expand_round_triton] == 10 and checked[expand_round_reference] >= 30
 
 
-def test_a_pass_over_refilled_round_tensors_answers_the_new_round(small_tiny_path):
+def test_a_pass_over_refilled_round_tensors_answers_the_new_round(two_layer_path):
     """As graph capture does: round tensors that are views of one flat buffer, a pass, the buffer refilled with
     another round, a second pass on the same tensor objects. Tables derived from the metadata inside a pass
     (the attention tile tables) must be rebuilt: the second pass answers what a pass on fresh tensors does."""
     from flide_sdk.graphs import FlatLayout, StagingLayout, device_round
 
-    engine = fl.Engine.load(small_tiny_path, device="cpu")
+    engine = fl.Engine.load(two_layer_path, device="cpu")
     try:
         model, pool, ops = engine.model, engine.pool, kernel_ops()
         rng = np.random.default_rng(8)
