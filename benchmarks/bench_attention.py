@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from benchmarks.common import KERNEL_ROUNDS, cuda_time_ms, release_config, round_requests, run_metadata, write_result
 from flide_sdk.kernels.fork_attention import fork_attention_triton
 from flide_sdk.kernels.reference import fork_attention_reference
-from flide_sdk.layout import PAGE, plan_round
+from flide_sdk.plan.layout import PAGE, plan_round
 
 ROUNDS = {  # and questions_per_state's lone Q = 1 ask, and an agent step over a 13,000-token cached history
     **KERNEL_ROUNDS,

@@ -25,7 +25,7 @@ import torch
 from benchmarks.common import KERNEL_ROUNDS, cuda_time_ms, release_config, round_requests, run_metadata, write_result
 from flide_sdk.kernels.reference import indexed_conv_reference
 from flide_sdk.kernels.short_conv import indexed_conv_triton, save_windows_triton
-from flide_sdk.layout import RequestSpec, Save, plan_round
+from flide_sdk.plan.layout import RequestSpec, Save, plan_round
 
 ROUNDS = {
     "q1_one_trunk_1_branch": [(2000, [40])],

@@ -52,10 +52,10 @@ from benchmarks.common import (
     run_metadata,
     write_result,
 )
-from flide_sdk.capacity import capacity_ladder, choose, pad_round
 from flide_sdk.kernels.gated_delta import gated_delta_triton
 from flide_sdk.kernels.reference import gated_delta_reference
-from flide_sdk.layout import HostRound, RequestSpec, RoundTensors, Save, StateRows, plan_round
+from flide_sdk.plan.capacity import capacity_ladder, choose, pad_round
+from flide_sdk.plan.layout import HostRound, RequestSpec, RoundTensors, Save, StateRows, plan_round
 
 ROUNDS = {  # q1 .. q64: questions_per_state's lone asks (~40-token questions); race_lone: short_passages' lone ask
     "q1_one_trunk_1_branch": [(2000, [20], 0)],

@@ -19,7 +19,7 @@ import torch
 from benchmarks.common import write_result
 from flide_sdk.kernels.gated_delta import gated_delta_triton
 from flide_sdk.kernels.reference import gated_delta_reference
-from flide_sdk.layout import RequestSpec, plan_round
+from flide_sdk.plan.layout import RequestSpec, plan_round
 
 CONFIGS = [  # the default, then every knob value of bench_gdn's sweep (one of them crashed it at 01c9a99)
     {},

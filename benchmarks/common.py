@@ -75,7 +75,7 @@ KERNEL_ROUNDS = {
 def round_requests(spec: list[tuple[int, list[int], int]]) -> tuple[list, int]:
     """The requests of a kernel benchmark round (random ids, one label each) and the KV pages they resume
     over: request i, if it has cached tokens, resumes from pool slot i and pages of its own, numbered from 0."""
-    from flide_sdk.layout import PAGE, RequestSpec, Resume
+    from flide_sdk.plan.layout import PAGE, RequestSpec, Resume
 
     rng = np.random.default_rng(0)
     requests, pages = [], 0

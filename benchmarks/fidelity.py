@@ -66,8 +66,8 @@ def variant_engine(checkpoint: Path, residual: torch.dtype, gdn_store: torch.dty
     """The bf16 engine with its residual stream and GDN storage dtypes set (everything else as the default)."""
     from flide_sdk.kernels.gated_delta import gated_delta_triton
     from flide_sdk.models.checkpoint import load_model
-    from flide_sdk.ops import kernel_ops
-    from flide_sdk.render import Renderer
+    from flide_sdk.models.ops import kernel_ops
+    from flide_sdk.text.render import Renderer
 
     model = load_model(checkpoint, "cuda", torch.bfloat16)
     model.residual_dtype = residual

@@ -60,14 +60,14 @@ from benchmarks.common import (
     write_result,
 )
 from benchmarks.questions_per_state import UniqueStates
-from flide_sdk import render
-from flide_sdk.capacity import capacity_ladder, choose, stage_into
+from flide_sdk.device.graphs import StagingLayout
 from flide_sdk.engine import AskPayload, Engine
-from flide_sdk.graphs import StagingLayout
-from flide_sdk.layout import PAGE, Branches, RequestSpec, RoundPlan, Save, StateRows
 from flide_sdk.models.checkpoint import load_model
-from flide_sdk.render import Renderer
+from flide_sdk.plan.capacity import capacity_ladder, choose, stage_into
+from flide_sdk.plan.layout import PAGE, Branches, RequestSpec, RoundPlan, Save, StateRows
 from flide_sdk.testing import tiny_checkpoint
+from flide_sdk.text import render
+from flide_sdk.text.render import Renderer
 
 STATE_TOKENS = 2000
 MAX_ROUND_TOKENS, MAX_ROUND_REQUESTS = 16384, 64  # the CUDA engine's defaults

@@ -35,9 +35,9 @@ import numpy as np
 from benchmarks.common import command_line, race_requests, run_metadata, write_result
 from benchmarks.host_path import real_engine_parts
 from benchmarks.short_passages import Passages, closed_loop, lone
-from flide_sdk.capacity import Capacity, capacity_ladder, choose, stage_into
-from flide_sdk.graphs import BUFFERS, Launch, StagingLayout
-from flide_sdk.layout import RoundPlan, StateRows
+from flide_sdk.device.graphs import BUFFERS, Launch, StagingLayout
+from flide_sdk.plan.capacity import Capacity, capacity_ladder, choose, stage_into
+from flide_sdk.plan.layout import RoundPlan, StateRows
 
 DEVICE_MS_PER_1K_TOKENS = 0.9  # a round's real tokens' share of its replay, on top of its capacity's placeholder
 

@@ -40,7 +40,7 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 from benchmarks.common import release_config, run_metadata, write_result
-from flide_sdk.capacity import capacity_ladder, choose, pad_round
+from flide_sdk.device.pool import CheckpointPool
 from flide_sdk.kernels import (
     attention_front,
     fork_attention,
@@ -53,10 +53,10 @@ from flide_sdk.kernels import (
     short_conv,
     swiglu,
 )
-from flide_sdk.layout import RequestSpec, plan_round
+from flide_sdk.models.ops import kernel_ops
 from flide_sdk.models.qwen35 import Qwen35Config, Qwen35Model
-from flide_sdk.ops import kernel_ops
-from flide_sdk.pool import CheckpointPool
+from flide_sdk.plan.capacity import capacity_ladder, choose, pad_round
+from flide_sdk.plan.layout import RequestSpec, plan_round
 
 H200_SHARED_BYTES = 232_448  # per block, sm_90 (227 KB)
 H200_MULTIPROCESSORS = 132  # what the kernels size their grids and choices by while a round is recorded

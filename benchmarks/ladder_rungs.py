@@ -25,9 +25,9 @@ import torch
 import flide_sdk as fl
 from benchmarks.common import build_random_checkpoint, cuda_time_ms, race_requests, run_metadata, write_result
 from benchmarks.questions_per_state import UniqueStates, noul_questions
-from flide_sdk.capacity import Capacity, capacity_ladder, stage_into
-from flide_sdk.graphs import GraphRunner, placeholder_round
-from flide_sdk.layout import Branches, RequestSpec, RoundPlan
+from flide_sdk.device.graphs import GraphRunner, placeholder_round
+from flide_sdk.plan.capacity import Capacity, capacity_ladder, stage_into
+from flide_sdk.plan.layout import Branches, RequestSpec, RoundPlan
 
 DEFAULT_RUNGS = "448,512,544,576,608,640,704,768,2048,2176,2240,2304,2624,2688,2752,2816"
 

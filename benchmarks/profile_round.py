@@ -32,8 +32,8 @@ from benchmarks.common import (
     write_result,
 )
 from benchmarks.fidelity import quality_request
-from flide_sdk.capacity import capacity_ladder, choose, pad_round
-from flide_sdk.layout import Branches, RequestSpec, plan_round
+from flide_sdk.plan.capacity import capacity_ladder, choose, pad_round
+from flide_sdk.plan.layout import Branches, RequestSpec, plan_round
 
 
 def yes_no_questions(count: int) -> dict:

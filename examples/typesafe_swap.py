@@ -4,7 +4,7 @@
     python examples/typesafe_swap.py --model DIR --device cuda
 
 The block marked "unchanged TypeSafe SDK code" is ordinary code written against `typesafe-sdk`: it knows
-nothing of flide_sdk. The script builds its clients with `flide_sdk.typesafe.client(engine)` (and its async
+nothing of flide_sdk. The script builds its clients with `flide_sdk.adapters.typesafe.client(engine)` (and its async
 twin), answered by the engine in this process instead of the hosted API, runs it synchronously and asynchronously (the concurrent requests
 share the engine's rounds), and checks that every answer equals `engine.ask` on the same request — the
 engine takes the TypeSafe question objects natively too. Needs `pip install "flide_sdk[typesafe]"`.
@@ -23,7 +23,7 @@ except ImportError:
     raise SystemExit('this example needs the TypeSafe SDK: pip install "flide_sdk[typesafe]"') from None
 
 import flide_sdk as fl
-from flide_sdk import typesafe
+from flide_sdk.adapters import typesafe
 
 # ----------------------------------------------------------------------- unchanged TypeSafe SDK code
 QUESTIONS = {

@@ -3,7 +3,7 @@
 Public API (docs/ARCHITECTURE.md): `Engine` with `ask`, `ask_sync`, `session`, `render`, `stats`, `aclose`;
 `Session`; question types `Noul`, `Choice`, `Score` and their answers; the `SystemOneResponse` every ask
 returns; the agent-framework entry points `decide` (and its `Decision`), `guard`, `route`
-(`flide_sdk.typesafe` for the TypeSafe SDK); every error the SDK raises derives from `FlideError`.
+(`flide_sdk.adapters.typesafe` for the TypeSafe SDK); every error the SDK raises derives from `FlideError`.
 The library prints nothing itself: it logs to the `flide_sdk` logger, which has a NullHandler.
 """
 
@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 from importlib.metadata import PackageNotFoundError, version
 
-from flide_sdk.decide import Decision, decide
+from flide_sdk.adapters.decide import Decision, decide
+from flide_sdk.adapters.guard import guard, route
 from flide_sdk.engine import Engine
 from flide_sdk.errors import (
     AskTimeoutError,
@@ -28,7 +29,6 @@ from flide_sdk.errors import (
     QueueFullError,
     StateTooLongError,
 )
-from flide_sdk.guard import guard, route
 from flide_sdk.questions import (
     Answer,
     Choice,
@@ -40,10 +40,11 @@ from flide_sdk.questions import (
     Score,
     ScoreAnswer,
     State,
+    SystemOneResponse,
+    Usage,
 )
-from flide_sdk.render import Rendered, RenderedQuestion
 from flide_sdk.session import Session
-from flide_sdk.typesafe import SystemOneResponse, Usage
+from flide_sdk.text.render import Rendered, RenderedQuestion
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

@@ -39,19 +39,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from flide_sdk.capacity import Capacity, capacity_ladder
+from flide_sdk.device.graphs import BUFFERS, GraphRunner, Launch
+from flide_sdk.device.pool import Checkpoint, CheckpointPool, PlannedSave
 from flide_sdk.errors import AskTimeoutError, DeviceError, EngineClosedError, InvalidOptionError, QueueFullError
-from flide_sdk.graphs import BUFFERS, GraphRunner, Launch
-from flide_sdk.history import BLOCK, Trunk
-from flide_sdk.layout import PAGE, Branches, HostRound, RequestSpec, Resume, RoundPlan, Save
 from flide_sdk.models.checkpoint import load_model, read_config
+from flide_sdk.models.ops import Ops, ops_for
 from flide_sdk.models.qwen35 import Qwen35Model
-from flide_sdk.ops import Ops, ops_for
-from flide_sdk.pool import Checkpoint, CheckpointPool, PlannedSave
-from flide_sdk.questions import Answer, Question, Questions, State, parse_questions
-from flide_sdk.render import Rendered, RenderedQuestion, Renderer, state_text
-from flide_sdk.rounds import PendingAsk, RoundLoop
-from flide_sdk.typesafe import SystemOneResponse, Usage
+from flide_sdk.plan.capacity import Capacity, capacity_ladder
+from flide_sdk.plan.layout import PAGE, Branches, HostRound, RequestSpec, Resume, RoundPlan, Save
+from flide_sdk.questions import Answer, Question, Questions, State, SystemOneResponse, Usage, parse_questions
+from flide_sdk.serve.loop import PendingAsk, RoundLoop
+from flide_sdk.text.history import BLOCK, Trunk
+from flide_sdk.text.render import Rendered, RenderedQuestion, Renderer, state_text
 
 if TYPE_CHECKING:
     from flide_sdk.session import Session

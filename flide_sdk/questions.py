@@ -291,3 +291,57 @@ def parse_question(name: str, question: Any) -> Question:
         f"question {name!r} must be a Noul, Choice or Score (a TypeSafe one, or a dict with a 'type' key), "
         f"not {type(question).__name__}"
     )
+
+
+class Usage(msgspec.Struct, frozen=True):
+    """Token counts of one request: every prompt token of its questions (trunk + branches, however much was
+    resumed from checkpoints), and one output token read per question."""
+
+    input_tokens: int
+    output_tokens: int
+
+
+class SystemOneResponse(dict):
+    """The answers of one ask by question name, with the request's `model` and `usage`.
+
+    A plain `dict[str, Answer]` for existing code, plus the TypeSafe SDK's surface: `answers`, `nouls`,
+    `choices`, `scores`, `model`, `usage`. `to_dict()` / `to_json()` give the System One wire form.
+    """
+
+    __slots__ = ("model", "usage")
+
+    def __init__(self, answers: Mapping[str, Answer], *, model: str, usage: Usage) -> None:
+        super().__init__(answers)
+        self.model = model
+        self.usage = usage
+
+    @property
+    def answers(self) -> dict[str, Answer]:
+        """All answers keyed by question name."""
+        return dict(self)
+
+    @property
+    def nouls(self) -> dict[str, NoulAnswer]:
+        """Yes/no answers keyed by question name."""
+        return {name: a for name, a in self.items() if isinstance(a, NoulAnswer)}
+
+    @property
+    def choices(self) -> dict[str, ChoiceAnswer]:
+        """Choice answers keyed by question name."""
+        return {name: a for name, a in self.items() if isinstance(a, ChoiceAnswer)}
+
+    @property
+    def scores(self) -> dict[str, ScoreAnswer]:
+        """Score answers keyed by question name."""
+        return {name: a for name, a in self.items() if isinstance(a, ScoreAnswer)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form as Python data: `{"model", "answers", "usage"}`, score maps keyed by strings."""
+        return msgspec.to_builtins({"model": self.model, "answers": dict(self), "usage": self.usage}, str_keys=True)
+
+    def to_json(self) -> bytes:
+        """The wire form as JSON bytes (what `POST /v1/systemone` answers)."""
+        return msgspec.json.encode({"model": self.model, "answers": dict(self), "usage": self.usage})
+
+    def __repr__(self) -> str:
+        return f"SystemOneResponse(model={self.model!r}, answers={dict(self)!r}, usage={self.usage!r})"

@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from flide_sdk.errors import InvalidStateError
-from flide_sdk.history import History
 from flide_sdk.questions import Questions
+from flide_sdk.text.history import History
 
 if TYPE_CHECKING:
     from flide_sdk.engine import Engine
-    from flide_sdk.typesafe import SystemOneResponse
+    from flide_sdk.questions import SystemOneResponse
 
 
 class Session:

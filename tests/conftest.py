@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import flide_sdk as fl
-from flide_sdk.render import Rendered
 from flide_sdk.testing import tiny_checkpoint
+from flide_sdk.text.render import Rendered
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # xdist workers share the cores: no worker oversubscribes them
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))

@@ -14,15 +14,16 @@ import pytest
 import torch
 
 import flide_sdk as fl
-from flide_sdk.capacity import (
+from flide_sdk.kernels.round_metadata import expand_round_reference, expand_round_triton
+from flide_sdk.models.ops import kernel_ops, reference_ops
+from flide_sdk.plan.capacity import (
     TOKEN_LADDER,
     capacity_ladder,
     choose,
     pad_round,
     stage_into,
 )
-from flide_sdk.kernels.round_metadata import expand_round_reference, expand_round_triton
-from flide_sdk.layout import (
+from flide_sdk.plan.layout import (
     DISCARD_ROW,
     PAGE,
     RequestSpec,
@@ -31,7 +32,6 @@ from flide_sdk.layout import (
     StateRows,
     plan_round,
 )
-from flide_sdk.ops import kernel_ops, reference_ops
 from flide_sdk.testing import make_tiny_checkpoint
 
 from .test_kernels_engine import SMALL_TINY
@@ -299,7 +299,7 @@ def test_rounds_split_at_request_boundaries_and_large_requests_run_alone(two_lay
 def staged_and_expanded(host, capacity, expand):
     """A round staged into a flat buffer for `capacity` (as a graph's staging buffer) and expanded by `expand`
     (the reference or the kernel): the flat buffer and the arrays a graph's forward reads, by name."""
-    from flide_sdk.graphs import FlatLayout, StagingLayout, device_round
+    from flide_sdk.device.graphs import FlatLayout, StagingLayout, device_round
 
     layout = StagingLayout(capacity)
     flat = torch.full((layout.elements,), -7, dtype=torch.int64)
@@ -317,7 +317,7 @@ def test_staging_layout_packs_every_field_once_and_expands_to_the_padded_round()
     graph's forward then reads). The reference expands each round at every capacity it fits up to about twice
     its tokens, the kernel (whose programs the interpreter runs one by one) at the two smallest: the least
     padding and a rung more."""
-    from flide_sdk.graphs import StagingLayout
+    from flide_sdk.device.graphs import StagingLayout
 
     cases = [(random_requests(seed, count), K) for seed, count in ((2, 6), (3, 1), (4, 9))]
     tiny = RequestSpec.of(np.array([7]), [np.array([1]), np.array([2, 3])], [np.array([5]), np.array([5])])
@@ -348,7 +348,7 @@ def test_a_pass_over_refilled_round_tensors_answers_the_new_round(two_layer_path
     """As graph capture does: round tensors that are views of one flat buffer, a pass, the buffer refilled with
     another round, a second pass on the same tensor objects. Tables derived from the metadata inside a pass
     (the attention tile tables) must be rebuilt: the second pass answers what a pass on fresh tensors does."""
-    from flide_sdk.graphs import FlatLayout, StagingLayout, device_round
+    from flide_sdk.device.graphs import FlatLayout, StagingLayout, device_round
 
     engine = fl.Engine.load(two_layer_path, device="cpu")
     try:

@@ -17,7 +17,7 @@ import typesafe_sdk as ts
 
 import flide_sdk as fl
 from flide_sdk.__main__ import main as cli
-from flide_sdk.typesafe import LOCAL_BASE_URL, as_typesafe_error, async_client, client
+from flide_sdk.adapters.typesafe import LOCAL_BASE_URL, as_typesafe_error, async_client, client
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = {
@@ -81,7 +81,7 @@ def test_the_library_prints_nothing_when_a_round_fails(tmp_path):
         import torch
         import flide_sdk as fl
         from flide_sdk.models.checkpoint import load_model
-        from flide_sdk.render import Renderer
+        from flide_sdk.text.render import Renderer
         from flide_sdk.testing import tiny_checkpoint
 
         class BrokenRenderer(Renderer):  # a seam: the engine takes its renderer in its constructor

@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel, Field, create_model
 
 import flide_sdk as fl
-from flide_sdk.decide import CompiledModel, call_state
+from flide_sdk.adapters.decide import CompiledModel, call_state
 
 TEXT = "Second time this month my card was charged twice. Fix it or I cancel."
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flide_sdk import render
 from flide_sdk.errors import InvalidStateError
-from flide_sdk.history import BLOCK, HASH_SEED, chain_hashes
-from flide_sdk.render import Renderer, load_chat_template
+from flide_sdk.text import render
+from flide_sdk.text.history import BLOCK, HASH_SEED, chain_hashes
+from flide_sdk.text.render import Renderer, load_chat_template
 
 QWEN35_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "data" / "tokenizer" / "qwen3.5"
 PIECES = [

@@ -10,7 +10,7 @@ import torch
 
 from flide_sdk.kernels.fork_attention import PLAN_ROW_BLOCK, fork_attention_triton, plan_tiles_reference, tile_table
 from flide_sdk.kernels.reference import fork_attention_reference
-from flide_sdk.layout import PAGE, RequestSpec, Resume, plan_round
+from flide_sdk.plan.layout import PAGE, RequestSpec, Resume, plan_round
 
 
 def round_with_history(seed: int, heads: int, kv_heads: int, dim: int):
@@ -136,7 +136,7 @@ def test_tile_tables_are_built_once_per_plan_and_query_rows():
 def test_device_tile_table_matches_the_reference_over_row_blocks_and_padding(block_tokens):
     """More query rows than the planner takes in one block (regions that cross its blocks), padded to a
     capacity as a graph's round is: the kernel's tile table and tile count equal `plan_tiles_reference`'s."""
-    from flide_sdk.capacity import capacity_ladder, choose, pad_round
+    from flide_sdk.plan.capacity import capacity_ladder, choose, pad_round
 
     rng = np.random.default_rng(3)
     requests = [RequestSpec.of(rng.integers(0, 50, n), [rng.integers(0, 50, rng.integers(1, 90)) for _ in range(b)],

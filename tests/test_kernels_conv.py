@@ -9,7 +9,7 @@ import torch
 
 from flide_sdk.kernels.reference import conv_rows, indexed_conv_reference, save_windows_reference
 from flide_sdk.kernels.short_conv import BLOCK_C, BLOCK_T, indexed_conv_triton, save_windows_triton
-from flide_sdk.layout import RequestSpec, Resume, Save, plan_round
+from flide_sdk.plan.layout import RequestSpec, Resume, Save, plan_round
 
 CHANNELS = 200  # not a multiple of the channel block
 

@@ -10,7 +10,7 @@ import torch
 
 import flide_sdk as fl
 from flide_sdk.engine import Engine
-from flide_sdk.ops import kernel_ops
+from flide_sdk.models.ops import kernel_ops
 from flide_sdk.testing import make_tiny_checkpoint
 
 from .conftest import text_of_tokens

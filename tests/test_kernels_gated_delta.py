@@ -20,7 +20,7 @@ import torch
 
 from flide_sdk.kernels.gated_delta import _level_groups, gated_delta_triton
 from flide_sdk.kernels.reference import gated_delta_reference
-from flide_sdk.layout import (
+from flide_sdk.plan.layout import (
     GDN_CHUNK,
     DeltaLevel,
     DeltaPlan,

@@ -11,7 +11,7 @@ from flide_sdk.kernels.gdn_front import gdn_front_triton
 from flide_sdk.kernels.gdn_gates import gdn_gates_triton
 from flide_sdk.kernels.reference import gdn_front_reference
 from flide_sdk.kernels.short_conv import indexed_conv_triton, save_windows_triton
-from flide_sdk.layout import RequestSpec, plan_round
+from flide_sdk.plan.layout import RequestSpec, plan_round
 
 from .test_kernels_conv import CHANNELS, resumed_round
 

@@ -16,8 +16,8 @@ import pytest
 
 import flide_sdk as fl
 from benchmarks.host_sim import ModeledLaunch
-from flide_sdk.capacity import capacity_ladder, choose
-from flide_sdk.layout import RoundPlan
+from flide_sdk.plan.capacity import capacity_ladder, choose
+from flide_sdk.plan.layout import RoundPlan
 
 from .conftest import answer_probabilities
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import flide_sdk as fl
-from flide_sdk import render
-from flide_sdk.render import (
+from flide_sdk.text import render
+from flide_sdk.text.render import (
     Renderer,
     content_key,
     load_chat_template,

@@ -13,7 +13,7 @@ import pytest
 
 import flide_sdk as fl
 from flide_sdk.engine import DEFER_MIN_TOKENS
-from flide_sdk.rounds import PendingAsk
+from flide_sdk.serve.loop import PendingAsk
 
 from .conftest import TOLERANCE, answer_probabilities, reference_probabilities
 

@@ -17,7 +17,7 @@ from flide_sdk.kernels.reference import (
     indexed_conv_reference,
     l2_normalize,
 )
-from flide_sdk.layout import GDN_CHUNK, RequestSpec, plan_round
+from flide_sdk.plan.layout import GDN_CHUNK, RequestSpec, plan_round
 
 CONV = 4
 

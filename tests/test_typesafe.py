@@ -16,7 +16,7 @@ import typesafe_sdk as ts
 from backports import zstd
 
 import flide_sdk as fl
-from flide_sdk.typesafe import as_typesafe_error, transport
+from flide_sdk.adapters.typesafe import as_typesafe_error, transport
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_RETRY = ts.RetryPolicy(max_retries=0)
@@ -205,7 +205,7 @@ def test_flide_errors_map_onto_the_typesafe_hierarchy():
 
 def test_importing_flide_sdk_imports_neither_typesafe_sdk_nor_pydantic():
     code = (
-        "import sys, flide_sdk, flide_sdk.typesafe, flide_sdk.decide, flide_sdk.guard; "
+        "import sys, flide_sdk, flide_sdk.adapters.typesafe, flide_sdk.adapters.decide, flide_sdk.adapters.guard; "
         "print(sorted(m for m in ('typesafe_sdk', 'pydantic', 'httpx2') if m in sys.modules))"
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

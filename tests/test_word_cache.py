@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from tokenizers import AddedToken, Tokenizer
 
-from flide_sdk import word_cache
-from flide_sdk.render import Renderer, load_chat_template
-from flide_sdk.word_cache import WHITELIST, WordEncoder, character_classes
+from flide_sdk.text import word_cache
+from flide_sdk.text.render import Renderer, load_chat_template
+from flide_sdk.text.word_cache import WHITELIST, WordEncoder, character_classes
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 QWEN35_TOKENIZER = DATA / "tokenizer" / "qwen3.5"

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from flide_sdk.kernels import multiprocessors
-from flide_sdk.layout import PAGE, AttentionPlan
+from flide_sdk.plan.layout import PAGE, AttentionPlan
 
 # The 16-bit default tiling: 64 query rows per program (16 tokens x 4 query heads sharing a key/value head, so
 # every key block loaded serves the group), 32 keys per block, 4 warps. On the H200 (bench_attention at

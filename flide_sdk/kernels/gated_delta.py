@@ -100,7 +100,7 @@ import triton.language as tl
 
 from flide_sdk.kernels import multiprocessors
 from flide_sdk.kernels.reference import L2_EPS
-from flide_sdk.layout import GDN_CHUNK, DeltaLevel, DeltaPlan
+from flide_sdk.plan.layout import GDN_CHUNK, DeltaLevel, DeltaPlan
 
 
 @triton.jit

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from flide_sdk.layout import CONV_PIECE_ROWS, PIECE_ROWS, TOKEN_ROWS
+from flide_sdk.plan.layout import CONV_PIECE_ROWS, PIECE_ROWS, TOKEN_ROWS
 
 BLOCK_TOKENS = 256  # tokens a program expands
 BLOCK_ROWS = 16  # chunk rows a program expands

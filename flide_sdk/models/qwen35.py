@@ -2,10 +2,10 @@
 
 Parameter names mirror the Hugging Face checkpoints (`layers.N.linear_attn.in_proj_qkv.weight`, ...), so a
 state dict loads by name. The forward reads request structure only through `RoundTensors` and the four
-stream ops of `flide_sdk.ops`; everything else is per-token dense math, written to match
+stream ops of `flide_sdk.models.ops`; everything else is per-token dense math, written to match
 transformers' `Qwen3_5ForCausalLM` operation for operation. The RMS norms (q/k's with the rotary embedding,
 in attention's front), the MLP's SwiGLU, the Gated DeltaNet's gates and the label softmax go through
-`flide_sdk.ops` too (fused kernels on CUDA); the rotary cos/sin come from tables of every position, made
+`flide_sdk.models.ops` too (fused kernels on CUDA); the rotary cos/sin come from tables of every position, made
 once (`rope_tables`). Each residual add is folded into the norm that reads its result: a layer returns its MLP output still to be
 added, and the next layer's input norm (or the final norm) adds it as it reads it.
 RMSNorm scales by (1 + w); attention queries carry an output gate (sigmoid) and q/k are RMS-normalised per
@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flide_sdk.layout import RoundTensors
-from flide_sdk.ops import Ops
+from flide_sdk.models.ops import Ops
+from flide_sdk.plan.layout import RoundTensors
 
 FULL_ATTENTION = "full_attention"
 LINEAR_ATTENTION = "linear_attention"

@@ -38,16 +38,16 @@ from flide_sdk.errors import (
     InvalidStateError,
     StateTooLongError,
 )
-from flide_sdk.history import (
+from flide_sdk.models.checkpoint import read_json
+from flide_sdk.questions import UNENCODABLE_HINT, Choice, Content, Noul, Question, Score, unencodable
+from flide_sdk.text.history import (
     QWEN_PRETOKENIZER_PATTERN,
     SEPARATOR,
     BoundaryFinder,
     History,
     Trunk,
 )
-from flide_sdk.models.checkpoint import read_json
-from flide_sdk.questions import UNENCODABLE_HINT, Choice, Content, Noul, Question, Score, unencodable
-from flide_sdk.word_cache import WordEncoder, component_settings
+from flide_sdk.text.word_cache import WordEncoder, component_settings
 
 LETTERS = tuple(string.ascii_uppercase)
 # a text the word encoder declines is encoded in about one piece per CPU (the tokenizer's thread pool), in

@@ -20,11 +20,10 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Union
 
-from flide_sdk.decide import call_state
+from flide_sdk.adapters.decide import call_state
 from flide_sdk.errors import GuardBlockedError, InvalidQuestionError
-from flide_sdk.questions import Choice, Noul, Question, parse_question
+from flide_sdk.questions import Choice, Noul, Question, SystemOneResponse, parse_question
 from flide_sdk.session import Session
-from flide_sdk.typesafe import SystemOneResponse
 
 if TYPE_CHECKING:
     from flide_sdk.engine import Engine

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from flide_sdk.layout import (
+from flide_sdk.plan.layout import (
     DEVICE_FIELDS,
     GDN_CHUNK,
     PAGE,

@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from flide_sdk.history import BLOCK, TokenBuffer, Trunk
-from flide_sdk.layout import PAGE, StateRows
 from flide_sdk.models.qwen35 import (
     FULL_ATTENTION,
     LINEAR_ATTENTION,
     LayerCache,
     Qwen35Config,
 )
+from flide_sdk.plan.layout import PAGE, StateRows
+from flide_sdk.text.history import BLOCK, TokenBuffer, Trunk
 
 PAGE_SLOTS = np.arange(PAGE, dtype=np.int64)  # offsets of a page's entries from its first
 

@@ -28,7 +28,7 @@ from flide_sdk.kernels.reference import (
     rms_norm_reference,
     swiglu_reference,
 )
-from flide_sdk.layout import AttentionPlan, DeltaPlan
+from flide_sdk.plan.layout import AttentionPlan, DeltaPlan
 
 
 @dataclass(frozen=True)

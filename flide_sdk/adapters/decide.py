@@ -34,9 +34,8 @@ from flide_sdk.errors import (
     MapInputError,
     QueueFullError,
 )
-from flide_sdk.questions import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Question, Score
-from flide_sdk.render import LETTERS
-from flide_sdk.typesafe import SystemOneResponse
+from flide_sdk.questions import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Question, Score, SystemOneResponse
+from flide_sdk.text.render import LETTERS
 
 if typing.TYPE_CHECKING:
     from flide_sdk.engine import Engine

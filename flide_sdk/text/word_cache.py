@@ -67,7 +67,7 @@ from typing import NamedTuple
 import numpy as np
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from flide_sdk.history import QWEN_PRETOKENIZER_PATTERN
+from flide_sdk.text.history import QWEN_PRETOKENIZER_PATTERN
 
 LOG = logging.getLogger(__name__)
 

@@ -334,7 +334,7 @@ class TokenCuts:
     (a run of one symbol, base64, CJK without spaces, long white space): `cut(text)` returns the last one."""
 
     def __init__(self, tokenizer: Tokenizer, boundaries: BoundaryFinder) -> None:
-        from flide_sdk.word_cache import byte_level_chars, supported  # word_cache imports this module
+        from flide_sdk.text.word_cache import byte_level_chars, supported  # word_cache imports this module
 
         model = tokenizer.model
         self.enabled = (

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from flide_sdk.capacity import Capacity, choose, stage_into
-from flide_sdk.layout import Branches, HostRound, RequestSpec, RoundPlan, StateRows, plan_round
+from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
-from flide_sdk.ops import Ops
+from flide_sdk.plan.capacity import Capacity, choose, stage_into
+from flide_sdk.plan.layout import Branches, HostRound, RequestSpec, RoundPlan, StateRows, plan_round
 
 LOG = logging.getLogger(__name__)
 BUFFERS = 2  # staging/readback buffers in rotation: rounds that may be in flight at once

@@ -1,0 +1,1 @@
+"""Front ends over the engine: the TypeSafe transport, `decide`, `guard` / `route`."""

@@ -1,0 +1,1 @@
+"""Device state: the checkpoint pool and the captured CUDA graphs."""
