@@ -44,10 +44,10 @@ for step in $steps; do
     gdn-options) for size in $sizes; do PYTHONPATH=/tmp/fla:$PYTHONPATH python3 benchmarks/bench_gdn.py --model-size $size \
       --no-sweep --isolate --variants "$GDN_OPTIONS"; done ;;
     graphs) for size in $sizes; do python3 benchmarks/check_graphs.py --model-size $size --no-float32 | tail -c 3000; done ;;
-    profile) for size in $sizes; do python3 benchmarks/profile_round.py --model-size $size | tail -c 3000; done ;;
+    profile) for size in $sizes; do python3 benchmarks/investigations/profile_round.py --model-size $size | tail -c 3000; done ;;
     fidelity) for size in $sizes; do  # the float32 engine's CUDA exactness check at 0.8B only (eager, slow)
         python3 benchmarks/fidelity.py --model-size $size $([ "$size" = 0.8B ] || echo --no-engine-fp32); done ;;
-    check) python3 benchmarks/check_kernels.py ;;
+    check) python3 benchmarks/investigations/check_kernels.py ;;
     conv) for size in $sizes; do python3 benchmarks/bench_conv.py --model-size $size | tail -c 3000; done ;;
     qps) for size in $sizes; do engine_bench questions_per_state $size; done ;;
     # Q = 1 with the tokenizer on 1 and 4 worker threads (default: one per CPU), no baseline: whether its threads
@@ -64,8 +64,8 @@ for step in $steps; do
     answer-on-loop) python3 benchmarks/answer_on_loop.py --model-size 0.8B > /dev/null 2> /tmp/answer-on-loop.err
       tail -c 600 /tmp/answer-on-loop.err
       python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUT/answer_on_loop-0.8B.json" ;;
-    host-wake) python3 benchmarks/host_wake.py | tail -c 600 ;;  # the host's idle and thread wake-up costs
-    rungs) for size in $sizes; do python3 benchmarks/ladder_rungs.py --model-size $size | tail -c 2000; done ;;
+    host-wake) python3 benchmarks/investigations/host_wake.py | tail -c 600 ;;  # the host's idle and thread wake-up costs
+    rungs) for size in $sizes; do python3 benchmarks/investigations/ladder_rungs.py --model-size $size | tail -c 2000; done ;;
     *) echo "unknown step $step" ;;
   esac >> "$OUT/log.txt" 2>&1
   echo "--- $step: $((SECONDS - started)) s" | tee -a "$OUT/log.txt"

@@ -1,7 +1,7 @@
 """What waiting costs the host: the same small numpy workload back to back, after a sleep and after a spin,
 and how long a thread blocked on an event takes to run once it is set.
 
-    PYTHONPATH=$PWD python benchmarks/host_wake.py [--repeat 200]
+    PYTHONPATH=$PWD python benchmarks/investigations/host_wake.py [--repeat 200]
 
 No device work, but run it on the GPU machine's host (`run_gpu.sh host-wake`): a lone ask's critical path
 crosses threads three times (the asyncio thread hands the ask to the round thread, the round thread hands the

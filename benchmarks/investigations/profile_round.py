@@ -1,6 +1,6 @@
 """Where a round's device time goes: per-kernel CUDA time of one forward, grouped by kernel name.
 
-    PYTHONPATH=$PWD python benchmarks/profile_round.py --model-size 0.8B
+    PYTHONPATH=$PWD python benchmarks/investigations/profile_round.py --model-size 0.8B
 
 Rounds: a lone ~2,000-token QuALITY state with 1, 4, 16 and 64 yes/no questions, and a lone RACE passage
 with its questions (short_passages' lone request), each padded to the capacity its CUDA graph would have.
@@ -8,7 +8,7 @@ The forward runs eagerly under torch.profiler (kernel times are those a graph re
 not counted: `launches` says how many kernels a replay runs). Also times the host side of an ask:
 tokenizing the state.
 
-    ncu --profile-from-start off ... python benchmarks/profile_round.py --ncu ROUND
+    ncu --profile-from-start off ... python benchmarks/investigations/profile_round.py --ncu ROUND
 
 runs only ROUND (e.g. quality_2000_q1), warmed up, then one forward inside a CUDA profiler range, for Nsight
 Compute's hardware counters of its kernels (no JSON: ncu writes the report).
@@ -106,7 +106,7 @@ def main() -> None:
             tokenize.append(1000 * (time.perf_counter() - started))
         engine.close()
     write_result(f"profile_round-{args.model_size}", {
-        **run_metadata(f"python benchmarks/profile_round.py --model-size {args.model_size}"),
+        **run_metadata(f"python benchmarks/investigations/profile_round.py --model-size {args.model_size}"),
         "model_size": args.model_size,
         "tokenize_state_ms": sorted(tokenize),
         "rounds": tables,

@@ -3,7 +3,7 @@ tuning, and where non-finite values appear (trunk or branch rows, heads), for de
 Each tuning runs in its own process, so an illegal memory access in one cannot hide the others (its stderr
 tail is reported instead).
 
-    PYTHONPATH=$PWD python benchmarks/check_kernels.py
+    PYTHONPATH=$PWD python benchmarks/investigations/check_kernels.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which graph capacities a lone round replays fastest on: the evidence for the ladder's rungs.
 
-    PYTHONPATH=$PWD python benchmarks/ladder_rungs.py [--model-size 0.8B] [--rungs 512,544,576,...]
+    PYTHONPATH=$PWD python benchmarks/investigations/ladder_rungs.py [--model-size 0.8B] [--rungs 512,544,576,...]
 
 cuBLAS's GEMMs are not monotone in their row count (on the H200 the 0.8B MLP's up projection took 50.1 us at
 2,176 rows, 45.5 at 2,240), so a larger graph can replay a round faster than the smallest one it fits. This
@@ -80,7 +80,7 @@ def main() -> None:
     torch.cuda.synchronize()
     write_result(f"ladder_rungs-{args.model_size}", {
         "benchmark": "ladder_rungs", "model_size": args.model_size,
-        **run_metadata(f"python benchmarks/ladder_rungs.py --model-size {args.model_size} --rungs {args.rungs}"),
+        **run_metadata(f"python benchmarks/investigations/ladder_rungs.py --model-size {args.model_size} --rungs {args.rungs}"),
         "settings": {"rungs": list(rungs), "passages": args.passages, "repeat": args.repeat, "passes": args.passes},
         "rounds": rounds, "placeholder_replay_ms": placeholders,
     })

@@ -1,6 +1,6 @@
 """Registers, spills and shared memory of every Triton kernel a round launches, compiled for the H200 on CPU.
 
-    PYTHONPATH=$PWD python benchmarks/kernel_resources.py [--model-size 0.8B] [--tokens 700]
+    PYTHONPATH=$PWD python benchmarks/investigations/kernel_resources.py [--model-size 0.8B] [--tokens 700]
 
 No GPU needed: one real-shape round (a trunk and its branches, padded to its capacity as graph rounds are)
 goes through the model with every Triton launch recorded instead of run; each distinct launch (kernel,
@@ -247,7 +247,7 @@ def main() -> None:
                       f"{options['num_stages']}: {seen[key]['registers']} regs, spills "
                       f"{seen[key]['spill_store_bytes']} B, shared {seen[key]['shared_bytes']} B, loads by bytes "
                       f"{seen[key]['global_loads']}{flag}", flush=True)
-    command = f"python benchmarks/kernel_resources.py --model-size {args.model_size} --tokens {args.tokens}" + (
+    command = f"python benchmarks/investigations/kernel_resources.py --model-size {args.model_size} --tokens {args.tokens}" + (
         f" --only '{args.only}'" if args.only else "")
     write_result(f"kernel_resources-{args.model_size}", {
         "benchmark": "kernel_resources", "model_size": args.model_size, "target": "sm_90 (H200)",
