@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from flide_sdk.errors import InvalidStateError
 from flide_sdk.questions import Questions
-from flide_sdk.text.history import History
+from flide_sdk.text.history import History, Trunk
 
 if TYPE_CHECKING:
     from flide_sdk.engine import Engine
@@ -42,6 +42,10 @@ class Session:
         """Blocking `ask`, for scripts; AskTimeoutError after `timeout` s (the ask is withdrawn if it has not started)."""
         self._check_open()
         return self.engine.submit_sync(self.engine.prepare(self._history.snapshot(), questions), timeout)
+
+    def trunk(self) -> Trunk:
+        """The history so far as token ids: a snapshot (its stable part and the mutable tail)."""
+        return self._history.snapshot()
 
     def fork(self) -> Session:
         """A session with the same history that then diverges (shares every checkpoint so far)."""

@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 import flide_sdk as fl
-from flide_sdk.engine import DEFER_MIN_TOKENS
-from flide_sdk.serve.loop import PendingAsk
+from flide_sdk.serve.scheduler import DEFER_MIN_TOKENS, RoundLimits, schedule
 
 from .conftest import TOLERANCE, answer_probabilities, reference_probabilities
 
@@ -146,13 +145,13 @@ def test_fork_shares_pages_without_copies(engine):
     parent = engine.session()
     parent.append(" ".join(WORDS * 10))
     parent.ask_sync(QUESTIONS)
-    (parent_checkpoint,) = list(engine.pool._lru)
+    (parent_checkpoint,) = engine.pool.checkpoints()
     child = parent.fork()
     child.append(" the child goes on alone")
     copies = engine.stats()["page_copies"]
     child.ask_sync(QUESTIONS)
     assert engine.stats()["page_copies"] == copies
-    child_checkpoint = next(reversed(engine.pool._lru))
+    child_checkpoint = engine.pool.checkpoints()[-1]
     shared = parent_checkpoint.length // 64
     assert child_checkpoint.pages[:shared] == parent_checkpoint.pages[:shared]
     parent.append(" the parent goes elsewhere")
@@ -300,7 +299,7 @@ def test_a_session_holds_one_checkpoint_and_forks_keep_theirs(engine, fresh, hf_
         session.ask_sync(QUESTIONS)
     stats = engine.stats()
     assert stats["checkpoints"] == 1 and stats["superseded"] == stats["checkpoints_saved"] - 1
-    (kept,) = list(engine.pool._lru)
+    (kept,) = engine.pool.checkpoints()
     pages = -(-kept.length // 64)
     assert stats["pool_bytes"] == engine.pool.slot_bytes + pages * engine.pool.page_bytes
     child = session.fork()
@@ -316,53 +315,50 @@ def test_a_session_holds_one_checkpoint_and_forks_keep_theirs(engine, fresh, hf_
     check(answers, fresh, hf_tiny, state + " the child asks late")
 
 
-def _scan_traverse(engine, pending: deque) -> tuple[list, int, int]:
+def _scan_schedule(pending: list, lookup, limits: RoundLimits) -> tuple[list, list, int, int]:
     """Admission by the definitions, comparing each queued ask with every ask selected so far: the selected
-    asks, how many were deferred and how many merged with a selected trunk."""
+    asks, the asks left queued, how many were deferred and how many merged with a selected trunk."""
 
     def same(a, b) -> bool:
         x, y = a.trunk, b.trunk
         return (len(x) == len(y) and x.boundary == y.boundary and np.array_equal(x.tail, y.tail)
                 and x.prefix_equals(y.buffer, y.boundary))
 
+    def resumed(ask) -> int:
+        return 0 if resumes[id(ask)] is None else resumes[id(ask)].length
+
     def waits(ask, producer) -> bool:
         at = producer.trunk.boundary
-        if not ask.resume_length + DEFER_MIN_TOKENS <= at < len(ask.trunk) or at <= producer.resume_length:
+        if not resumed(ask) + DEFER_MIN_TOKENS <= at < len(ask.trunk) or at <= resumed(producer):
             return False
         return ask.trunk.prefix_equals(producer.trunk.buffer, at) and not same(ask, producer)
 
-    selected, kept = [], deque()
+    selected, kept, resumes = [], [], {}
     tokens = requests = questions = pages = deferred = merges = 0
-    while pending:
-        ask = pending.popleft()
-        payload = ask.payload
-        payload.resume = resume = engine.pool.lookup(payload.trunk)
-        if any(waits(payload, other.payload) for other in selected):
+    for ask in pending:
+        resumes[id(ask)] = lookup(ask.trunk)
+        if any(waits(ask, other) for other in selected):
             kept.append(ask)
             deferred += 1
             continue
-        merged = any(same(payload, other.payload) for other in selected)
-        cost = payload.branch_tokens + (0 if merged else len(payload.trunk) - payload.resume_length)
-        history = 0 if merged else -(-payload.resume_length // 64)
-        full = (tokens + cost > engine._loop.max_round_tokens or requests + (not merged) > engine.max_round_requests
-                or questions + len(payload.branches) > engine.max_round_questions
-                or engine.max_round_pages is not None and pages + history > engine.max_round_pages)
+        merged = any(same(ask, other) for other in selected)
+        cost = ask.branch_tokens + (0 if merged else len(ask.trunk) - resumed(ask))
+        history = 0 if merged else -(-resumed(ask) // 64)
+        full = (tokens + cost > limits.tokens or requests + (not merged) > limits.requests
+                or questions + len(ask.branches) > limits.questions
+                or limits.pages is not None and pages + history > limits.pages)
         if selected and full:
             kept.append(ask)
             continue
-        ask.future.set_running_or_notify_cancel()
-        if resume is not None:
-            engine.pool.pin(resume)
         selected.append(ask)
-        tokens, requests, questions = tokens + cost, requests + (not merged), questions + len(payload.branches)
+        tokens, requests, questions = tokens + cost, requests + (not merged), questions + len(ask.branches)
         pages += history
         merges += merged
-    pending.extend(kept)
-    return selected, deferred, merges
+    return selected, kept, deferred, merges
 
 
 def test_indexed_admission_matches_the_scan_over_every_selected_ask(engine):
-    """`_traverse` looks selected asks up by trunk key and first block instead of comparing with each: it
+    """`schedule` looks selected asks up by trunk key and first block instead of comparing with each: it
     admits, defers, merges and leaves queued exactly the asks the plain scan does."""
     rng = random.Random(3)
     base = " ".join(WORDS * 6)
@@ -373,36 +369,30 @@ def test_indexed_admission_matches_the_scan_over_every_selected_ask(engine):
     for step in range(4):
         fork = resumed.fork()
         fork.append(growth(rng))
-        trunks += [fork._history.snapshot(), fork._history.snapshot()]
+        trunks += [fork.trunk(), fork.trunk()]
         resumed.append(growth(rng))
-        trunks.append(resumed._history.snapshot())
+        trunks.append(resumed.trunk())
     for index in range(6):
         trunks += [engine.renderer.trunk(base), engine.renderer.trunk(base + growth(rng)),
                    engine.renderer.trunk(f"{index}{growth(rng)}"), engine.renderer.trunk(f"short {index}")]
     exercised = np.zeros(3, dtype=int)  # deferred, merged, left queued for room
-    assert len(resumed._history.snapshot().stable) >= 64  # its asks resume with history pages
+    assert len(resumed.trunk().stable) >= 64  # its asks resume with history pages
     paged_out = 0
-    for limits in ((100_000, 64, None), (400, 64, None), (100_000, 3, None), (100_000, 64, 3)):
-        engine._loop.max_round_tokens, engine.max_round_requests, engine.max_round_pages = limits
+    for limits in (RoundLimits(100_000, 64, 100_000), RoundLimits(400, 64, 100_000), RoundLimits(100_000, 3, 100_000),
+                   RoundLimits(100_000, 64, 100_000, 3)):
         for _ in range(5):
             rng.shuffle(trunks)
             asks = [engine.prepare(trunk, {"q": QUESTIONS["stuck"]} if i % 3 else QUESTIONS)
                     for i, trunk in enumerate(trunks)]
-            twins = [PendingAsk(ask.payload, ask.tokens) for ask in asks]
-            before = engine.stats()["deferred"]
-            indexed = deque(asks)
-            selected = engine._traverse(indexed)
-            engine._unpin(selected)
-            deferred = engine.stats()["deferred"] - before
-            scanned = deque(twins)
-            expected, expected_deferred, merges = _scan_traverse(engine, scanned)
-            engine._unpin(expected)
-            assert [asks.index(a) for a in selected] == [twins.index(a) for a in expected]
-            assert [asks.index(a) for a in indexed] == [twins.index(a) for a in scanned]
-            assert deferred == expected_deferred
-            exercised += [deferred, merges, len(indexed) - deferred]
-            if limits[2] is not None:  # only the history pages limit the round
-                paged_out += len(indexed) - deferred
+            batch = schedule(asks, engine.pool.lookup, limits)
+            expected, expected_kept, expected_deferred, merges = _scan_schedule(asks, engine.pool.lookup, limits)
+            assert sorted(asks.index(a) for a in batch.asks) == sorted(asks.index(a) for a in expected)
+            assert [asks.index(a) for a in batch.kept] == [asks.index(a) for a in expected_kept]
+            assert batch.deferred == expected_deferred
+            assert sum(len(r.asks) - 1 for r in batch.requests) == merges
+            exercised += [batch.deferred, merges, len(batch.kept) - batch.deferred]
+            if limits.pages is not None:  # only the history pages limit the round
+                paged_out += len(batch.kept) - batch.deferred
     assert exercised.all() and paged_out
 
 
@@ -426,12 +416,13 @@ def test_pool_takes_and_frees_pages_in_bulk(tiny_path):
             pool.commit(save)
             saves.append(save)
         assert pool.counters["evictions"] == 1 and pool.num_checkpoints == 1  # the first made room for the second
-        assert (pool._page_refs[saves[1].checkpoint.pages] == 1).all()
-        assert (pool._page_fill[saves[1].checkpoint.pages] == 64).all()
-        assert sorted(pool._free_pages + saves[1].checkpoint.pages) == list(range(6))
+        usage = pool.page_usage()
+        assert (usage.refs[saves[1].checkpoint.pages] == 1).all() and (usage.fill[saves[1].checkpoint.pages] == 64).all()
+        assert sorted(usage.free + saves[1].checkpoint.pages) == list(range(6))
         long_trunk = renderer.trunk("too long: " + " ".join(WORDS * 40))
         assert len(long_trunk) > 7 * 64
         assert pool.plan_save(long_trunk, None, 7 * 64) is None  # seven pages: more than the pool holds
-        assert pool.num_checkpoints == 0 and sorted(pool._free_pages) == list(range(6))
-        assert not pool._page_refs.any() and not pool._page_fill.any()
+        usage = pool.page_usage()
+        assert pool.num_checkpoints == 0 and usage.free == list(range(6))
+        assert not usage.refs.any() and not usage.fill.any()
         assert pool.plan_save(long_trunk, None, 6 * 64) is not None  # the whole pool fits

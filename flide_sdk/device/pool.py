@@ -62,6 +62,15 @@ class PlannedSave:
     base: Checkpoint | None = None  # the checkpoint it extends
 
 
+@dataclass(frozen=True)
+class PageUsage:
+    """Per KV page: how many checkpoints reference it and how many entries are written from its start."""
+
+    refs: np.ndarray
+    fill: np.ndarray
+    free: list[int]
+
+
 class CheckpointPool:
     """Device arenas for checkpoints plus their host bookkeeping; not thread-safe (the round thread owns it)."""
 
@@ -117,6 +126,14 @@ class CheckpointPool:
     @property
     def num_checkpoints(self) -> int:
         return len(self._lru)
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """The checkpoints held, least recently used first."""
+        return list(self._lru)
+
+    def page_usage(self) -> PageUsage:
+        """A copy of the page bookkeeping: references and entries written per page, and the free pages."""
+        return PageUsage(self._page_refs.copy(), self._page_fill.copy(), sorted(self._free_pages))
 
     def layer_caches(self) -> list[LayerCache]:
         """Per model layer, its views of the arenas (what `Qwen35Model.forward` takes as `caches`)."""

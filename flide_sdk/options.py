@@ -1,0 +1,68 @@
+"""Engine options: the device and dtype to load on, the checkpoint pool's default budget, and the range of every
+size option (refused before anything loads)."""
+
+from __future__ import annotations
+
+import torch
+
+from flide_sdk.errors import DeviceError, InvalidOptionError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_POOL_BYTES = 512 << 20
+CUDA_POOL_FRACTION = 0.4  # of the free device memory after the weights are loaded
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The device to load on: cuda when available, else cpu; DeviceError for another kind or an absent GPU."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise DeviceError(f"device {device!r} is not a device name: give 'cpu', 'cuda' or 'cuda:N'") from error
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise DeviceError(f"device {device!r}: {why} (torch {torch.__version__}); load on 'cpu'")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise DeviceError(f"device {device!r}: only {torch.cuda.device_count()} CUDA devices are visible")
+    elif resolved.type != "cpu":
+        raise DeviceError(f"device {device!r} is not supported: flide_sdk runs on 'cpu' or 'cuda'")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise DeviceError(f"dtype must be one of {sorted(DTYPES)} (a name or the torch.dtype), got {dtype!r}")
+
+
+def check_options(positions: int, **options: float | None) -> None:
+    """Refuse an engine option out of range (None: its default). Sizes are positive integers (pool budgets may
+    be 0: no checkpoints), the deadline a finite number of milliseconds, prompts within the model's positions."""
+    for name, value in options.items():
+        if value is None:
+            continue
+        if name == "round_deadline_ms":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < float("inf")
+            expected = "a finite number of milliseconds >= 0"
+        else:
+            low = 0 if name == "pool_bytes" else 1
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+            expected = f"an integer >= {low}"
+        if not ok:
+            raise InvalidOptionError(f"{name} must be {expected}, got {value!r}")
+    if options.get("max_prompt_tokens") is not None and options["max_prompt_tokens"] > positions:
+        raise InvalidOptionError(f"max_prompt_tokens={options['max_prompt_tokens']} is more than the model's "
+                                 f"{positions} positions (max_position_embeddings)")
+
+
+def default_pool_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * CUDA_POOL_FRACTION)
+    return CPU_POOL_BYTES

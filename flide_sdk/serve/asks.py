@@ -1,0 +1,77 @@
+"""`Ask`: one request on its way through the engine, from the asking thread's validation to its answers.
+
+The asking thread builds it whole (questions parsed and rendered, state tokenized, branches laid out), so
+the round thread only schedules, concatenates and launches.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flide_sdk.plan.layout import Branches
+from flide_sdk.questions import Question
+from flide_sdk.text.history import BLOCK, Trunk
+from flide_sdk.text.render import RenderedQuestion
+
+
+@dataclass(frozen=True)
+class TrunkKey:
+    """Equal for asks with the same trunk (a quick filter: `Ask.same_trunk` compares the tokens)."""
+
+    length: int
+    boundary: int
+    boundary_hash: int
+
+
+@dataclass(eq=False)
+class Ask:
+    """A validated ask: its trunk, questions and their rendered branches, the future its caller awaits, and
+    when it was queued (time.perf_counter())."""
+
+    trunk: Trunk
+    questions: dict[str, Question]
+    rendered: dict[str, RenderedQuestion]
+    branches: Branches = field(init=False)
+    future: Future = field(default_factory=Future)
+    queued_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.branches = Branches.of([q.ids for q in self.rendered.values()],
+                                    [q.label_ids for q in self.rendered.values()])
+
+    @property
+    def branch_tokens(self) -> int:
+        return int(self.branches.lengths.sum())
+
+    @property
+    def tokens(self) -> int:
+        """Stream tokens this ask adds to a round at most (before any checkpoint is found)."""
+        return self.trunk.fresh + self.branch_tokens
+
+    @property
+    def label_counts(self) -> list[int]:
+        """Each question's number of labels, in question order."""
+        return [len(self.rendered[name].label_ids) for name in self.questions]
+
+    @property
+    def trunk_key(self) -> TrunkKey:
+        trunk = self.trunk
+        return TrunkKey(len(trunk), trunk.boundary, trunk.block_hash(trunk.boundary // BLOCK))
+
+    @property
+    def first_block(self) -> int | None:
+        """Hash of the first BLOCK tokens (None if shorter): equal for an ask and any producer it waits for."""
+        return self.trunk.block_hash(1) if len(self.trunk) >= BLOCK else None
+
+    def same_trunk(self, other: Ask) -> bool:
+        a, b = self.trunk, other.trunk
+        return (
+            len(a) == len(b)
+            and a.boundary == b.boundary
+            and a.block_hash(a.boundary // BLOCK) == b.block_hash(b.boundary // BLOCK)  # stored hashes: a quick no
+            and np.array_equal(a.tail, b.tail)
+            and a.prefix_equals(b.buffer, b.boundary)
+        )

@@ -1,0 +1,181 @@
+"""The executor: turns a scheduled round into device work and its result into answers (round thread only).
+
+`launch` plans each request's checkpoint save at its stable boundary, lays the round out as one flat stream
+and starts the model on it: the replay of the smallest captured CUDA graph it fits, or an eager forward (CPU,
+or a round larger than every graph). It publishes the new checkpoints at once (device work is stream-ordered).
+`finish` waits for the one copy of the label probabilities to the host and resolves each ask's future.
+A failed round fails its own asks, never the engine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from flide_sdk.device.graphs import GraphRunner, Launch
+from flide_sdk.device.pool import CheckpointPool, PlannedSave
+from flide_sdk.models.ops import Ops
+from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
+from flide_sdk.plan.layout import Branches, RequestSpec, Resume, RoundPlan, Save
+from flide_sdk.questions import Answer, SystemOneResponse, Usage
+from flide_sdk.serve.asks import Ask
+from flide_sdk.serve.scheduler import Request, RoundBatch, RoundLimits, schedule
+from flide_sdk.serve.stats import Stats
+from flide_sdk.text.word_cache import WordEncoder
+
+
+@dataclass(eq=False)
+class Launched:
+    """A round on the device: its requests, real stream tokens, and its probabilities (a graph `Launch` to
+    wait for, or the array itself when it ran eagerly)."""
+
+    requests: list[Request]
+    tokens: int
+    result: Launch | np.ndarray
+    started: float
+
+
+class Executor:
+    """The model, its checkpoint pool and graphs, driven by the round thread."""
+
+    def __init__(self, model: Qwen35Model, ops: Ops, pool: CheckpointPool, caches: list[LayerCache],
+                 graphs: GraphRunner | None, words: WordEncoder, stats: Stats, name: str, limits: RoundLimits) -> None:
+        self.model = model
+        self.ops = ops
+        self.pool = pool
+        self.graphs = graphs
+        self.stats = stats
+        self.name = name
+        self.limits = limits
+        self.caches = caches
+        self.words = words
+        self.pool_lock = threading.Lock()  # held while the pool is read or changed
+        self.device = model.embed_tokens.weight.device
+
+    def select(self, queue: Iterable[Ask]) -> RoundBatch:
+        """Schedule the next round and pin the checkpoints it resumes from; its asks are marked running (an
+        ask cancelled meanwhile is dropped)."""
+        started = time.perf_counter()
+        with self.pool_lock:
+            batch = schedule(queue, self.pool.lookup, self.limits)
+            for request in batch.requests:
+                request.asks = [ask for ask in request.asks if ask.future.set_running_or_notify_cancel()]
+            batch.requests = [request for request in batch.requests if request.asks]
+            for request in batch.requests:
+                if request.resume is not None:
+                    self.pool.pin(request.resume)
+        self.stats.add(select_seconds=time.perf_counter() - started, deferred=batch.deferred)
+        return batch
+
+    def launch(self, batch: RoundBatch) -> Launched | None:
+        """Plan the round, start it on the device and publish its checkpoints; None if it failed (its asks
+        then hold the error)."""
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        saves: list[PlannedSave] = []
+        launch = None
+        with self.pool_lock:
+            try:
+                specs = []
+                for request in batch.requests:
+                    spec, save = self._request_spec(request)
+                    specs.append(spec)
+                    if save is not None:
+                        saves.append(save)
+                specified = time.perf_counter()
+                plan = RoundPlan(specs, self.model.config.conv_kernel, self.pool.state_rows, self.pool.kv_sink)
+                planned, cpu_planned = time.perf_counter(), time.thread_time()
+                self.pool.copy_pages([copy for save in saves for copy in save.page_copies])
+                launch = None if self.graphs is None else self.graphs.launch(plan)
+                result = launch if launch is not None else self._run_eager(plan)
+            except Exception as error:
+                for save in saves:
+                    self.pool.abort(save)
+                self._unpin(batch.requests)
+                for ask in batch.asks:
+                    ask.future.set_exception(error)
+                return None
+            self._unpin(batch.requests)
+            for save in saves:
+                self.pool.commit(save)
+        launched, cpu_launched = time.perf_counter(), time.thread_time()
+        self.stats.add(
+            queue_seconds=sum(started - ask.queued_at for ask in batch.asks), plan_seconds=planned - started,
+            spec_seconds=specified - started, launch_seconds=launched - planned,
+            plan_cpu_seconds=cpu_planned - cpu_started, launch_cpu_seconds=cpu_launched - cpu_planned,
+            tokens_padded=plan.num_real if launch is None else launch.capacity.tokens,
+            **{"graph_replays" if launch is not None else "eager_runs": 1},
+            **({} if launch is None else launch.host_seconds),
+        )
+        self.words.fill_chunks()  # the device computes meanwhile: cache the chunks of new texts now
+        return Launched(batch.requests, plan.num_real, result, started)
+
+    def finish(self, launched: Launched) -> None:
+        """Wait for a launched round and resolve its asks."""
+        waited = time.perf_counter()
+        result = launched.result
+        probabilities = result.wait() if isinstance(result, Launch) else result
+        finished = time.perf_counter()
+        answers = self._answers(launched.requests, probabilities)
+        self.stats.count_round(launched.requests, launched.tokens, finished - launched.started)
+        self.stats.add(finish_seconds=finished - waited, **(result.device_seconds() if isinstance(result, Launch)
+                                                             else {}))
+        for ask, response in answers:
+            ask.future.set_result(response)
+
+    def fail(self, launched: Launched, error: BaseException) -> None:
+        """Fail the asks of a round that could not be finished."""
+        for request in launched.requests:
+            for ask in request.asks:
+                if not ask.future.done():
+                    ask.future.set_exception(error)
+
+    def clear_pool(self) -> None:
+        with self.pool_lock:
+            self.pool.clear()
+
+    def release(self) -> None:
+        """Free the checkpoint pool and the captured graphs (the weights stay)."""
+        with self.pool_lock:
+            self.graphs = None
+            self.caches = []
+            self.pool.release()
+
+    def _run_eager(self, plan: RoundPlan) -> np.ndarray:
+        return self.model(plan.host_round().to(self.device), self.ops, self.caches).cpu().numpy()
+
+    def _request_spec(self, request: Request) -> tuple[RequestSpec, PlannedSave | None]:
+        trunk, resume = request.lead.trunk, request.resume
+        start = request.resume_length
+        save = self.pool.plan_save(trunk, resume, trunk.boundary)
+        spec = RequestSpec(
+            trunk=trunk.tokens(start),
+            branches=Branches.join([ask.branches for ask in request.asks]),
+            start=start,
+            resume=None if resume is None else Resume(resume.slot, np.asarray(resume.pages, dtype=np.int64)),
+            save=None if save is None else Save(trunk.boundary, save.checkpoint.slot, save.kv_slots),
+        )
+        return spec, save
+
+    def _unpin(self, requests: list[Request]) -> None:
+        for request in requests:
+            if request.resume is not None:
+                self.pool.unpin(request.resume)
+
+    def _answers(self, requests: list[Request], probabilities: np.ndarray) -> list[tuple[Ask, SystemOneResponse]]:
+        # Python floats, one conversion a round of the label columns its questions use: the answer formulas on
+        # a few floats each are cheaper than on numpy rows
+        asks = [ask for request in requests for ask in request.asks]
+        width = max(max(ask.label_counts) for ask in asks)
+        rows = iter(probabilities[:, :width].astype(np.float64).tolist())
+        results = []
+        for ask in asks:
+            answers: dict[str, Answer] = {name: question.answer(next(rows)[:count]) for (name, question), count
+                                          in zip(ask.questions.items(), ask.label_counts)}
+            usage = Usage(input_tokens=len(ask.trunk) + ask.branch_tokens, output_tokens=len(answers))
+            results.append((ask, SystemOneResponse(answers, model=self.name, usage=usage)))
+        return results
+
