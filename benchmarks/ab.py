@@ -1,0 +1,212 @@
+"""Same-run A/B of two source trees on one machine: the scoreboard workloads, alternating blocks.
+
+    PYTHONPATH=$PWD python benchmarks/ab.py --before .ab/before --after . --model-size 0.8B
+    PYTHONPATH=$PWD python benchmarks/ab.py --before .ab/before --after . --tiny        (CPU smoke test)
+
+Two worker processes, one per tree (each imports `flide_sdk` from its tree and uses only the public API),
+load the same checkpoint; the driver sends them the same workloads in alternating blocks (ABBA order), one
+worker busy at a time. Workloads: W1 (a ~2,000-token unique state, Q = 1, 4, 16, 64 yes/no questions, lone
+asks), RACE lone asks, RACE with 64 concurrent clients (requests/s), and an agent session replayed to its step
+nearest 13,000 prompt tokens. Reported per workload: the median over blocks of each block's median (or rate)
+and the ratio after / before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+Q_COUNTS = (1, 4, 16, 64)
+NEAR_TOKENS = 13_000
+
+
+# ------------------------------------------------------------------------------------------------- worker
+def worker(checkpoint: str, device: str, pool_bytes: int) -> None:
+    """Serve workload commands read as JSON lines from stdin; answer each with a JSON line of timings."""
+    import flide_sdk as fl
+
+    engine = fl.Engine.load(checkpoint, device=device, pool_bytes=pool_bytes)
+    out = sys.stdout
+    sys.stdout = sys.stderr  # nothing else may write to the protocol stream
+    print(json.dumps({"ready": True}), file=out, flush=True)
+    for line in sys.stdin:
+        command = json.loads(line)
+        result = asyncio.run(WORKLOADS[command["workload"]](engine, command))
+        print(json.dumps(result), file=out, flush=True)
+    engine.close()
+
+
+async def lone(engine: Any, command: dict) -> dict:
+    times = []
+    for state, questions in command["asks"]:
+        started = time.perf_counter()
+        await engine.ask(state, questions)
+        times.append(1000 * (time.perf_counter() - started))
+    return {"median_ms": statistics.median(times)}
+
+
+async def clients(engine: Any, command: dict) -> dict:
+    asks = list(command["asks"])
+    started = time.perf_counter()
+
+    async def client() -> None:
+        while asks:
+            state, questions = asks.pop()
+            await engine.ask(state, questions)
+
+    await asyncio.gather(*(client() for _ in range(command["clients"])))
+    return {"requests_per_s": len(command["asks"]) / (time.perf_counter() - started)}
+
+
+async def agent(engine: Any, command: dict) -> dict:
+    """Replay the steps; the median latency of the steps whose prompt is nearest NEAR_TOKENS."""
+    session = engine.session()
+    for message in command["prelude"]:
+        session.append(message)
+    steps = []
+    for step in command["steps"]:
+        for message in step:
+            session.append(message)
+        started = time.perf_counter()
+        response = await session.ask(command["questions"])
+        steps.append((abs(response.usage.input_tokens - NEAR_TOKENS), 1000 * (time.perf_counter() - started)))
+        if response.usage.input_tokens > NEAR_TOKENS * 1.25:
+            break
+    near = sorted(steps)[:5]
+    return {"median_ms": statistics.median(ms for _, ms in near)}
+
+
+WORKLOADS = {"lone": lone, "clients": clients, "agent": agent}
+
+
+# ------------------------------------------------------------------------------------------------- driver
+def workloads(block: int) -> dict[str, dict]:
+    """Each workload's command for one block (states marked with the block, so no block resumes another's)."""
+    from benchmarks.agent_replay import QUESTIONS, load_trajectory, trajectory_paths
+    from benchmarks.common import STORY_QUESTIONS, quality_records, race_requests
+
+    articles = [record["input"] for record in quality_records()]
+    commands: dict[str, dict] = {}
+    for q in Q_COUNTS:
+        questions = {f"s{i}": {"type": "noul", "instructions": STORY_QUESTIONS[i % len(STORY_QUESTIONS)]}
+                     for i in range(q)}
+        asks = [(f"Request {block}-{q}-{i}.\n{articles[(block + i) % len(articles)][:8000]}", questions)
+                for i in range(12)]
+        commands[f"w1_q{q}_median_ms"] = {"workload": "lone", "asks": asks}
+    race = [(f"Passage {block}-{i}.\n{state}", {name: question.to_dict() for name, question in questions.items()})
+            for i, (state, questions) in enumerate(race_requests(256))]
+    commands["race_lone_median_ms"] = {"workload": "lone", "asks": race[:24]}
+    commands["race_64_clients_requests_per_s"] = {"workload": "clients", "asks": race, "clients": 64}
+    prelude, steps = load_trajectory(trajectory_paths()[0], marker=f"agent {block}")
+    commands["agent_near_13k_median_ms"] = {
+        "workload": "agent", "prelude": prelude, "steps": steps,
+        "questions": {name: question.to_dict() for name, question in QUESTIONS.items()}}
+    return commands
+
+
+class Worker:
+    def __init__(self, tree: Path, checkpoint: Path, device: str, pool_bytes: int, log: Path) -> None:
+        env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+        self.log = log.open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", str(checkpoint), "--device", device,
+             "--pool-bytes", str(pool_bytes)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.log, text=True, cwd=tree)
+
+    def ready(self) -> None:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"a worker died at start: see {self.log.name}")
+
+    def run(self, command: dict) -> dict:
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"a worker died: see {self.log.name}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(60)
+
+
+def commit_of(tree: Path) -> str:
+    marker = tree / "COMMIT"
+    if marker.exists():
+        return marker.read_text().strip()
+    probe = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True)
+    return probe.stdout.strip() or "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", metavar="CHECKPOINT")
+    parser.add_argument("--before", type=Path)
+    parser.add_argument("--after", type=Path)
+    parser.add_argument("--model-size", default="0.8B")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--pool-bytes", type=int, default=8 << 30)
+    parser.add_argument("--blocks", type=int, default=6)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "ab.json")
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args.worker, args.device, args.pool_bytes)
+
+    import torch
+
+    from benchmarks.common import build_random_checkpoint, run_metadata
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.tiny:
+        from flide_sdk.testing import tiny_checkpoint
+
+        checkpoint, size = tiny_checkpoint(), "tiny"
+    else:
+        checkpoint, size = build_random_checkpoint(args.model_size, Path("/tmp/ab-checkpoint")), args.model_size
+    sides = {"before": args.before, "after": args.after}
+    logs = args.out.parent
+    logs.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    workers = {name: Worker(tree, checkpoint, device, args.pool_bytes, logs / f"ab-{name}.log")
+               for name, tree in sides.items()}
+    for w in workers.values():
+        w.ready()
+    print(f"[{time.perf_counter() - started:7.1f} s] both workers ready", file=sys.stderr, flush=True)
+    results: dict[str, dict[str, list[float]]] = {name: {} for name in sides}
+    for block in range(args.blocks + 1):  # block 0 warms both up (compiles, first shapes) and is not counted
+        commands = workloads(block)
+        order = list(sides) if block % 2 else list(reversed(sides))
+        for key, command in commands.items():
+            for name in order:
+                value = next(iter(workers[name].run(command).values()))
+                if block:
+                    results[name].setdefault(key, []).append(value)
+        print(f"[{time.perf_counter() - started:7.1f} s] block {block}", file=sys.stderr, flush=True)
+    for w in workers.values():
+        w.close()
+    summary = {}
+    for key in results["after"]:
+        before, after = (statistics.median(results[name][key]) for name in ("before", "after"))
+        slower = after / before if key.endswith("_ms") else before / after  # > 1: the after tree is slower
+        summary[key] = {"before": before, "after": after, "after_over_before": after / before,
+                        "slowdown": slower, "within_5_percent": slower <= 1.05}
+        print(f"{key:36s} before {before:9.3f}  after {after:9.3f}  slowdown {slower:6.3f}", file=sys.stderr)
+    result = {**run_metadata(" ".join(sys.argv)), "benchmark": "ab", "model_size": size,
+              "before_commit": commit_of(args.before), "after_commit": commit_of(args.after),
+              "blocks": args.blocks, "summary": summary, "blocks_values": results}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
