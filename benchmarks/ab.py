@@ -114,7 +114,8 @@ def workloads(block: int) -> dict[str, dict]:
 
 class Worker:
     def __init__(self, tree: Path, checkpoint: Path, device: str, pool_bytes: int, log: Path) -> None:
-        env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+        # its tree first: `flide_sdk` comes from there (the rest of the path, e.g. extra wheels, stays)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree.resolve()), os.environ.get("PYTHONPATH", "")])}
         self.log = log.open("w")
         self.process = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--worker", str(checkpoint), "--device", device,
