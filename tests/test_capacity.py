@@ -251,7 +251,7 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
                         host_run = pad_round(host, capacity, pool.window_sink, pool.kv_sink, pool.state_rows.zero)
                     else:
                         host_run = host
-                    probabilities = model(host_run.to("cpu"), ops, engine._caches)
+                    probabilities = model(host_run.to("cpu"), ops, engine.pool.layer_caches())
                     outputs.append(probabilities[: host.num_questions, : host.label_ids.shape[1]])
                 outputs += [pool.states[:2].clone(), pool.windows[:2].clone(), pool.kv[:, :, : 4 * PAGE].clone()]
                 results.append(outputs)
@@ -368,8 +368,8 @@ def test_a_pass_over_refilled_round_tensors_answers_the_new_round(two_layer_path
                        pool.state_rows.zero)
             expand()
             rnd = rnd or host.tensors(arrays)
-            reused = model(rnd, ops, engine._caches)[: host.num_questions]
-        fresh = model(hosts[1].to("cpu"), ops, engine._caches)
+            reused = model(rnd, ops, engine.pool.layer_caches())[: host.num_questions]
+        fresh = model(hosts[1].to("cpu"), ops, engine.pool.layer_caches())
         assert torch.allclose(reused[:, :2], fresh[:, :2], atol=1e-6, rtol=0)
     finally:
         engine.close()
