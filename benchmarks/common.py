@@ -121,14 +121,14 @@ class Phases:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
-        self._began = time.perf_counter()
+        self.began = time.perf_counter()
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
         started = time.perf_counter()
         yield
         self.seconds[name] = round(time.perf_counter() - started, 2)
-        print(f"[{time.perf_counter() - self._began:7.1f} s] {name}: {self.seconds[name]:.1f} s", file=sys.stderr,
+        print(f"[{time.perf_counter() - self.began:7.1f} s] {name}: {self.seconds[name]:.1f} s", file=sys.stderr,
               flush=True)
 
 
@@ -231,7 +231,7 @@ def add_engine_args(parser) -> None:
                         help="the interpreter's thread switch interval for the run, in seconds (sys.setswitchinterval; "
                              "default: the interpreter's, 0.005). A process-wide setting of the host application, not "
                              "the engine's: with several clients the round thread waits for the GIL up to this long "
-                             "while the asking thread prepares asks (benchmarks/host_sim.py)")
+                             "while the asking thread prepares asks (docs/decisions/switch-interval.md)")
 
 
 def bench_checkpoint(args) -> tuple[Path, dict[str, Any]]:

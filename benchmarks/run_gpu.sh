@@ -2,10 +2,12 @@
 # Every GPU check and benchmark in one device call (the lent H200 has no internet and a bare image).
 # Usage on the device, from the repository root with .whl/ and .bench-data/ carried:
 #   [SIZES="0.8B 4B"] bash benchmarks/run_gpu.sh [step ...]
-#   steps: attention gdn gdn-options conv fidelity check graphs profile qps qps-threads launch-path passages agent
-#          startup host-wake rungs answer-on-loop
+#   scoreboard steps: qps passages agent fidelity startup attention gdn gdn-options conv graphs
+#   investigation steps (benchmarks/investigations/): check profile qps-threads host-wake
 #   (default: attention gdn fidelity)
-# JSON results land in $OUT (one file per benchmark) with a combined log. The engine benchmarks (qps passages
+# JSON results land in $OUT (one <benchmark>-<size>.json per benchmark and size) with a combined log; on the
+# development machine `python benchmarks/readme_results.py --record <the returned files>` makes them the latest
+# results (benchmarks/results/latest/, a row each in results/history.csv) and regenerates the tables. The engine benchmarks (qps passages
 # agent startup) print their JSON to $OUT only; the log gets their stderr tail and targets. Nothing else goes
 # to $OUT: the device tool brings back at most 8 files (a run of qps passages agent once lost a JSON that way).
 # Each step's output goes to the log as it is printed (a step cut by a time limit still leaves what it
@@ -55,17 +57,10 @@ for step in $steps; do
     qps-threads) for threads in 1 4; do python3 benchmarks/questions_per_state.py --model-size 0.8B --q 1 \
       --no-baseline --tokenizer-threads $threads > /dev/null 2> /tmp/qps-threads.err; tail -c 600 /tmp/qps-threads.err
       done ;;
-    launch-path) python3 benchmarks/launch_path.py --model-size 0.8B > /dev/null 2> /tmp/launch-path.err
-      tail -c 600 /tmp/launch-path.err
-      python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["median_ms"]))' "$OUT/launch_path-0.8B.json" ;;
     passages) for size in $sizes; do engine_bench short_passages $size; done ;;
     agent) for size in $sizes; do engine_bench agent_replay $size; done ;;
     startup) for size in $sizes; do engine_bench startup $size; done ;;
-    answer-on-loop) python3 benchmarks/answer_on_loop.py --model-size 0.8B > /dev/null 2> /tmp/answer-on-loop.err
-      tail -c 600 /tmp/answer-on-loop.err
-      python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["summary"]))' "$OUT/answer_on_loop-0.8B.json" ;;
     host-wake) python3 benchmarks/investigations/host_wake.py | tail -c 600 ;;  # the host's idle and thread wake-up costs
-    rungs) for size in $sizes; do python3 benchmarks/investigations/ladder_rungs.py --model-size $size | tail -c 2000; done ;;
     *) echo "unknown step $step" ;;
   esac >> "$OUT/log.txt" 2>&1
   echo "--- $step: $((SECONDS - started)) s" | tee -a "$OUT/log.txt"

@@ -1,7 +1,7 @@
 """The README cannot drift from the code: every Python block runs as written (in order, one namespace, top-level
 await allowed, the placeholders it names defined here), every `python -m flide_sdk` command runs, and its
-results table is the one generated from the latest benchmark results. Its two set-up commands are what CI runs
-(`test_examples.test_ci_runs_the_readme_test_command`)."""
+results table (and benchmarks/README.md's) is the one generated from the latest benchmark results. Its two set-up
+commands are what CI runs (`test_examples.test_ci_runs_the_readme_test_command`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.readme_results import README, table, with_table
+from benchmarks.readme_results import BENCHMARKS_README, README, index, table, with_table
 
 BLOCK = re.compile(r"```(python|bash)\n(.*?)\n```", flags=re.DOTALL)
 
@@ -52,6 +52,7 @@ def test_every_cli_command_of_the_readme_runs():
         assert result.stdout.lstrip().startswith("{")
 
 
-def test_the_results_table_is_the_generated_one():
-    text = README.read_text()
-    assert with_table(text, table()) == text, "stale: run python benchmarks/readme_results.py"
+def test_the_results_tables_are_the_generated_ones():
+    for readme, generated in ((README, table()), (BENCHMARKS_README, index())):
+        text = readme.read_text()
+        assert with_table(text, generated) == text, f"{readme.name} stale: run python benchmarks/readme_results.py"

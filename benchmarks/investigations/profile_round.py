@@ -56,7 +56,8 @@ def padded_round(engine: fl.Engine, state: str, questions: dict):
 
 def kernel_table(engine: fl.Engine, label: str, state: str, questions: dict) -> dict:
     host, capacity, rnd = padded_round(engine, state, questions)
-    rows, prof = device_kernels(lambda: engine.model(rnd, engine.ops, engine._caches))
+    caches = engine.pool.layer_caches()
+    rows, prof = device_kernels(lambda: engine.model(rnd, engine.ops, caches))
     return {"round": label, "questions": len(questions), "tokens": host.num_real, "capacity_tokens": capacity.tokens,
             "device_ms_total": sum(row["ms"] for row in rows), "launches": sum(row["calls"] for row in rows),
             "kernels": rows[:30], "first_launches": launch_order(prof, FIRST_LAUNCHES)}
@@ -89,11 +90,12 @@ def main() -> None:
         rounds["race_passage"] = (passage, passage_questions)
         if args.ncu:
             _, _, rnd = padded_round(engine, *rounds[args.ncu])
+            caches = engine.pool.layer_caches()
             for _ in range(3):
-                engine.model(rnd, engine.ops, engine._caches)
+                engine.model(rnd, engine.ops, caches)
             torch.cuda.synchronize()
             torch.cuda.profiler.start()
-            engine.model(rnd, engine.ops, engine._caches)
+            engine.model(rnd, engine.ops, caches)
             torch.cuda.synchronize()
             torch.cuda.profiler.stop()
             engine.close()
