@@ -157,6 +157,8 @@ def main(argv: list[str]) -> int:
             for path in sorted(given.glob("*.json")) if given.is_dir() else [given]:
                 if NAME.match(path.stem):
                     print(f"recorded {record(path).relative_to(ROOT)}")
+                else:
+                    print(f"skipped {path.name}: not <benchmark>-<size>.json", file=sys.stderr)
         argv = []
     stale = []
     for readme, generated in ((README, table()), (BENCHMARKS_README, index())):
