@@ -38,8 +38,8 @@ class Tagged(msgspec.Struct, frozen=True, tag_field="type"):
 
 def surrogate_at(text: str) -> int | None:
     """The index of the first lone surrogate in `text` (a code point no UTF-8 text holds, as in bytes decoded with
-    errors="surrogateescape"), else None: free for ASCII text, one UTF-8 encode for other text (0.09 ms per 100 KB
-    of mixed Latin and CJK on this repository's CPU VM; tokenizing it takes about 20 ms)."""
+    errors="surrogateescape"), else None: free for ASCII text, one UTF-8 encode for other text (far less than
+    tokenizing it)."""
     if text.isascii():
         return None
     try:

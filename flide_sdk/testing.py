@@ -20,8 +20,8 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from flide_sdk.models.checkpoint import random_state_dict, save_text_checkpoint
-from flide_sdk.models.qwen35 import FULL_ATTENTION, LINEAR_ATTENTION, Qwen35Config
-from flide_sdk.text.history import QWEN_PRETOKENIZER_PATTERN
+from flide_sdk.models.config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen35Config
+from flide_sdk.text.pretokenizer import QWEN_PRETOKENIZER_PATTERN
 
 TINY_FORMAT = 1  # bump when the tiny checkpoint's contents change, to invalidate caches
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]

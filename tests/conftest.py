@@ -49,13 +49,13 @@ def text_of_tokens(renderer, target: int, seed: int = 0) -> str:
     """Prose whose token count (as a state string) is exactly `target`."""
     rng = random.Random(seed)
     words: list[str] = []
-    while len(renderer._encode(" ".join(words))) < target:
+    while len(renderer.encode(" ".join(words))) < target:
         words.append(rng.choice(WORDS))
-    while len(renderer._encode(" ".join(words))) > target and words:
+    while len(renderer.encode(" ".join(words))) > target and words:
         words.pop()
     text = " ".join(words)
     filler = ["a", "b", "c", "d"]
-    while len(renderer._encode(text)) < target:
+    while len(renderer.encode(text)) < target:
         text += " " + filler[len(text) % 4]
     return text
 

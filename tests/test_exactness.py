@@ -30,7 +30,7 @@ def pick(names: list[str]) -> dict:
 def mixed_requests(renderer) -> list[tuple[object, dict]]:
     """States of 1, ~300 and ~900 tokens (not multiples of 64), 1 to 8 questions, all three types."""
     one_token = "the"
-    assert len(renderer._encode(one_token)) == 1
+    assert len(renderer.encode(one_token)) == 1
     mid = text_of_tokens(renderer, 301, seed=1)
     long = text_of_tokens(renderer, 899, seed=2)
     messages = [{"role": "user", "content": text_of_tokens(renderer, 150, seed=3)}, {"role": "assistant", "content": "ok"}]

@@ -41,7 +41,7 @@ def check_growth(renderer, steps, make_piece, expected_text) -> list[int]:
         for _ in range(random.randint(1, 3)):
             history.append(make_piece(step))
         trunk = history.snapshot()
-        whole = renderer._encode(renderer.head + expected_text(history) + "\n\n")
+        whole = renderer.encode(renderer.head + expected_text(history) + "\n\n")
         assert trunk.tokens().tolist() == whole.tolist(), f"step {step}"
         assert trunk.stable[: len(previous_stable)].tolist() == previous_stable.tolist()
         previous_stable = trunk.stable.copy()
@@ -98,8 +98,8 @@ def test_fork_diverges_without_touching_the_parent(tiny_path):
     parent.append("the parent goes left.")
     child.append("the child goes right.")
     left, right = parent.snapshot(), child.snapshot()
-    assert left.tokens().tolist() == renderer._encode(renderer.head + "shared start of the story. the parent goes left.\n\n").tolist()
-    assert right.tokens().tolist() == renderer._encode(renderer.head + "shared start of the story. the child goes right.\n\n").tolist()
+    assert left.tokens().tolist() == renderer.encode(renderer.head + "shared start of the story. the parent goes left.\n\n").tolist()
+    assert right.tokens().tolist() == renderer.encode(renderer.head + "shared start of the story. the child goes right.\n\n").tolist()
     assert left.buffer is not right.buffer
 
 

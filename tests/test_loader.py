@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 import flide_sdk as fl
 from flide_sdk.models.checkpoint import random_state_dict, read_config
-from flide_sdk.models.qwen35 import MAX_POSITIONS, Qwen35Config
+from flide_sdk.models.config import MAX_POSITIONS, Qwen35Config
 from flide_sdk.testing import tiny_config_json, train_tiny_tokenizer, write_tokenizer_files
 
 from .test_exactness import assert_exact, mixed_requests

@@ -142,7 +142,7 @@ def test_real_qwen35_tokenizer_split():
     hf = PreTrainedTokenizerFast(tokenizer_file=str(QWEN35_TOKENIZER / "tokenizer.json"))
     _check_split(renderer, hf)
     # the public non-thinking chat prompt of Qwen3.5 (../shared/data/README.md)
-    ids = renderer._encode(HEAD + "Hello" + TAIL).tolist()
+    ids = renderer.encode(HEAD + "Hello" + TAIL).tolist()
     assert ids == [248045, 846, 198, 9419, 248046, 198, 248045, 74455, 198, 248068, 271, 248069, 271]
 
 
@@ -212,4 +212,5 @@ def test_question_cache_follows_changed_content_and_stays_bounded(engine, monkey
     for index in range(6):
         question = fl.Noul(f"Is it number {index}?")
         assert render_one(renderer, question).text == question_text(question)
-        assert len(renderer._questions) <= 3 and len(renderer._branches) <= 3
+        sizes = renderer.cache_sizes()
+        assert sizes.questions <= 3 and sizes.branches <= 3

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import AddedToken, Tokenizer, pre_tokenizers
 
-from flide_sdk.text import word_cache
+from flide_sdk.text import pretokenizer, word_cache
 from flide_sdk.text.render import Renderer, load_chat_template
 from flide_sdk.text.word_cache import WHITELIST, WordEncoder, character_classes
 
@@ -150,10 +150,10 @@ def check_split(encoder: WordEncoder, tokenizer: Tokenizer, texts: list[str]) ->
         assert "".join(segments) == text
         for segment in segments[::2]:
             hf = [segment[a:b] for _, (a, b) in tokenizer.pre_tokenizer.pre_tokenize_str(segment)]
-            assert encoder._split.findall(segment) == hf, segment
+            assert encoder.pieces(segment) == hf, segment
             for parts in (chunk_texts(segment), line_texts(segment)):
                 assert "".join(parts) == segment
-                assert [piece for part in parts for piece in encoder._split.findall(part)] == hf, segment
+                assert [piece for part in parts for piece in encoder.pieces(part)] == hf, segment
 
 
 def test_added_tokens_leftmost_longest_and_glued(tiny_path):
@@ -202,7 +202,7 @@ def test_real_data():
                 assert ids.tolist() == expected, name
                 took += 1
             else:
-                assert encoder._outside.search(text), name  # declined only for a character outside W
+                assert not encoder.whitelisted(text), name  # declined only for a character outside W
         assert texts and took >= least * len(texts), (name, took, len(texts))
 
 
@@ -275,8 +275,8 @@ def test_unsupported_tokenizers_disable_it(tiny_path):
 
 def test_a_piece_that_does_not_split_into_itself_is_not_cached(tiny_path):
     encoder = WordEncoder(Tokenizer.from_file(str(tiny_path / "tokenizer.json")))
-    assert not encoder._add_missing(["ab cd"]) and "ab cd" not in encoder.cache
-    assert encoder._add_missing([" ab", " ab", " cd"]) and encoder.cache[" ab"] == np.asarray(
+    assert not encoder.add_pieces(["ab cd"]) and "ab cd" not in encoder.cache
+    assert encoder.add_pieces([" ab", " ab", " cd"]) and encoder.cache[" ab"] == np.asarray(
         encoder.tokenizer.encode(" ab", add_special_tokens=False).ids, np.int64).tobytes()
 
 
@@ -308,10 +308,11 @@ def test_cache_is_bounded_and_exact_after_clearing(tiny_path, monkeypatch):
             break
     else:
         raise AssertionError("no text cleared the chunk cache")
-    pieces = [" " + "".join(letters) for letters in itertools.product("hgf", repeat=3)][: 60 - len(encoder._added_ids)]
-    assert encoder._add_missing(pieces[:10])
+    added = len(WordEncoder(tokenizer).cache)  # a cleared cache keeps the added tokens
+    pieces = [" " + "".join(letters) for letters in itertools.product("hgf", repeat=3)][: 60 - added]
+    assert encoder.add_pieces(pieces[:10])
     encoder.cache.update({f" z{i}": b"" for i in range(60)})
-    assert encoder._add_missing(pieces) and set(pieces) <= encoder.cache.keys() and " z0" not in encoder.cache
+    assert encoder.add_pieces(pieces) and set(pieces) <= encoder.cache.keys() and " z0" not in encoder.cache
     assert all(encoder.cache[piece] == np.asarray(tokenizer.encode(piece, add_special_tokens=False).ids,
                                                   np.int64).tobytes() for piece in pieces)
 
@@ -396,7 +397,8 @@ def test_new_pieces_take_the_bpe_model_alone(tiny_path):
     """A new piece's ids come from the BPE model on its byte-level characters (the alphabet checked against the
     tokenizer's), equal to the tokenizer's for pieces of every whitelisted character."""
     encoder = WordEncoder(Tokenizer.from_file(str(tiny_path / "tokenizer.json")))
-    assert len(set(word_cache.byte_level_chars())) == 256 and encoder._direct
+    assert len(set(pretokenizer.byte_level_chars())) == 256
+    assert set(pretokenizer.byte_level_chars()) == set(pre_tokenizers.ByteLevel.alphabet())
     calls = []
     model_tokenize = encoder.tokenizer.model.tokenize
 
@@ -413,7 +415,7 @@ def test_new_pieces_take_the_bpe_model_alone(tiny_path):
     for start in range(0, len(points), 24):  # a few dozen new pieces a text: the one-by-one path
         text = "a" + " ".join("x" + chr(point) * 2 + "y" for point in points[start : start + 24])
         assert encoder.encode(text).tolist() == tokenizer.encode(text, add_special_tokens=False).ids
-        seen.update(encoder._split.findall(text))
+        seen.update(encoder.pieces(text))
     assert len(calls) == len(seen) > 500 and not recording.batches
 
 
@@ -437,16 +439,23 @@ def test_short_segments_are_looked_up_whole(tiny_path):
     """A chat template's short segments between added tokens come from the short-segment cache once seen; the
     ids stay the tokenizer's; segments up to SPLIT_WHOLE characters are split whole, longer ones cut into
     chunks."""
-    encoder = WordEncoder(Tokenizer.from_file(str(tiny_path / "tokenizer.json")))
+    tokenizer = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
+    encoder = WordEncoder(tokenizer)
     tail = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-    cut = []
-    segment_ids = encoder._segment_ids
-    encoder._segment_ids = lambda segment: cut.append(segment) or segment_ids(segment)
     long = "a question that is longer than a short segment can be, about " * 40
     for question in ("Is it so?", long, "Is it so?"):
         text = question + tail
         assert encoder.encode(text).tolist() == encoder.tokenizer.encode(text, add_special_tokens=False).ids
-    assert cut == ["Is it so?", "\n", "assistant\n", "\n\n", long]
+    assert set(encoder.short) == {"Is it so?", "\n", "assistant\n", "\n\n"}
+    # once seen, a short segment is served whole from the short cache: ids marked there show in the result
+    marks = {segment: np.int64(-1 - at).tobytes() for at, segment in enumerate(encoder.short)}
+    encoder.short.update(marks)
+    for question in ("Is it so?", long):
+        text = question + tail
+        expected = [token for segment in encoder.segments(text) for token in (
+            np.frombuffer(marks[segment], np.int64).tolist() if segment in marks
+            else tokenizer.encode(segment, add_special_tokens=False).ids)]
+        assert encoder.encode(text).tolist() == expected
     assert set(encoder.short) == {"Is it so?", "\n", "assistant\n", "\n\n"}
     encoder.fill_chunks()
     assert len(long) > word_cache.SPLIT_WHOLE and set(word_cache.cut_at_spaces(long)[1:]) == set(encoder.chunks)
@@ -460,17 +469,12 @@ def test_new_chunks_are_cached_later_from_one_split(tiny_path, monkeypatch):
     monkeypatch.setattr(word_cache, "NEW_LINES_CHUNKED_WHOLE", 10**9)
     tokenizer = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
     encoder = WordEncoder(tokenizer)
-    calls = {"whole": 0, "few": 0}
-    for name, method in (("whole", "_split_deferring"), ("few", "_add_chunks")):
-        original = getattr(encoder, method)
-        setattr(encoder, method, lambda *args, name=name, original=original: calls.__setitem__(name, calls[name] + 1)
-                or original(*args))
     rng = random.Random(5)
     words = ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 7))) for _ in range(700)]
     text = "Start:  " + " ".join(w + rng.choice(["", ",", ".\n", "\n\n", "  x", "'s"]) for w in words) + " \t end "
     assert len(text) > word_cache.SPLIT_WHOLE
     assert encoder.encode(text).tolist() == tokenizer.encode(text, add_special_tokens=False).ids
-    assert calls == {"whole": 1, "few": 0} and not encoder.chunks
+    assert len(encoder.unfilled) == 1 and not encoder.chunks  # split whole, its chunks waiting
     encoder.fill_chunks()
     assert set(word_cache.cut_at_spaces(text)[1:]) == set(encoder.chunks)
     for chunk, ids in encoder.chunks.items():
@@ -478,13 +482,18 @@ def test_new_chunks_are_cached_later_from_one_split(tiny_path, monkeypatch):
         assert np.frombuffer(ids, np.int64).tolist() == tokenizer.encode(real, add_special_tokens=False).ids, chunk
     again = text.replace("Start:", "Then:") + " one more"
     assert encoder.encode(again).tolist() == tokenizer.encode(again, add_special_tokens=False).ids
-    assert calls == {"whole": 1, "few": 1}
+    # not split whole: its few new chunks were split alone and are cached at once
+    assert not encoder.unfilled and set(word_cache.cut_at_spaces(again)[1:]) <= encoder.chunks.keys()
+    for chunk in set(word_cache.cut_at_spaces(again)[1:]) - set(word_cache.cut_at_spaces(text)[1:]):
+        real = " " + chunk.replace(word_cache.NUL, " ")
+        assert np.frombuffer(encoder.chunks[chunk], np.int64).tolist() == tokenizer.encode(
+            real, add_special_tokens=False).ids, chunk
     # texts split whole beyond the last UNFILLED_TEXTS are dropped, not kept for ever
     monkeypatch.setattr(word_cache, "UNFILLED_TEXTS", 2)
     encoder = WordEncoder(tokenizer)
     for i in range(5):
         encoder.encode(f"Text {i}: " + " ".join(rng.sample(words, 600)))
-    assert len(encoder._unfilled) == 2
+    assert len(encoder.unfilled) == 2
 
 
 def test_lines_seen_before_come_from_the_line_cache(tiny_path):
@@ -507,23 +516,31 @@ def test_lines_seen_before_come_from_the_line_cache(tiny_path):
     assert set(encoder.lines) == set(lines) and len(lines) > 60
     for line, ids in encoder.lines.items():
         assert np.frombuffer(ids, np.int64).tolist() == tokenizer.encode(line + "\n", add_special_tokens=False).ids
-    chunked = []
-    chunked_ids = encoder._chunked_ids
-    encoder._chunked_ids = lambda segment: chunked.append(segment) or chunked_ids(segment)
+    # the lines seen before come from the line cache (ids marked there show in the result); only the new lines
+    # and the last are encoded, the new lines cached
+    cached = dict(encoder.lines)
+    marks = {line: np.int64(-1 - at).tobytes() for at, line in enumerate(cached)}
+    encoder.lines.update(marks)
     again = "Another header\n" + body[7:] + " tail words"
-    assert encoder.encode(again).tolist() == tokenizer.encode(again, add_special_tokens=False).ids
     *again_lines, again_last = word_cache.LINE_CUT.split(again)
     new_lines = [line for line in again_lines if line not in lines]
-    assert chunked == [line + "\n" for line in new_lines] + [again_last] and 2 <= len(new_lines) <= 3
+    expected = [token for line in again_lines for token in (
+        np.frombuffer(marks[line], np.int64).tolist() if line in marks
+        else tokenizer.encode(line + "\n", add_special_tokens=False).ids)]
+    expected += tokenizer.encode(again_last, add_special_tokens=False).ids
+    assert encoder.encode(again).tolist() == expected and 2 <= len(new_lines) <= 3
     assert set(new_lines) <= set(encoder.lines)
+    encoder.lines.update(cached)
+    assert encoder.encode(again).tolist() == tokenizer.encode(again, add_special_tokens=False).ids
 
 
 def test_fill_chunks_leaves_a_misaligned_text_uncached(tiny_path, caplog):
     """Caching chunks is only a shortcut: a waiting text whose pieces do not fall at its chunks' ends (impossible
     for the regex split; forced here) is logged and skipped, and the texts after it are still cached."""
     encoder = WordEncoder(Tokenizer.from_file(str(tiny_path / "tokenizer.json")))
-    encoder._unfilled.append(word_cache.SplitText("ab cd", ["ab cd"], [np.int64(7).tobytes()]))
-    encoder._unfilled.append(word_cache.SplitText("ab cd", ["ab", " cd"], [np.int64(1).tobytes(), np.int64(2).tobytes()]))
+    encoder.unfilled.append(word_cache.SplitText("ab cd", ["ab cd"], [np.int64(7).tobytes()]))
+    encoder.unfilled.append(word_cache.SplitText("ab cd", ["ab", " cd"],
+                                                 [np.int64(1).tobytes(), np.int64(2).tobytes()]))
     encoder.fill_chunks()
-    assert encoder.chunks == {"cd": np.int64(2).tobytes()} and not encoder._unfilled
+    assert encoder.chunks == {"cd": np.int64(2).tobytes()} and not encoder.unfilled
     assert "crosses a clean space" in caplog.text

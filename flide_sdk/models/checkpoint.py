@@ -21,7 +21,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from flide_sdk.errors import CheckpointError
-from flide_sdk.models.qwen35 import Qwen35Config, Qwen35Model
+from flide_sdk.models.config import Qwen35Config
+from flide_sdk.models.qwen35 import Qwen35Model
 
 FLOAT32_PARAMETERS = ("A_log", "dt_bias")
 """Parameters kept in float32 whatever the engine dtype (they feed exp/softplus of the decay)."""
@@ -62,7 +63,8 @@ def read_config(path: str | Path) -> tuple[Qwen35Config, str]:
             return Qwen35Config.from_text_config(raw), "model."
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{where}: {error}") from error
-    raise CheckpointError(f"{config_path}: model_type {model_type!r} is not supported (expected qwen3_5 or qwen3_5_text)")
+    raise CheckpointError(f"{config_path}: model_type {model_type!r} is not supported "
+                          "(expected qwen3_5 or qwen3_5_text)")
 
 
 def _tensor_files(path: Path) -> list[Path]:
@@ -199,5 +201,6 @@ def save_text_checkpoint(path: str | Path, config_json: dict, weights: dict[str,
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config_json, indent=2))
-    tensors = {("lm_head.weight" if name == "lm_head.weight" else "model." + name): t.contiguous() for name, t in weights.items()}
+    tensors = {("lm_head.weight" if name == "lm_head.weight" else "model." + name): t.contiguous()
+               for name, t in weights.items()}
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})

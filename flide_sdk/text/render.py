@@ -40,14 +40,10 @@ from flide_sdk.errors import (
 )
 from flide_sdk.models.checkpoint import read_json
 from flide_sdk.questions import UNENCODABLE_HINT, Choice, Content, Noul, Question, Score, unencodable
-from flide_sdk.text.history import (
-    QWEN_PRETOKENIZER_PATTERN,
-    SEPARATOR,
-    BoundaryFinder,
-    History,
-    Trunk,
-)
-from flide_sdk.text.word_cache import WordEncoder, component_settings
+from flide_sdk.text.cuts import BoundaryFinder
+from flide_sdk.text.history import SEPARATOR, History, Trunk
+from flide_sdk.text.pretokenizer import check_pretokenizer
+from flide_sdk.text.word_cache import WordEncoder
 
 LETTERS = tuple(string.ascii_uppercase)
 # a text the word encoder declines is encoded in about one piece per CPU (the tokenizer's thread pool), in
@@ -63,6 +59,7 @@ REPLY_SCORE = "Answer with the number of one level only."
 REPLY_LETTERED_SCORE = "Answer with the letter of one level only."  # scores past ten levels use letters
 _SENTINELS = ("\x00flide-content-a\x00", "\x00flide-content-b\x00")
 
+
 @dataclass(frozen=True)
 class RenderedQuestion:
     """One question's branch: its token ids (after the trunk), its label tokens and labels, its text."""
@@ -71,6 +68,14 @@ class RenderedQuestion:
     label_ids: np.ndarray
     labels: tuple[str, ...]
     text: str
+
+
+@dataclass(frozen=True)
+class CacheSizes:
+    """How full the renderer's caches are: rendered questions (by content) and branch ids (by text)."""
+
+    questions: int
+    branches: int
 
 
 @dataclass(frozen=True)
@@ -222,19 +227,6 @@ def _reply(question: Question, labels: tuple[str, ...]) -> str:
     return REPLY_SCORE if labels[0] == DIGITS[0] else REPLY_LETTERED_SCORE
 
 
-def check_pretokenizer(tokenizer: Tokenizer) -> None:
-    """Refuse tokenizers whose pre-tokenizer is not Qwen3.5's: the stable-boundary rules depend on it."""
-    pre = component_settings(tokenizer.pre_tokenizer)
-    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
-    split = next((s for s in steps if s.get("type") == "Split"), {})
-    byte_level = next((s for s in steps if s.get("type") == "ByteLevel"), {})
-    normalizer = component_settings(tokenizer.normalizer).get("type")
-    if (
-        split.get("pattern", {}).get("Regex") != QWEN_PRETOKENIZER_PATTERN
-        or byte_level.get("use_regex", True)
-        or normalizer not in (None, "NFC")
-    ):
-        raise CheckpointError("unsupported tokenizer: flide_sdk needs the Qwen3.5 byte-level BPE pre-tokenizer")
 
 
 class Renderer:
@@ -282,7 +274,9 @@ class Renderer:
         except CheckpointError as error:  # the tokenizer passed its checks above: this is the template's
             raise CheckpointError(f"{source}: {error}") from error
 
-    def _encode(self, text: str) -> np.ndarray:
+    def encode(self, text: str) -> np.ndarray:
+        """The tokenizer's own ids of `text` (int64, no special tokens, no fast path): the reference every other
+        encoding here equals."""
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
 
     def encode_cut(self, text: str, cut: int) -> tuple[np.ndarray, int]:
@@ -314,7 +308,7 @@ class Renderer:
 
     def label_id(self, label: str) -> int:
         if label not in self._label_ids:
-            ids = self._encode(label)
+            ids = self.encode(label)
             if len(ids) != 1:
                 raise InvalidQuestionError(f"label {label!r} is {len(ids)} tokens in this tokenizer, not one")
             self._label_ids[label] = int(ids[0])
@@ -368,7 +362,7 @@ class Renderer:
 
     def _branch_ids(self, texts: list[str]) -> list[np.ndarray]:
         """Token ids of branch texts (read-only, shared): from the cache by text, the rest from the word encoder
-        (on the H200 host the tokenizer's batch call woke its worker threads for a few short texts) or, for the
+        (a batch call of the tokenizer wakes its worker threads, too costly for a few short texts) or, for the
         texts it declines, in one batch."""
         with self._cache_lock:
             found = {text: self._branches[text] for text in texts if text in self._branches}
@@ -390,6 +384,11 @@ class Renderer:
                 self._branches.update((text, found[text]) for text in new)
                 _trim(self._branches)
         return [found[text] for text in texts]
+
+    def cache_sizes(self) -> CacheSizes:
+        """How many rendered questions and branch texts the caches hold now (each at most QUESTION_CACHE)."""
+        with self._cache_lock:
+            return CacheSizes(len(self._questions), len(self._branches))
 
     def check_length(self, trunk_tokens: int, questions: Mapping[str, RenderedQuestion]) -> None:
         longest = trunk_tokens + max(len(q.ids) for q in questions.values())

@@ -1,25 +1,19 @@
-"""A single-threaded, exact fast path for the Qwen3.5 tokenizer: a long text cut at its line starts and then at its
-spaces, line -> ids and chunk -> ids caches, and, for chunks never seen before, a stdlib regex split and a
-piece -> ids cache.
+"""A single-threaded, exact fast path for the Qwen3.5 tokenizer, which the renderer asks first.
 
 `WordEncoder.encode(text)` gives the ids that `tokenizer.encode(text, add_special_tokens=False).ids` gives,
-or None when it cannot vouch for them (the caller then asks the tokenizer). It owns the whitelist of
-characters it accepts, the pre-tokenizer pattern rewritten for `re` on that whitelist, the added-token
-split, the cuts into lines and chunks and the caches (short segments whole, lines, chunks, pieces). Only pieces
+or None when it cannot vouch for them (the caller then asks the tokenizer). It owns the whitelist W of
+characters it accepts, the pre-tokenizer pattern rewritten for `re` on W, the added-token split, the cuts of a
+long text into lines and chunks, and its caches (short segments whole, lines, chunks, pieces). Only pieces
 never seen before are encoded: by the tokenizer's BPE model on their byte-level characters (many at once: by the
-tokenizer, in a batch).
+tokenizer, in a batch). Why: a state is tokenized on a lone ask's critical path, and states repeat much of what
+came before (docs/decisions/word-cache.md has the measurements).
 
 Lines. A newline followed by spaces or tabs and then a character that is not white space ends a regex piece
 (a piece holding a line break, through the pattern's white-space-then-line-breaks or punctuation-then-line-breaks
 alternative, ends at the last line break of its white-space run, and that run has none past this newline), and
 the split past it depends on the text past it alone (no lookbehind). So a long text's ids are its lines'
 (`LINE_CUT`), each line's those of it with its newline. Lines seen before come from a dict; the others go
-through the chunks below, and a text with mostly new lines goes through them whole. On the states
-questions_per_state asks about (2,000-token windows over 15 QuALITY articles, each 97 tokens on from the last over
-its article: their lines recur, their first and last lines are cut short) a state took 1.01 -> 0.53 ms to encode
-once its article had been seen, 6.1 -> 6.4 ms at its first sight (medians, the two encoders interleaved in one
-process, this repository's CPU VM); on the H200's host the submit of such asks fell by 0.25-0.45 ms
-(benchmarks/README.md).
+through the chunks below, and a text with mostly new lines goes through them whole.
 
 Chunks. A space whose neighbours are both not white space starts a regex piece, and the split past it depends
 on the text past it alone: the pattern has no lookbehind, and a piece holds a space after its first character
@@ -29,13 +23,8 @@ next one (a chunk). Long texts are cut there with `str.split` after every other 
 (outside the whitelist, so never in an accepted text; a NUL stands for a space in a chunk's key), and the chunks'
 ids come from a dict, a few new chunks' from their regex pieces'. A text whose chunks are mostly new (sampled
 from its start before cutting it, and from all its chunks when a look-up misses) is split whole instead, and its
-chunks are cached later by `fill_chunks`, which the engine calls while the device computes a round. What it buys
-depends on how much a text repeats what came before: the 2,000-token states questions_per_state asks about
-(windows over 15 articles, each 97 tokens on from the last over the same article) took 0.90 -> 0.62 ms to encode
-while their articles were first seen and 0.80 -> 0.57 after; a first window of an article not seen before (its
-common words cached from ten others) 2.70 -> 2.81 ms, later ones about 5% new chunks 1.18 -> 1.15 ms; texts of up
-to SPLIT_WHOLE characters (questions, RACE passages, an agent step's messages) are split whole, as before (medians,
-the two encoders interleaved in one process, each with its own tokenizer, this repository's CPU VM).
+chunks are cached later by `fill_chunks`, which the engine calls while the device computes a round. Texts of up
+to SPLIT_WHOLE characters (questions, passages, an agent step's messages) are split whole.
 
 Why it is exact. The Qwen3.5 tokenizer (checked at construction, else `encode` always returns None) extracts
 its added tokens first (leftmost-longest; none strips or needs a whole word, none is normalized), NFC-
@@ -55,7 +44,6 @@ every character of W in context, and the real data.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import operator
 import re
@@ -65,9 +53,9 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 import numpy as np
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, pre_tokenizers
 
-from flide_sdk.text.history import QWEN_PRETOKENIZER_PATTERN
+from flide_sdk.text.pretokenizer import byte_level_chars, supported
 
 LOG = logging.getLogger(__name__)
 
@@ -87,14 +75,13 @@ MAX_CACHED_PIECES = 200_000
 # more in one parallel batch: a batch call wakes the tokenizer's worker threads (one per CPU), which costs more
 # than a few dozen short pieces (a RACE passage brings about 24 new to the cache, a QuALITY state about 9)
 FEW_MISSING = 64
-MAX_CACHED_CHUNKS = 100_000  # chunks (about 180 bytes each: some 18 MB at most; QuALITY's 15 articles make about 22,000)
+# chunks (about 180 bytes each: some 18 MB at most; QuALITY's 15 articles make about 22,000)
+MAX_CACHED_CHUNKS = 100_000
 # plain segments up to this long (between added tokens: a chat template's "\n", "assistant\n", ...) are looked up
-# whole, before any cutting: a RACE question's branch text has five such segments after its question, which the
-# cut and the split took about 40 us to go through (this repository's CPU VM)
+# whole, before any cutting (a branch text has five such segments after its question)
 SHORT_SEGMENT = 32
-# plain segments up to this long (a question, a RACE passage, an agent step's new messages) go through the regex
-# split whole: on texts that short the cut and the look-ups gained little when warm and cost 10-25% when the text was
-# new (a RACE passage seen for the first time, 0.143 -> 0.183 ms through the chunks; this repository's CPU VM)
+# plain segments up to this long (a question, a passage, an agent step's new messages) go through the regex
+# split whole: on texts that short the cut and the look-ups gained little when warm and cost more when new
 SPLIT_WHOLE = 2048
 # a longer text more than 1 / this of whose chunks are new (in a sample of about CHUNK_SAMPLE of them, spread over
 # it) is split whole, its chunks cached later from that split by `fill_chunks` (for a new article, splitting each
@@ -117,10 +104,10 @@ NUL = "\0"  # stands for a space next to white space in a chunk (the text is cut
 _SPACE_RUNS = ("  ", NUL * 2)
 _NEXT_TO = {ws: ((ws + " ", ws + NUL), (" " + ws, NUL + ws)) for ws in "\n\t\r"}
 _NEXT_TO_NUL = ((NUL + " ", NUL * 2), (" " + NUL, NUL * 2))
-ADD_ATTEMPTS = 3  # piece look-ups tried, each after adding the pieces missing (another thread may clear the cache between)
-# the contractions' apostrophe matched once: the same alternatives in the same order after it, so the same pieces;
-# the split of a 2,000-token state 0.57 -> 0.55 ms (this repository's CPU VM; seven alternatives tried at each
-# position before)
+# piece look-ups tried, each after adding the pieces missing (another thread may clear the cache between)
+ADD_ATTEMPTS = 3
+# the contractions' apostrophe matched once: the same alternatives in the same order after it, so the same pieces
+# (and one alternative tried at each position instead of seven)
 _CONTRACTIONS = "'(?:" + "|".join("".join(f"[{c.lower()}{c.upper()}]" for c in word)
                                   for word in ("s", "t", "re", "ve", "m", "ll", "d")) + ")"
 
@@ -169,44 +156,10 @@ def whitelist_pattern() -> str:
     )
 
 
-def component_settings(component) -> dict:
-    """A tokenizer component's settings (pre-tokenizer, normalizer, post-processor; {} for None), read from
-    the component itself: `Tokenizer.to_str()` serializes the whole vocabulary too (about a second)."""
-    return {} if component is None else json.loads(component.__getstate__())
 
 
-def supported(tokenizer: Tokenizer) -> bool:
-    """Whether the tokenizer is the one this fast path is exact for (see the module docstring)."""
-    pre = component_settings(tokenizer.pre_tokenizer)
-    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
-    if not steps or [step.get("type") for step in steps] != ["Split", "ByteLevel"]:
-        return False
-    split, byte_level = steps
-    return (
-        split.get("pattern") == {"Regex": QWEN_PRETOKENIZER_PATTERN}
-        and split.get("behavior") == "Isolated"
-        and split.get("invert") is False
-        and byte_level.get("use_regex") is False
-        and byte_level.get("add_prefix_space") is False
-        and component_settings(tokenizer.normalizer).get("type", "NFC") == "NFC"
-        and component_settings(tokenizer.post_processor).get("type", "ByteLevel") == "ByteLevel"
-        and isinstance(tokenizer.model, models.BPE)
-        and not tokenizer.model.dropout
-        and tokenizer.truncation is None
-        and tokenizer.padding is None
-        and not getattr(tokenizer, "encode_special_tokens", False)
-    )
 
 
-def byte_level_chars() -> list[str]:
-    """The byte-level alphabet of GPT-2-style BPE, by byte: the printable Latin-1 bytes stand for themselves,
-    the other 68 for the code points from 256 on, in byte order (checked against the tokenizer's alphabet
-    before use)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), 256)]
-    chars = {byte: chr(byte) for byte in printable}
-    for offset, byte in enumerate(byte for byte in range(256) if byte not in chars):
-        chars[byte] = chr(256 + offset)
-    return [chars[byte] for byte in range(256)]
 
 
 def cut_at_spaces(segment: str) -> list[str]:
@@ -268,17 +221,17 @@ class WordEncoder:
         self.chunks: dict[str, bytes] = {}  # chunk (NUL for its spaces but the first) -> the ids of " " + it
         self.short: dict[str, bytes] = {}  # short plain segment -> its ids
         self.lines: dict[str, bytes] = {}  # line of a long text (without its newline) -> the ids of it + "\n"
-        # texts split whole whose chunks are not cached yet
-        self._unfilled: deque[SplitText] = deque(maxlen=UNFILLED_TEXTS)
+        # texts split whole whose chunks wait for `fill_chunks` (the last UNFILLED_TEXTS of them)
+        self.unfilled: deque[SplitText] = deque(maxlen=UNFILLED_TEXTS)
         # a new piece's ids from the BPE model alone (what the tokenizer runs on a piece once it has normalized,
-        # split and byte-mapped it): 24 new pieces 0.41 -> 0.19 ms on this repository's CPU VM
+        # split and byte-mapped it), when the tokenizer's byte-level alphabet is the standard one
         self._byte_chars = byte_level_chars()
         self._direct = set(self._byte_chars) == set(pre_tokenizers.ByteLevel.alphabet())
 
     def segments(self, text: str) -> list[str] | None:
         """The text around its added tokens: plain text, token, plain text, ..., plain text (just the text when it
         holds none); None if it holds an added token this encoder does not split. Whether the plain text is
-        whitelisted is checked where it is not served from a cache (`_whitelisted`)."""
+        whitelisted is checked where it is not served from a cache (`whitelisted`)."""
         if self._added is None or not any(c in text for c in self._added_first):
             return [text]
         segments = self._added.split(text)
@@ -308,13 +261,18 @@ class WordEncoder:
                 parts.append(ids)
         return np.frombuffer(bytearray().join(parts), np.int64)
 
-    def _whitelisted(self, text: str) -> bool:
+    def whitelisted(self, text: str) -> bool:
         """Whether every character of `text` is in W. Only text no cache serves is checked: a cached short
-        segment, line or chunk was checked when it was encoded (a regex scan took 63 us on a 9,000-character
-        QuALITY window, this repository's CPU VM, most of whose lines a rotating window finds cached). No NFC
-        check is needed: a text of W is NFC (every character of W is an NFC-stable starter and no two compose,
-        tests/test_word_cache.py), so the tokenizer's normalizer leaves it as it is."""
+        segment, line or chunk was checked when it was encoded (a rotating window finds most of its lines cached,
+        and a scan of them all would cost more than their look-ups). No NFC check is needed: a text of W is NFC
+        (every character of W is an NFC-stable starter and no two compose, tests/test_word_cache.py), so the
+        tokenizer's normalizer leaves it as it is."""
         return self._outside.search(text) is None
+
+    def pieces(self, text: str) -> list[str]:
+        """The regex pieces of a whitelisted text without added tokens, as the tokenizer's pre-tokenizer splits it
+        (what every id of this encoder is built from)."""
+        return self._split.findall(text)
 
     def _segment_ids(self, segment: str) -> bytes | None:
         """The ids (int64 bytes) of a text without added tokens: a long one's from its lines' (`_lines_ids`), the
@@ -355,7 +313,7 @@ class WordEncoder:
         from its regex pieces' (a short text's all from its pieces'); None as `encode` (the text is checked against
         W first: a new line of a long text, or a long text with mostly new lines, comes here). A text whose start,
         or whose chunks, are mostly new is split whole, its chunks cached later (`fill_chunks`)."""
-        if not self._whitelisted(segment):
+        if not self.whitelisted(segment):
             return None
         if len(segment) <= SPLIT_WHOLE:
             return self._split_ids(segment)
@@ -409,7 +367,7 @@ class WordEncoder:
         ids = self._piece_bytes(pieces)
         if ids is None:
             return None
-        self._unfilled.append(SplitText(segment, pieces, ids))
+        self.unfilled.append(SplitText(segment, pieces, ids))
         return b"".join(ids)
 
     def fill_chunks(self) -> None:
@@ -418,9 +376,9 @@ class WordEncoder:
         between its ends. Meant for idle host time (the engine calls it once a round is launched, while the device
         computes); only the last UNFILLED_TEXTS texts wait for it. It never raises: a text whose pieces do not fall
         at its cuts (which the split rules out) is logged and left uncached."""
-        while self._unfilled:
+        while self.unfilled:
             try:
-                segment, pieces, ids = self._unfilled.popleft()
+                segment, pieces, ids = self.unfilled.popleft()
             except IndexError:  # another thread took the last one
                 return
             joined = b"".join(ids)
@@ -457,16 +415,15 @@ class WordEncoder:
             try:
                 return list(map(cache.__getitem__, pieces))
             except KeyError:  # pieces never seen before (or, again, cleared by another thread meanwhile)
-                if not self._add_missing(pieces):
+                if not self.add_pieces(pieces):
                     return None
         return None
 
-    def _add_missing(self, pieces: list[str]) -> bool:
+    def add_pieces(self, pieces: list[str]) -> bool:
         """Cache the ids of the pieces missing from the cache, from the tokenizer; False (nothing cached) if one
-        does not split into just itself. When they would pass the bound, the cache is cleared first, keeping the
-        text's other pieces. Set operations find them: a 2,000-token QuALITY state in a run of them brings
-        about 9 new pieces, and a table of all its pieces built in Python cost about 0.1 ms more than the rest
-        of the work for them (this repository's CPU VM)."""
+        is not a regex piece by itself (splits into more than itself). When they would pass the bound, the cache
+        is cleared first, keeping the text's other pieces. Set operations find them (a text brings few new pieces
+        among many known ones)."""
         distinct = set(pieces)
         missing = [piece for piece in distinct.difference(self.cache) if piece not in self._added_ids]
         for piece in missing:
