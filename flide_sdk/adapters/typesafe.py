@@ -1,12 +1,10 @@
-"""TypeSafe System One parity: the response every ask returns, the error mapping, and an in-process transport.
+"""TypeSafe System One parity over HTTP semantics: the error mapping and an in-process transport.
 
 Code written against the TypeSafe System One SDK (`typesafe-sdk`) ports to flide_sdk in two ways:
 
-- Natively. `engine.ask` / `session.ask` take TypeSafe question objects and plain dicts (see
-  `questions.parse_question`) and return a `SystemOneResponse`: a dict of answers by question name (so
-  `answers["urgent"].noul` keeps working) that also carries `model`, `usage` (input and output tokens) and the
-  TypeSafe views `nouls`, `choices`, `scores`. `to_json()` is the System One wire form (score maps keyed by
-  strings); it validates as `typesafe_sdk.SystemOneResponse`. Nothing on this path touches JSON.
+- Natively, without this module. `engine.ask` / `session.ask` take TypeSafe question objects and plain dicts
+  (`questions.parse_question`) and return a `questions.SystemOneResponse` (answers by question name, `model`,
+  `usage`, the TypeSafe views; `to_json()` is the System One wire form). Nothing on this path touches JSON.
 - Unchanged, over HTTP semantics but in process. `client(engine)` / `async_client(engine)` build the TypeSafe
   clients on `transport(engine)`, a transport for httpx2 (the HTTP client the TypeSafe SDK takes), with the base
   URL `LOCAL_BASE_URL` so that errors name the in-process endpoint. The transport answers `POST /v1/systemone`
