@@ -14,6 +14,7 @@ key-split settings next to the default (none: one work item per tile, as before 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 
 import numpy as np
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import KERNEL_ROUNDS, cuda_time_ms, release_config, round_requests, run_metadata, write_result
-from flide_sdk.kernels.fork_attention import fork_attention_triton
+from flide_sdk.kernels.fork_attention import FORK_ATTENTION, ForkAttentionConfig, attention_tiles, fork_attention_triton
 from flide_sdk.kernels.reference import fork_attention_reference
 from flide_sdk.plan.layout import PAGE, plan_round
 
@@ -58,6 +59,12 @@ TILINGS = [  # --tilings: the tilings swept on 2026-11-30 (fd37cde's timings cho
 # (the default before) spills 144 B in 192 KB of shared memory (one program per SM; 3 stages would need
 # 256 KB), 64 rows at 8 warps spill nothing; the 32-key tilings, the default among them, are
 # kernel_resources.py variants, summarised in benchmarks/README.md.
+
+
+def config_of(knobs: dict) -> ForkAttentionConfig:
+    """The engine's 16-bit config with a tuning's constants (`num_warps`, `num_stages`: its warps and stages)."""
+    names = {"num_warps": "warps", "num_stages": "stages"}
+    return dataclasses.replace(FORK_ATTENTION, **{names.get(key, key): value for key, value in knobs.items()})
 
 
 def tuning_name(knobs: dict) -> str:
@@ -124,11 +131,15 @@ def main() -> None:
         flops_per_pair = 4 * dim * heads
         timings = {}
         for knobs in tunings:
-            def run(knobs=knobs, t=t, rnd=rnd):
-                return fork_attention_triton(t["q"], t["k"], t["v"], rnd.attention, None, t["k_cache"], t["v_cache"],
-                                             **knobs)
-
             try:
+                config = config_of(knobs)
+                # the work table built once, as the engine builds it once per pass for all its layers
+                tiled = attention_tiles(rnd.attention, None, heads, kv_heads, t["q"].dtype, config)
+
+                def run(config=config, tiled=tiled, t=t):
+                    return fork_attention_triton(t["q"], t["k"], t["v"], tiled, None, t["k_cache"], t["v_cache"],
+                                                 config=config)
+
                 timings[tuning_name(knobs)] = cuda_time_ms(run)
             except Exception as failure:  # noqa: BLE001 - a tile shape that does not fit is reported, not fatal
                 timings[tuning_name(knobs)] = {"error": str(failure)[:200]}

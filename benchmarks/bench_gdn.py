@@ -37,7 +37,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ from benchmarks.common import (
     run_metadata,
     write_result,
 )
-from flide_sdk.kernels.gated_delta import gated_delta_triton
+from flide_sdk.kernels.gated_delta import GATED_DELTA, gated_delta_triton
 from flide_sdk.kernels.reference import gated_delta_reference
 from flide_sdk.plan.capacity import capacity_ladder, choose, pad_round
 from flide_sdk.plan.layout import HostRound, RequestSpec, RoundTensors, Save, StateRows, plan_round
@@ -146,7 +146,8 @@ def padded_run(host, inputs: dict, states: torch.Tensor, max_prompt_tokens: int)
     extra = capacity.tokens - host.num_tokens
     padded = {name: torch.cat([x, x.new_zeros(extra, *x.shape[1:])]) for name, x in inputs.items()}
     return capacity.tokens, lambda **knobs: gated_delta_triton(padded["q"], padded["k"], padded["v"], padded["g"],
-                                                                padded["beta"], plan, states, **knobs)
+                                                                padded["beta"], plan, states,
+                                                                config=replace(GATED_DELTA, **knobs))
 
 
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
@@ -284,7 +285,8 @@ def main() -> None:
 
         # both closures are called within this iteration only (no late binding)
         def run_ours(**knobs):
-            return gated_delta_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], plan, states, **knobs)  # noqa: B023
+            return gated_delta_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], plan, states,  # noqa: B023
+                                      config=replace(GATED_DELTA, **knobs))
 
         def errors(**knobs) -> dict:
             ours = run_ours(**knobs)

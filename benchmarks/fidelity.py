@@ -64,7 +64,7 @@ VARIANTS = {  # name: (residual stream dtype, Gated DeltaNet storage dtype)
 
 def variant_engine(checkpoint: Path, residual: torch.dtype, gdn_store: torch.dtype) -> fl.Engine:
     """The bf16 engine with its residual stream and GDN storage dtypes set (everything else as the default)."""
-    from flide_sdk.kernels.gated_delta import gated_delta_triton
+    from flide_sdk.kernels.gated_delta import GATED_DELTA, gated_delta_triton
     from flide_sdk.models.checkpoint import load_model
     from flide_sdk.models.ops import kernel_ops
     from flide_sdk.text.render import Renderer
@@ -73,7 +73,7 @@ def variant_engine(checkpoint: Path, residual: torch.dtype, gdn_store: torch.dty
     model.residual_dtype = residual
     warps = 8 if gdn_store == torch.float32 else 4
     ops = dataclasses.replace(kernel_ops(), gated_delta=functools.partial(
-        gated_delta_triton, store_dtype=gdn_store, scan_warps=warps))
+        gated_delta_triton, config=dataclasses.replace(GATED_DELTA, store_dtype=gdn_store, scan_warps=warps)))
     renderer = Renderer.from_checkpoint(checkpoint, model.config.max_position_embeddings)
     return fl.Engine(model, renderer, torch.device("cuda"), ops=ops, max_round_tokens=16384, round_deadline_ms=20)
 

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
 import pytest
 import torch
 
-from flide_sdk.kernels.fork_attention import PLAN_ROW_BLOCK, fork_attention_triton, plan_tiles_reference, tile_table
+from flide_sdk.kernels.fork_attention import (
+    FORK_ATTENTION_FLOAT32,
+    PLAN_ROW_BLOCK,
+    attention_tiles,
+    fork_attention_triton,
+    plan_tiles_reference,
+    tile_table,
+)
 from flide_sdk.kernels.reference import fork_attention_reference
 from flide_sdk.plan.layout import PAGE, RequestSpec, Resume, plan_round
 
@@ -36,6 +44,11 @@ def round_with_history(seed: int, heads: int, kv_heads: int, dim: int):
     return rnd, q, k, v, k_cache, v_cache
 
 
+def float32_config(**changes):
+    """The float32 production config with some tuning constants changed."""
+    return dataclasses.replace(FORK_ATTENTION_FLOAT32, **changes)
+
+
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).norm() / b.double().norm())
 
@@ -45,7 +58,8 @@ def test_triton_matches_reference_on_every_row(seed, heads, kv_heads, dim):
     rnd, q, k, v, k_cache, v_cache = round_with_history(seed, heads, kv_heads, dim)
     expected = fork_attention_reference(q, k, v, rnd.attention, None, k_cache, v_cache)
     for per_program in sorted({1, heads // kv_heads}):  # one run when the group is one head
-        got = fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, heads_per_program=per_program)
+        got = fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache,
+                                    config=float32_config(heads_per_program=per_program))
         assert relative_error(got, expected) <= 1e-5
 
 
@@ -69,17 +83,17 @@ def test_triton_takes_keys_in_blocks_smaller_than_a_page(block_keys):
     rnd, q, k, v, k_cache, v_cache = round_with_history(5, 4, 2, 16)
     assert int(rnd.attention.history_len.max()) > block_keys, "the round resumes past one key block"
     expected = fork_attention_reference(q, k, v, rnd.attention, None, k_cache, v_cache)
-    got = fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, block_keys=block_keys)
+    got = fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, config=float32_config(block_keys=block_keys))
     assert relative_error(got, expected) <= 1e-5
 
 
 def test_triton_refuses_key_blocks_that_cross_pages_and_head_counts_that_do_not_tile():
     rnd, q, k, v, k_cache, v_cache = round_with_history(5, 4, 2, 16)
     with pytest.raises(ValueError, match="block_keys"):
-        fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, block_keys=48)
+        fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, config=float32_config(block_keys=48))
     rnd, q, k, v, k_cache, v_cache = round_with_history(5, 6, 2, 16)
     with pytest.raises(ValueError, match="heads_per_program"):
-        fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, heads_per_program=3)
+        fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, config=float32_config(heads_per_program=3))
 
 
 def test_triton_matches_reference_on_readout_rows():
@@ -120,16 +134,24 @@ def test_triton_applies_the_output_gate_like_the_reference(readout):
     assert relative_error(got, expected) <= 1e-5
 
 
-def test_tile_tables_are_built_once_per_plan_and_query_rows():
-    rnd, *_ = round_with_history(5, 2, 2, 16)
-    plan, total, rows = rnd.attention, rnd.ids.shape[0], rnd.readout.rows
-    every = tile_table(plan, None, total, 32)
-    assert all(a is b for a, b in zip(tile_table(plan, None, total, 32), every))
-    readout = tile_table(plan, rows, total, 32)
-    assert readout[0] is rows and readout[1] is not every[1]
-    assert len(plan.tile_tables) == 2
-    expected = plan_tiles_reference(rows, plan.ctx_hi, plan.history_len.shape[0], 32, plan.num_tokens)
-    assert torch.equal(readout[1], expected[0]) and torch.equal(readout[2], expected[1]) and readout[3] == expected[2]
+def test_attention_tiles_builds_the_stream_and_readout_tables_the_kernel_reads():
+    rnd, q, k, v, k_cache, v_cache = round_with_history(5, 2, 2, 16)
+    plan, rows = rnd.attention, rnd.readout.rows
+    tiled = attention_tiles(plan, rows, 2, 2, torch.float32)
+    every, readout = tiled.stream_tiles, tiled.readout_tiles
+    assert every.query_rows is None and readout.query_rows is rows and readout.rows is rows
+    assert readout.tile_start is not every.tile_start
+    expected = plan_tiles_reference(rows, plan.ctx_hi, plan.history_len.shape[0], 64, plan.num_tokens)
+    assert torch.equal(readout.tile_start, expected[0]) and torch.equal(readout.num_tiles, expected[1])
+    assert readout.max_tiles == expected[2]
+    for query_rows, picked in ((None, slice(None)), (rows, rows)):
+        reference = fork_attention_reference(q[picked], k, v, plan, query_rows, k_cache, v_cache)
+        got = fork_attention_triton(q[picked], k, v, tiled, query_rows, k_cache, v_cache)
+        assert relative_error(got, reference) <= 1e-5
+    with pytest.raises(ValueError, match="tile table"):  # a table is only read by the tiling it was built for
+        fork_attention_triton(q, k, v, tiled, None, k_cache, v_cache, config=float32_config(block_rows=16))
+    with pytest.raises(ValueError, match="tile table"):
+        fork_attention_triton(q[rows], k, v, tiled, rows.clone(), k_cache, v_cache)
 
 
 @pytest.mark.parametrize("block_tokens", [16, 64])
@@ -200,10 +222,11 @@ def test_split_tiles_match_reference(seed, heads, kv_heads, min_split_keys, extr
     for query_rows in (None, rows):
         picked = slice(None) if query_rows is None else query_rows
         expected = fork_attention_reference(q[picked], k, v, plan, query_rows, k_cache, v_cache, gate[picked])
-        got = fork_attention_triton(q[picked], k, v, plan, query_rows, k_cache, v_cache, gate[picked],
-                                    min_split_keys=min_split_keys, extra_items=extra_items)
+        config = float32_config(min_split_keys=min_split_keys, extra_items=extra_items)
+        got = fork_attention_triton(q[picked], k, v, plan, query_rows, k_cache, v_cache, gate[picked], config=config)
         assert relative_error(got, expected) < 1e-5
-    split_tables = [t for t in plan.tile_tables.values() if int(t.tile_splits.max()) > 1]
+    tiled = attention_tiles(plan, rows, heads, kv_heads, q.dtype, config)
+    split_tables = [t for t in (tiled.stream_tiles, tiled.readout_tiles) if int(t.tile_splits.max()) > 1]
     assert split_tables, "some tile of the round was split"
     for table in split_tables:
         tiles = int(table.num_tiles)
@@ -218,4 +241,4 @@ def test_split_settings_are_checked():
     rnd, q, k, v, k_cache, v_cache = round_with_history(6, 2, 2, 16)
     for knobs in ({"min_split_keys": 100}, {"min_split_keys": 0}, {"extra_items": -1}):
         with pytest.raises(ValueError, match="min_split_keys"):
-            fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, **knobs)
+            fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, config=float32_config(**knobs))

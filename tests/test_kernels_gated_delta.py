@@ -6,8 +6,8 @@ capacity (rows past each level's sizes holding garbage). Outputs and the whole s
 float32 (relative error <= 1e-5), and within 16-bit rounding when W, U, the q-k block, the chunk start states
 and v_new are stored in float16 (the interpreter cannot run bfloat16 tensors through tl.dot, so the 16-bit
 storage path is checked in float16).
-The two paths of the prep's W and U products are both covered with 16-bit storage: TF32 (the default) and in
-the storage dtype (`wy_low_precision`, WY_LOW).
+With 16-bit storage the prep's W and U products are TF32, from T through the scratch (16-row blocks) and from
+T in registers (whole-chunk doubling).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from flide_sdk.kernels.gated_delta import _level_groups, gated_delta_triton
+from flide_sdk.kernels.gated_delta import GATED_DELTA, GatedDeltaConfig, gated_delta_triton, level_groups
 from flide_sdk.kernels.reference import gated_delta_reference
 from flide_sdk.plan.layout import (
     GDN_CHUNK,
@@ -66,6 +66,11 @@ def random_inputs(seed: int, total: int, rows: int, k_heads: int, dk: int, dv: i
     return q, k, v, g, beta, states
 
 
+def tuned(**knobs) -> GatedDeltaConfig:
+    """The production config with some tuning constants changed."""
+    return dataclasses.replace(GATED_DELTA, **knobs)
+
+
 def relative_error(got: torch.Tensor, expected: torch.Tensor) -> float:
     return float((got.double() - expected.double()).norm() / expected.double().norm())
 
@@ -76,7 +81,7 @@ def check_against_reference(plan: DeltaPlan, total: int, seed: int, k_heads: int
     q, k, v, g, beta, states = random_inputs(seed, total, plan.num_rows, k_heads, dk, dv)
     expected_states = states.clone()
     expected = gated_delta_reference(q, k, v, g, beta, plan, expected_states)
-    got = gated_delta_triton(q, k, v, g, beta, run_plan or plan, states, **knobs)
+    got = gated_delta_triton(q, k, v, g, beta, run_plan or plan, states, config=tuned(**knobs))
     assert got.dtype == v.dtype and got.shape == v.shape
     assert relative_error(got, expected) <= tolerance
     assert relative_error(states, expected_states) <= tolerance
@@ -127,18 +132,15 @@ def test_triton_matches_reference_with_gqa_and_tiling(knobs):
 
 @pytest.mark.parametrize(
     ("knobs", "fusing"),
-    [({}, {"fused_trunks": 0}), ({}, {"fused_trunks": 64}), ({"wy_low_precision": True}, {"fused_trunks": 0}),
-     ({"wy_low_precision": True, "sub_block": 64}, {"fused_trunks": 64}),
+    [({}, {"fused_trunks": 0}), ({}, {"fused_trunks": 64}), ({"sub_block": 64}, {"fused_trunks": 64}),
      # the prep's products (the knobs) do not depend on the scan: each knob with the other scan is a sweep
-     pytest.param({"wy_low_precision": True}, {"fused_trunks": 64}, marks=pytest.mark.slow),
-     pytest.param({"wy_low_precision": True, "sub_block": 64}, {"fused_trunks": 0}, marks=pytest.mark.slow)],
-    ids=["tf32-products-unfused", "tf32-products-fused", "16-bit-products-unfused",
-         "16-bit-products-sub-block-64-fused", "16-bit-products-fused", "16-bit-products-sub-block-64-unfused"],
+     pytest.param({"sub_block": 64}, {"fused_trunks": 0}, marks=pytest.mark.slow)],
+    ids=["tf32-products-unfused", "tf32-products-fused", "tf32-products-sub-block-64-fused",
+         "tf32-products-sub-block-64-unfused"],
 )
 def test_triton_with_16_bit_storage_stays_within_its_rounding(knobs, fusing):
-    """float16 W, U, q-k block, start states and v_new; the W and U products in TF32 (default) or in float16
-    (T rounded to it), from T through the scratch (16-row blocks) and from T in registers (whole-chunk
-    doubling)."""
+    """float16 W, U, q-k block, start states and v_new; the W and U products in TF32, from T through the scratch
+    (16-row blocks) and from T in registers (whole-chunk doubling)."""
     host = plan_round(make_requests(5, [(130, 0, None), (65, 0, None)], max_branches=3), 4)
     check_against_reference(host.to("cpu").delta, host.num_tokens, 5, 1, 32, 32, tolerance=2e-3,
                             store_dtype=torch.float16, **knobs, **fusing)
@@ -189,7 +191,7 @@ def test_plans_of_other_level_counts_run_in_groups_of_three():
     A round's three levels are one group as they are (no empty levels made: a device fill each)."""
     host = plan_round(make_requests(7, [(130, 0, 100), (65, 0, None)], max_branches=3), 4)
     plan = host.to("cpu").delta
-    (group,) = _level_groups(plan.levels)
+    (group,) = level_groups(plan.levels)
     assert all(got is level for got, level in zip(group, plan.levels, strict=True))
     four = DeltaPlan([*plan.levels, plan.levels[1]], plan.num_rows)  # level 1 again: its segments run twice
     check_against_reference(four, host.num_tokens, 7, 1, 16, 16)
@@ -270,8 +272,8 @@ def test_chained_scan_computes_what_separate_launches_do(fusing):
                            dataclasses.replace(plan.levels[1], chained=False), plan.levels[2]], plan.num_rows)
     q, k, v, g, beta, states = random_inputs(9, host.num_tokens, plan.num_rows, 1, 16, 16)
     separate_states, expected_states = states.clone(), states.clone()
-    chained = gated_delta_triton(q, k, v, g, beta, plan, states, **fusing)
-    separate = gated_delta_triton(q, k, v, g, beta, unchained, separate_states, **fusing)
+    chained = gated_delta_triton(q, k, v, g, beta, plan, states, config=tuned(**fusing))
+    separate = gated_delta_triton(q, k, v, g, beta, unchained, separate_states, config=tuned(**fusing))
     assert torch.equal(chained, separate) and torch.equal(states, separate_states)
     expected = gated_delta_reference(q, k, v, g, beta, plan, expected_states)
     assert relative_error(chained, expected) <= TOLERANCE
@@ -314,9 +316,9 @@ def test_the_fused_scan_preps_branch_rows_the_prep_leaves(helping, save_at):
     plan = DeltaPlan([padded, *plan.levels[1:]], plan.num_rows)
     q, k, v, g, beta, states = random_inputs(12, host.num_tokens, plan.num_rows, 1, 16, 16)
     alone_states, expected_states = states.clone(), states.clone()
-    helped = gated_delta_triton(q, k, v, g, beta, plan, states, fused_trunks=2, **helping)
-    alone = gated_delta_triton(q, k, v, g, beta, plan, alone_states, fused_trunks=2, scan_helpers=0,
-                               scan_programs=helping.get("scan_programs"))
+    helped = gated_delta_triton(q, k, v, g, beta, plan, states, config=tuned(fused_trunks=2, **helping))
+    alone = gated_delta_triton(q, k, v, g, beta, plan, alone_states,
+                               config=tuned(fused_trunks=2, scan_helpers=0, scan_programs=helping.get("scan_programs")))
     assert torch.equal(helped, alone) and torch.equal(states, alone_states)
     expected = gated_delta_reference(q, k, v, g, beta, plan, expected_states)
     assert relative_error(helped, expected) <= TOLERANCE and relative_error(states, expected_states) <= TOLERANCE
@@ -327,4 +329,4 @@ def test_scan_helper_settings_are_checked():
     q, k, v, g, beta, states = random_inputs(13, host.num_tokens, host.to("cpu").delta.num_rows, 1, 16, 16)
     for knobs in ({"scan_helpers": -1}, {"helper_steps": 0}):
         with pytest.raises(ValueError, match="scan_helpers"):
-            gated_delta_triton(q, k, v, g, beta, host.to("cpu").delta, states, **knobs)
+            gated_delta_triton(q, k, v, g, beta, host.to("cpu").delta, states, config=tuned(**knobs))

@@ -9,6 +9,7 @@ tail is reported instead).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import write_result
-from flide_sdk.kernels.gated_delta import gated_delta_triton
+from flide_sdk.kernels.gated_delta import GATED_DELTA, gated_delta_triton
 from flide_sdk.kernels.reference import gated_delta_reference
 from flide_sdk.plan.layout import RequestSpec, plan_round
 
@@ -64,7 +65,7 @@ def check(config: dict) -> dict:
     states_ref = torch.zeros(rnd.delta.num_rows, 16, 128, 128, device="cuda")
     reference = gated_delta_reference(q.float(), k.float(), v.float(), g, beta, rnd.delta, states_ref)
     states = torch.zeros_like(states_ref)
-    out = gated_delta_triton(q, k, v, g, beta, rnd.delta, states, **config).float()
+    out = gated_delta_triton(q, k, v, g, beta, rnd.delta, states, config=dataclasses.replace(GATED_DELTA, **config)).float()
     torch.cuda.synchronize()
     bad = ~torch.isfinite(out)
     diff = torch.where(bad, torch.zeros_like(out), out - reference)

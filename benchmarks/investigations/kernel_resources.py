@@ -53,6 +53,8 @@ from flide_sdk.kernels import (
     short_conv,
     swiglu,
 )
+from flide_sdk.kernels.fork_attention import FORK_ATTENTION
+from flide_sdk.kernels.gated_delta import GATED_DELTA
 from flide_sdk.models.ops import kernel_ops
 from flide_sdk.models.qwen35 import Qwen35Config, Qwen35Model
 from flide_sdk.plan.capacity import capacity_ladder, choose, pad_round
@@ -189,10 +191,15 @@ def _number(text: str, pattern: str) -> int | None:
 
 
 def _with(op: str, **knobs) -> Callable:
-    """The kernel ops with knobs given to one of them."""
+    """The kernel ops with one kernel's config changed (attention's tile tables built for its config too)."""
     def ops():
         base = kernel_ops()
-        return dataclasses.replace(base, **{op: functools.partial(getattr(base, op), **knobs)})
+        if op == "gated_delta":
+            config = dataclasses.replace(GATED_DELTA, **knobs)
+            return dataclasses.replace(base, gated_delta=functools.partial(base.gated_delta, config=config))
+        config = dataclasses.replace(FORK_ATTENTION, **knobs)
+        return dataclasses.replace(base, fork_attention=functools.partial(base.fork_attention, config=config),
+                                   attention_tiles=functools.partial(base.attention_tiles, config=config))
 
     return ops
 
@@ -200,23 +207,22 @@ def _with(op: str, **knobs) -> Callable:
 UNFUSED_ON_CUDA = {"fused_trunks": 0}  # 4-byte GDN storage never takes the fused scan on CUDA (the interpreter would)
 VARIANTS = {
     "bf16 engine": (torch.bfloat16, kernel_ops),
-    "bf16, GDN wy_low_precision": (torch.bfloat16, _with("gated_delta", wy_low_precision=True)),
     "bf16, GDN float32 storage": (torch.bfloat16, _with("gated_delta", store_dtype=torch.float32, **UNFUSED_ON_CUDA)),
     "bf16, GDN 2 scan stages": (torch.bfloat16, _with("gated_delta", scan_stages=2)),
     # ForkAttention tilings besides the default (64 rows = 4 heads x 16 tokens, 32-key blocks, 4 warps), each
     # given in full: rows, heads per program, keys per block, warps (and stages where not 2)
     "bf16, attention 128 rows x 1 head, 64 keys, 8 warps (default before fd37cde)": (torch.bfloat16, _with(
-        "fork_attention", block_rows=128, heads_per_program=1, block_keys=64, num_warps=8)),
+        "fork_attention", block_rows=128, heads_per_program=1, block_keys=64, warps=8)),
     "bf16, attention 128 rows x 1 head, 32 keys, 8 warps": (torch.bfloat16, _with(
-        "fork_attention", block_rows=128, heads_per_program=1, block_keys=32, num_warps=8)),
+        "fork_attention", block_rows=128, heads_per_program=1, block_keys=32, warps=8)),
     "bf16, attention 128 rows x 1 head, 32 keys, 8 warps, 3 stages": (torch.bfloat16, _with(
-        "fork_attention", block_rows=128, heads_per_program=1, block_keys=32, num_warps=8, num_stages=3)),
+        "fork_attention", block_rows=128, heads_per_program=1, block_keys=32, warps=8, stages=3)),
     "bf16, attention 64 rows x 1 head, 32 keys, 4 warps": (torch.bfloat16, _with(
-        "fork_attention", block_rows=64, heads_per_program=1, block_keys=32, num_warps=4)),
+        "fork_attention", block_rows=64, heads_per_program=1, block_keys=32, warps=4)),
     "bf16, attention 128 rows x 1 head, 64 keys, 8 warps, 1 stage": (torch.bfloat16, _with(
-        "fork_attention", block_rows=128, heads_per_program=1, block_keys=64, num_warps=8, num_stages=1)),
+        "fork_attention", block_rows=128, heads_per_program=1, block_keys=64, warps=8, stages=1)),
     "bf16, attention 4 heads x 32 tokens, 32 keys, 8 warps": (torch.bfloat16, _with(
-        "fork_attention", block_rows=128, heads_per_program=4, block_keys=32, num_warps=8)),
+        "fork_attention", block_rows=128, heads_per_program=4, block_keys=32, warps=8)),
     "float32 engine": (torch.float32, _with("gated_delta", **UNFUSED_ON_CUDA)),
 }
 

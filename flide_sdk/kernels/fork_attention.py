@@ -1,56 +1,86 @@
 """ForkAttention: causal grouped-query attention over a round's flat stream, following each request's tree.
 
-Token t sees its request's cached history (keys/values of positions before the resume point, in pool
-pages), the stream keys [key_lo[t], ctx_hi[t]) (its request's trunk, for branch tokens) and
-[seg_lo[t], t] (its own segment up to itself), and nothing else: never another branch, never another
-request. `fork_attention_reference` is the definition: it runs one dense masked attention per request,
-which is exact and simple and is what the engine uses on CPU.
-
-`fork_attention_triton` is the kernel (flash-attention style online softmax, fp32 accumulation). Its tile
-table is built on the device from the metadata (`_plan_work_kernel`): the query rows are cut into tiles of tokens
-that never cross a *region* (a request's trunk rows, or a request's branch rows), so all rows of a tile
-share their history and their fully visible keys. A tile then visits three key ranges: the cached history
-(a pool page, or an aligned part of one, per key block; no mask but the length), the keys every row of the
-tile sees (its trunk for branch rows, the earlier trunk for trunk rows: loaded without a mask), and the keys
-only some rows see (the tile's own rows and, for branch rows, the start of their branches), the only blocks
-that are masked. A tile's keys, in that order, are cut into splits (`TileTable`, planned with the tiles by
-one small kernel): a long tile is several work items, run in parallel and combined by `_merge_splits_kernel`
-(flash-decoding's split-KV), so an agent's step over a long cached history (a few tiles, each over many
-keys) no longer runs on a few multiprocessors while the others idle. A program takes one work item (the
-grid has a program per possible item; those past the round's return at once) and one or more query heads
-sharing a key/value head, so every key block it loads serves tokens x heads rows. Launch shapes depend on
-the number of query rows and requests alone. The tables are built once per round and query-row set (`tile_table`,
-memoised on the plan) and shared by the round's attention layers. Qwen3.5's output gate is fused: the
-normalised output is multiplied by sigmoid(gate) before it is stored.
+Token t sees its request's cached history (pool pages), the stream keys [key_lo[t], ctx_hi[t]) and
+[seg_lo[t], t], and nothing else (`fork_attention_reference` is the definition). The kernel is a flash-attention
+style online softmax over work items planned on the device (`TileTable`: tiles of rows that never cross a
+trunk or branch region, their keys cut into splits merged afterwards), with Qwen3.5's output gate fused.
+Launch shapes depend on the number of query rows and requests alone. Its tuning constants are one frozen
+`ForkAttentionConfig`; why these values: docs/decisions/fork-attention-kernel.md.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 from flide_sdk.kernels import multiprocessors
-from flide_sdk.plan.layout import PAGE, AttentionPlan
+from flide_sdk.kernels.plans import PAGE, AttentionPlan, TileTable
 
-# The 16-bit default tiling: 64 query rows per program (16 tokens x 4 query heads sharing a key/value head, so
-# every key block loaded serves the group), 32 keys per block, 4 warps. On the H200 (bench_attention at
-# fd37cde, bf16) it was the fastest of 14 tilings on rounds a and b at 0.8B and 4B shapes (0.8B round b:
-# 0.201 ms against 0.256 for 128 rows x 1 head x 64 keys at 8 warps, the previous default) and on round c
-# at 0.8B; at 4B round c it took 0.519 ms against 0.452.
-BLOCK_ROWS, HEADS_PER_PROGRAM, BLOCK_KEYS, WARPS = 64, 4, 32, 4
-# float32 (exact engine runs): smaller tiles for shared memory, one head, page-sized key blocks, one stage
-WIDE_BLOCK_ROWS, WIDE_BLOCK_KEYS = 64, PAGE
-# Key splits (`TileTable`): a tile's keys are cut into splits when it has more than SPLIT_KEYS keys and more
-# than its share of the round's keys over the device's program slots (SLOTS_PER_SM per multiprocessor: two
-# programs fit one at the 16-bit tiling's shared memory), so that a few long tiles (a step over a long cached
-# history, a short trunk resumed after a long one) do not leave the device idle, while rounds of many tiles,
-# which fill it anyway, are not split at all. The planner (`_plan_work_kernel`, one program of PLAN_WARPS warps)
-# takes PLAN_ROW_BLOCK query rows and then PLAN_BLOCK tiles at a time.
-SPLIT_KEYS, SLOTS_PER_SM, PLAN_ROW_BLOCK, PLAN_BLOCK, PLAN_WARPS = 512, 2, 2048, 256, 8
-MERGE_WARPS = 8  # the merge holds a whole tile's sums: 8 warps keep it in registers (4 spill at 0.8B shapes)
+MAX_HEADS_PER_PROGRAM = 4  # the 16-bit default: the largest power of two dividing the group, up to this
+SLOTS_PER_SM = 2  # program slots per multiprocessor at the 16-bit tiling: the default bound of extra work items
+# the work planner (`_plan_work_kernel`, one program of PLAN_WARPS warps) takes PLAN_ROW_BLOCK query rows, then
+# PLAN_BLOCK tiles at a time; the merge holds a whole tile's sums (MERGE_WARPS keep it in registers)
+PLAN_ROW_BLOCK, PLAN_BLOCK, PLAN_WARPS, MERGE_WARPS = 2048, 256, 8, 8
+
+
+@dataclass(frozen=True)
+class ForkAttentionConfig:
+    """The kernel's tuning constants. A program takes `heads_per_program` query heads sharing a key/value head
+    (a power of two dividing the group; None: the largest up to MAX_HEADS_PER_PROGRAM) for a tile of
+    block_rows // heads_per_program tokens (at least 16), so each key block it loads serves block_rows rows,
+    and keys `block_keys` at a time (a divisor of the page size: a history block never crosses a page). A tile
+    with more than `min_split_keys` keys (a multiple of the page size) and more than its share of the round's
+    keys over `extra_items` (None: SLOTS_PER_SM per multiprocessor, per head block) is split."""
+
+    block_rows: int = 64
+    heads_per_program: int | None = None
+    block_keys: int = 32
+    warps: int = 4
+    large_head_warps: int | None = None  # warps for head dims of 128 or more (None: `warps`)
+    stages: int = 2
+    min_split_keys: int = 512
+    extra_items: int | None = None
+
+
+FORK_ATTENTION = ForkAttentionConfig()  # 16-bit inputs
+# float32 inputs (exact engine runs): one head per program, page-sized key blocks, one stage (shared memory)
+FORK_ATTENTION_FLOAT32 = ForkAttentionConfig(heads_per_program=1, block_keys=PAGE, large_head_warps=8, stages=1)
+
+
+def fork_attention_config(dtype: torch.dtype) -> ForkAttentionConfig:
+    """The production config for inputs of `dtype`."""
+    return FORK_ATTENTION_FLOAT32 if dtype == torch.float32 else FORK_ATTENTION
+
+
+@dataclass(frozen=True)
+class _Tiling:
+    """A config resolved for one model's heads on one device."""
+
+    heads_per_program: int
+    block_tokens: int
+    head_blocks: int
+    extra_items: int
+
+
+def _tiling(config: ForkAttentionConfig, heads: int, kv_heads: int, device: torch.device) -> _Tiling:
+    group = heads // kv_heads
+    per_program = config.heads_per_program
+    if per_program is None:
+        per_program = max(1 << p for p in range(MAX_HEADS_PER_PROGRAM.bit_length()) if group % (1 << p) == 0)
+    if config.block_keys < 16 or PAGE % config.block_keys:
+        raise ValueError(f"block_keys={config.block_keys} must be at least 16 and divide the page size {PAGE}")
+    if group % per_program or per_program & (per_program - 1):
+        raise ValueError(f"heads_per_program={per_program} must be a power of two dividing the group size {group}")
+    head_blocks = heads // per_program
+    extra_items = config.extra_items
+    if extra_items is None:
+        extra_items = max(1, SLOTS_PER_SM * multiprocessors(device) // head_blocks)
+    return _Tiling(per_program, max(16, config.block_rows // per_program), head_blocks, extra_items)
 
 
 def plan_tiles_reference(
@@ -84,70 +114,57 @@ def max_tiles_of(rows: int, num_requests: int, block_tokens: int) -> int:
     return -(-rows // block_tokens) + 2 * num_requests
 
 
-class TileTable(NamedTuple):
-    """A round's attention work for one query-row set, planned on the device by `_plan_work_kernel`: the tiles
-    (`plan_tiles_reference`) and their key splits. A tile's keys, in order (its cached history, the stream keys
-    every row sees, the masked ones), are cut into ceil(keys / size) equal pieces of whole pages (a piece of
-    the history starts on a page), where the size is the larger of the minimum asked for and the round's keys
-    over `extra_items`; each (tile, piece) is a work item, the items of a tile consecutive. A tile of one
-    piece is finished by its item; the items of a tile of several leave partial results (unnormalised sums,
-    running maxima and weights) in its `partial_slot` onwards, which `_merge_splits_kernel` combines. The items
-    number at most `max_tiles + extra_items` (ceil(keys / size) < keys / size + 1) and the partial slots at
-    most twice `extra_items` (a tile of s > 1 pieces has s <= 2 (s - 1))."""
-
-    rows: torch.Tensor  # [Tq] the stream index of each query row
-    tile_start: torch.Tensor  # [max_tiles + 2] tile i covers rows[tile_start[i]:tile_start[i + 1]]
-    num_tiles: torch.Tensor  # [1]
-    max_tiles: int
-    item_tile: torch.Tensor  # [max_items] the tile of each work item
-    item_split: torch.Tensor  # [max_items] its split within the tile
-    tile_splits: torch.Tensor  # [max_tiles] splits of each tile (0 past num_tiles)
-    tile_piece: torch.Tensor  # [max_tiles] keys per piece of each tile
-    partial_slot: torch.Tensor  # [max_tiles] first partial slot of a tile of several splits (else -1)
-    num_items: torch.Tensor  # [1]
-    max_items: int
-    max_partials: int
-
-
 def tile_table(
     plan: AttentionPlan, query_rows: torch.Tensor | None, num_rows: int, block_tokens: int,
-    min_split_keys: int = SPLIT_KEYS, extra_items: int | None = None,
+    min_split_keys: int = ForkAttentionConfig.min_split_keys, extra_items: int | None = None,
 ) -> TileTable:
-    """The `TileTable` of `query_rows` (None: all `num_rows` stream rows), built once per plan, query-row
-    tensor, tile size and split setting: the attention layers of a round share it. `extra_items` (default:
-    the device's program slots) bounds the work items past one per tile. The memo holds the
-    query-row tensor, so its id is not reused while the entry lives; the model clears the memo at the start
-    of every forward pass."""
+    """The `TileTable` of `query_rows` (None: all `num_rows` stream rows) for tiles of `block_tokens` rows, built
+    on the device by one launch. `extra_items` (default: the device's program slots) bounds the work items past
+    one per tile."""
     device = plan.ctx_hi.device
     extra_items = SLOTS_PER_SM * multiprocessors(device) if extra_items is None else extra_items
     if min_split_keys < 1 or min_split_keys % PAGE or extra_items < 1:
         raise ValueError(f"min_split_keys={min_split_keys} must be a positive multiple of {PAGE} and "
                          f"extra_items={extra_items} positive")
-    key = (None if query_rows is None else id(query_rows), num_rows, block_tokens, min_split_keys, extra_items)
-    cached = plan.tile_tables.get(key)
-    if cached is None:
-        rows = torch.arange(num_rows, device=device) if query_rows is None else query_rows
-        max_tiles = max_tiles_of(rows.shape[0], plan.history_len.shape[0], block_tokens)
-        max_items, max_partials = max_tiles + extra_items, 2 * extra_items
-        tile_start = torch.empty(max_tiles + 2, dtype=torch.int64, device=device)
-        num_tiles = torch.empty(1, dtype=torch.int64, device=device)
-        item_tile = torch.empty(max_items, dtype=torch.int64, device=device)
-        item_split = torch.empty_like(item_tile)
-        tile_splits = torch.empty(max_tiles, dtype=torch.int64, device=device)
-        tile_piece = torch.empty_like(tile_splits)
-        partial_slot = torch.empty_like(tile_splits)
-        num_items = torch.empty(1, dtype=torch.int64, device=device)
-        _plan_work_kernel[(1,)](
-            rows, rows.shape[0], plan.num_tokens, block_tokens, tile_start, num_tiles,
-            plan.request_of, plan.history_len, plan.key_lo, plan.ctx_hi, plan.seg_lo,
-            item_tile, item_split, tile_splits, tile_piece, partial_slot, num_items, max_tiles, extra_items,
-            min_split_keys,
-            ROW_BLOCK=PLAN_ROW_BLOCK, BLOCK=PLAN_BLOCK, PAGE_SIZE=PAGE, num_warps=PLAN_WARPS,
-        )
-        cached = TileTable(rows, tile_start, num_tiles, max_tiles, item_tile, item_split, tile_splits, tile_piece,
-                           partial_slot, num_items, max_items, max_partials)
-        plan.tile_tables[key] = cached
-    return cached
+    rows = torch.arange(num_rows, device=device) if query_rows is None else query_rows
+    max_tiles = max_tiles_of(rows.shape[0], plan.history_len.shape[0], block_tokens)
+    max_items, max_partials = max_tiles + extra_items, 2 * extra_items
+    tile_start = torch.empty(max_tiles + 2, dtype=torch.int64, device=device)
+    num_tiles = torch.empty(1, dtype=torch.int64, device=device)
+    item_tile = torch.empty(max_items, dtype=torch.int64, device=device)
+    item_split = torch.empty_like(item_tile)
+    tile_splits = torch.empty(max_tiles, dtype=torch.int64, device=device)
+    tile_piece = torch.empty_like(tile_splits)
+    partial_slot = torch.empty_like(tile_splits)
+    num_items = torch.empty(1, dtype=torch.int64, device=device)
+    _plan_work_kernel[(1,)](
+        rows, rows.shape[0], plan.num_tokens, block_tokens, tile_start, num_tiles,
+        plan.request_of, plan.history_len, plan.key_lo, plan.ctx_hi, plan.seg_lo,
+        item_tile, item_split, tile_splits, tile_piece, partial_slot, num_items, max_tiles, extra_items,
+        min_split_keys,
+        ROW_BLOCK=PLAN_ROW_BLOCK, BLOCK=PLAN_BLOCK, PAGE_SIZE=PAGE, num_warps=PLAN_WARPS,
+    )
+    return TileTable(query_rows, block_tokens, min_split_keys, extra_items, rows, tile_start, num_tiles, max_tiles,
+                     item_tile, item_split, tile_splits, tile_piece, partial_slot, num_items, max_items, max_partials)
+
+
+def attention_tiles(
+    plan: AttentionPlan, readout_rows: torch.Tensor | None, heads: int, kv_heads: int, dtype: torch.dtype,
+    config: ForkAttentionConfig | None = None,
+) -> AttentionPlan:
+    """`plan` with the tile tables of the stream's rows and (given) of `readout_rows`, for queries of `heads`
+    heads over `kv_heads` key/value heads in `dtype` (`config`: None, the production config of `dtype`). The
+    model builds them once per forward pass, inside it (a captured graph must contain their build), and its
+    attention layers share them."""
+    config = config or fork_attention_config(dtype)
+    tiling = _tiling(config, heads, kv_heads, plan.ctx_hi.device)
+    num_rows = plan.key_lo.shape[0]
+
+    def table(rows: torch.Tensor | None) -> TileTable:
+        return tile_table(plan, rows, num_rows, tiling.block_tokens, config.min_split_keys, tiling.extra_items)
+
+    return dataclasses.replace(plan, stream_tiles=table(None),
+                               readout_tiles=None if readout_rows is None else table(readout_rows))
 
 
 @triton.jit
@@ -434,49 +451,29 @@ def fork_attention_triton(
     v_cache: torch.Tensor,
     gate: torch.Tensor | None = None,
     *,
-    block_rows: int | None = None,
-    block_keys: int | None = None,
-    heads_per_program: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    min_split_keys: int | None = None,
-    extra_items: int | None = None,
+    config: ForkAttentionConfig | None = None,
 ) -> torch.Tensor:
     """The Triton kernel behind the same contract as `fork_attention_reference` (no host synchronisation).
 
-    A program handles `heads_per_program` query heads that share a key/value head (a divisor of the
-    group) for a tile of block_rows // heads_per_program tokens, so each key block it loads serves
-    block_rows rows, and takes keys `block_keys` at a time (a divisor of the page size, so a history block never
-    crosses a page). Keyword arguments are tuning knobs (defaults: the module's 16-bit tiling, with the
-    largest power-of-two divisor of the group up to HEADS_PER_PROGRAM heads; float32 inputs get one head per program and
-    page-sized key blocks). `min_split_keys` is the fewest keys a tile is split for (default SPLIT_KEYS, a
-    multiple of the page size; a huge value: no splits) and `extra_items` the work items allowed past one
-    per tile (default: the device's program slots per head block, SLOTS_PER_SM per multiprocessor).
-    On the H200 (2026-12-01, `2026-12-01-attention-split-kv-h200.json`) splits took an agent step after
-    13,000 cached tokens from 0.67 to 0.36 ms per layer; a lone 2,000-token ask's attention was compute-bound
-    and gained little (0.55 -> 0.54 ms for its 6 layers, its merge included).
+    `config` (None: the production config of q's dtype) holds the tuning constants. The work table is the
+    plan's (`attention_tiles`) for its row set, which must have been built for this config; a plan without one
+    gets a table built for this call.
     """
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     if k.stride() != v.stride() or k_cache.stride() != v_cache.stride():
         raise ValueError("keys and values (and their caches) must share a layout")
-    group = heads // kv_heads
-    wide = q.dtype == torch.float32
-    if heads_per_program is None:
-        heads_per_program = 1 if wide else max(1 << p for p in range(HEADS_PER_PROGRAM.bit_length())
-                                                if group % (1 << p) == 0)
-    block_keys = block_keys or (WIDE_BLOCK_KEYS if wide else BLOCK_KEYS)
-    if block_keys < 16 or PAGE % block_keys:
-        raise ValueError(f"block_keys={block_keys} must be at least 16 and divide the page size {PAGE}")
-    if group % heads_per_program or heads_per_program & (heads_per_program - 1):
-        raise ValueError(f"heads_per_program={heads_per_program} must be a power of two dividing the group size {group}")
-    block_rows = block_rows or (WIDE_BLOCK_ROWS if wide else BLOCK_ROWS)
-    num_stages = num_stages or (1 if wide else 2)
-    block_tokens = max(16, block_rows // heads_per_program)
-    head_blocks = heads // heads_per_program
-    if extra_items is None:
-        extra_items = max(1, SLOTS_PER_SM * multiprocessors(q.device) // head_blocks)
-    table = tile_table(plan, query_rows, k.shape[0], block_tokens,
-                       SPLIT_KEYS if min_split_keys is None else min_split_keys, extra_items)
+    config = config or fork_attention_config(q.dtype)
+    tiling = _tiling(config, heads, kv_heads, q.device)
+    table = plan.stream_tiles if query_rows is None else plan.readout_tiles
+    if table is None:
+        table = tile_table(plan, query_rows, k.shape[0], tiling.block_tokens, config.min_split_keys,
+                           tiling.extra_items)
+    elif (table.query_rows is not query_rows or table.rows.shape[0] != q.shape[0]
+          or (table.block_tokens, table.min_split_keys, table.extra_items)
+          != (tiling.block_tokens, config.min_split_keys, tiling.extra_items)):
+        raise ValueError("the plan's tile table was built for other query rows or another tiling")
+    block_tokens, heads_per_program, head_blocks = tiling.block_tokens, tiling.heads_per_program, tiling.head_blocks
+    warps = config.large_head_warps if config.large_head_warps is not None and head_dim >= 128 else config.warps
     out = torch.empty_like(q)
     gated = gate if gate is not None else q  # any tensor: not read unless GATED
     rows_per_program = block_tokens * heads_per_program
@@ -490,10 +487,10 @@ def fork_attention_triton(
         plan.key_lo, plan.ctx_hi, plan.seg_lo, plan.request_of, plan.history_len, plan.page_offset, plan.pages,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1), gated.stride(0), gated.stride(1),
-        head_dim**-0.5 * 1.4426950408889634,
-        GROUP=group, HEADS=heads_per_program, HEAD_DIM=head_dim, BT=block_tokens, BN=block_keys, IEEE=wide,
-        GATED=gate is not None, PAGE_SIZE=PAGE,
-        num_warps=num_warps or ((8 if head_dim >= 128 else 4) if wide else WARPS), num_stages=num_stages,
+        head_dim**-0.5 * math.log2(math.e),
+        GROUP=heads // kv_heads, HEADS=heads_per_program, HEAD_DIM=head_dim, BT=block_tokens, BN=config.block_keys,
+        IEEE=q.dtype == torch.float32, GATED=gate is not None, PAGE_SIZE=PAGE, num_warps=warps,
+        num_stages=config.stages,
     )
     _merge_splits_kernel[(table.max_tiles, head_blocks)](
         out, gated, part_acc, part_m, part_l, table.tile_start, table.tile_splits, table.partial_slot,

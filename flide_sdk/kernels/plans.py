@@ -28,9 +28,41 @@ class AttentionPlan:
     num_tokens: torch.Tensor  # [1] real stream tokens (rows at or past it are padding)
     request_bounds: list[tuple[int, int]]  # host: stream [start, end) of each request (reference op)
     history: list[tuple[int, np.ndarray | None]]  # host: per request, cached length r and its pages
-    # device tile tables derived from this plan, built by the first attention layer of a round that needs
-    # one and reused by the others (kernels.fork_attention.tile_table); keyed by the kernel's tiling
-    tile_tables: dict = field(default_factory=dict, repr=False)
+    # the attention kernel's work tables of the stream's rows and of the readout rows, built on the device once
+    # per forward pass by its caller (`kernels.fork_attention.attention_tiles`) and shared by its attention
+    # layers; None: each call of the kernel builds its own
+    stream_tiles: TileTable | None = field(default=None, repr=False)
+    readout_tiles: TileTable | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class TileTable:
+    """A round's attention work for one query-row set, planned on the device (`kernels.fork_attention`): the
+    tiles (`plan_tiles_reference`) and their key splits. A tile's keys, in order (its cached history, the stream keys
+    every row sees, the masked ones), are cut into ceil(keys / size) equal pieces of whole pages (a piece of
+    the history starts on a page), where the size is the larger of the minimum asked for and the round's keys
+    over `extra_items`; each (tile, piece) is a work item, the items of a tile consecutive. A tile of one
+    piece is finished by its item; the items of a tile of several leave partial results (unnormalised sums,
+    running maxima and weights) in its `partial_slot` onwards, which the merge kernel combines. The items
+    number at most `max_tiles + extra_items` (ceil(keys / size) < keys / size + 1) and the partial slots at
+    most twice `extra_items` (a tile of s > 1 pieces has s <= 2 (s - 1))."""
+
+    query_rows: torch.Tensor | None  # the query-row set it was built for (None: every stream row)
+    block_tokens: int  # the tiling it was built for: tokens per tile, fewest keys split, items past one a tile
+    min_split_keys: int
+    extra_items: int
+    rows: torch.Tensor  # [Tq] the stream index of each query row
+    tile_start: torch.Tensor  # [max_tiles + 2] tile i covers rows[tile_start[i]:tile_start[i + 1]]
+    num_tiles: torch.Tensor  # [1]
+    max_tiles: int
+    item_tile: torch.Tensor  # [max_items] the tile of each work item
+    item_split: torch.Tensor  # [max_items] its split within the tile
+    tile_splits: torch.Tensor  # [max_tiles] splits of each tile (0 past num_tiles)
+    tile_piece: torch.Tensor  # [max_tiles] keys per piece of each tile
+    partial_slot: torch.Tensor  # [max_tiles] first partial slot of a tile of several splits (else -1)
+    num_items: torch.Tensor  # [1]
+    max_items: int
+    max_partials: int
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flide_sdk.plan.layout import PAGE, AttentionPlan, DeltaPlan
+from flide_sdk.kernels.plans import PAGE, AttentionPlan, DeltaPlan
 
 L2_EPS = 1e-6
 QUERY_BLOCK = 256  # query rows attended at once by `fork_attention_reference`

@@ -12,26 +12,7 @@ A checkpoint's window is the K-1 conv inputs before its save point: `save_window
 r, the table rows save_src[r] into the arena's slot save_slots[r] (one launch on CUDA). A round never saves
 into a slot it resumes from, so the reads and writes of one launch never meet.
 `*_reference` are the definitions (torch); `*_triton` the kernels (one pass each, SiLU fused in the conv).
-Timed slower on the H200 on 2026-11-30 and removed: loading each tap's stream row before its index arrives
-(speculative loads; 20-80% slower in every round at 7117ef9), and a kernel loading every tap's indices and
-rows at once (one dependent load chain instead of one per tap; at its best tuning 2% slower in the lone and
-64-branch rounds and equal in 64 passages, at cca1c70: `2026-11-30-bench_conv-0.8B.json`). On 2026-12-01
-(ab59aba, `2026-12-01-profile_round-0.8B-v3.json` against `-v2` at 519134c): stream rows and window rows as
-two masked loads joined by a select of values instead of one load through a select of row pointers. The
-compiler then proves the rows' alignment and loads 16 bytes at a time, not 2 (sm_90 PTX), yet the fused
-front took 0.90 ms instead of 0.70 in a lone 2,000-token round and 1.97 instead of 1.50 with 64 branches;
-not kept. Since fca3265 a row is one offset from the stream's first row, the window rows at the arena's
-offset from it (`_table_row_offsets`): one load per tap, 16 bytes at a time, and 1-4% faster than the pointer
-select (q1 round 38.2 -> 37.7 us, `2026-12-01-bench_conv-0.8B-offsets-ab.json`): the loads' width is not
-what bounds this kernel. Nsight Compute then showed it instruction-bound (issue slots busy 65% of cycles, 30% of
-peak memory bandwidth; about 65 instructions per value, `2026-12-01-ncu-0.8B-h200.json`): in the compiled code each
-tap's per-token indices and a weight row loaded as [1, BC] crossed threads through shared memory, with barriers,
-and every load was masked. Since bda6658 a tile of stream predecessors (most tiles) is addressed
-arithmetically, the weights are float32, tap-major and loaded in the rows' layout, and channels that fill the
-tiles are not masked: about 33 instructions per value (the float32 answers on CUDA unchanged to the printed
-digits, `2026-12-01-fidelity-0.8B.json`), the conv alone on a lone 2,000-token round 37.7 -> 29.7 us
-(`2026-12-01-bench_conv-0.8B.json`), the fused front in a round's profile 0.683 -> 0.471 ms at Q = 1 and 1.474 ->
-1.059 ms at Q = 64 (`2026-12-01-profile_round-0.8B.json` against `-conv-ab-b4c6a12`, one device call).
+How its loads are addressed, and what was measured: docs/decisions/short-conv-kernel.md.
 The engine runs the conv and the window saves inside `gdn_front`'s single launch; the launchers here run
 each part alone (its tests, `benchmarks/bench_conv.py`).
 """

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flide_sdk.kernels.plans import AttentionPlan, DeltaPlan
 from flide_sdk.kernels.reference import (
     add_rms_norm_reference,
     attention_front_reference,
@@ -28,7 +29,6 @@ from flide_sdk.kernels.reference import (
     rms_norm_reference,
     swiglu_reference,
 )
-from flide_sdk.plan.layout import AttentionPlan, DeltaPlan
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class Ops:
         torch.Tensor,
     ]
     """(q, k, v, plan, query_rows, k_cache, v_cache, gate) -> attention output [Tq, Hq, D] times sigmoid(gate)."""
+    attention_tiles: Callable[[AttentionPlan, torch.Tensor | None, int, int, torch.dtype], AttentionPlan]
+    """(plan, readout rows or None, query heads, key/value heads, q's dtype) -> the plan with what `fork_attention`
+    derives from it once per forward pass (the kernel's tile tables; the reference needs none: the plan itself)."""
     gated_delta: Callable[
         [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, DeltaPlan, torch.Tensor], torch.Tensor
     ]
@@ -63,8 +66,13 @@ class Ops:
     row's label logits (float32 dot products) [R, L]."""
 
 
+def _plan_itself(plan: AttentionPlan, *_: object) -> AttentionPlan:
+    return plan
+
+
 reference_ops = Ops(
     fork_attention=fork_attention_reference,
+    attention_tiles=_plan_itself,
     gated_delta=gated_delta_reference,
     gdn_front=gdn_front_reference,
     attention_front=attention_front_reference,
@@ -79,7 +87,7 @@ reference_ops = Ops(
 def kernel_ops() -> Ops:
     """The Triton kernels (used on CUDA; on CPU they run only under TRITON_INTERPRET=1, for tests)."""
     from flide_sdk.kernels.attention_front import attention_front_triton
-    from flide_sdk.kernels.fork_attention import fork_attention_triton
+    from flide_sdk.kernels.fork_attention import attention_tiles, fork_attention_triton
     from flide_sdk.kernels.gated_delta import gated_delta_triton
     from flide_sdk.kernels.gdn_front import gdn_front_triton
     from flide_sdk.kernels.label_softmax import label_softmax_triton
@@ -92,6 +100,7 @@ def kernel_ops() -> Ops:
 
     return Ops(
         fork_attention=fork_attention_triton,
+        attention_tiles=attention_tiles,
         gated_delta=gated_delta_triton,
         gdn_front=gdn_front_triton,
         attention_front=attention_front_triton,

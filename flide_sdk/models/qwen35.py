@@ -22,6 +22,7 @@ logit of magnitude 16 is rounded by up to 1/16, which moves an option's probabil
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -297,10 +298,14 @@ class Qwen35Model(nn.Module):
 
     @torch.inference_mode()
     def forward(self, rnd: RoundTensors, ops: Ops, caches: Sequence[LayerCache]) -> torch.Tensor:
-        # tables derived from the round's metadata are built once per pass, inside it: a graph captured after a
-        # warm-up pass on the same round tensors must contain their build
-        rnd.attention.tile_tables.clear()
         embedded = F.embedding(rnd.ids, self.embed_tokens.weight)
+        # what attention derives from the round's metadata is built once per pass, inside it: a graph captured
+        # after a warm-up pass on the same round tensors must contain its build
+        if any(layer.is_attention for layer in self.layers):
+            c = self.config
+            readout = rnd.readout.rows if self.layers[-1].is_attention else None
+            attention = ops.attention_tiles(rnd.attention, readout, c.num_heads, c.num_kv_heads, embedded.dtype)
+            rnd = dataclasses.replace(rnd, attention=attention)
         rope = self.rope_tables(embedded.dtype)
         x = embedded.to(self.residual_dtype)
         last = len(self.layers) - 1
