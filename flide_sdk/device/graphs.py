@@ -8,13 +8,10 @@ staging buffer into that device buffer, last the one device-to-host copy of the 
 its pinned readback buffer. A round is launched by staging its host arrays straight into the pinned
 staging buffer and one replay call; `Launch.wait()` later synchronises on an event recorded after it. Two
 staging/readback buffer pairs alternate (a graph per capacity for each), so the host can build round k+1
-while the device still runs round k. On the H200 (questions_per_state at e46ac80 against cb0e20c) this took
-a lone round's launch from 0.80 to 0.58 ms, though the replay call itself grew from 0.16 to 0.31 ms.
+while the device still runs round k (measured: docs/decisions/round-planning.md).
 The staging buffer holds a round's staged form (`capacity.stage_into`): the arrays that grow with the stream
 (token rows, conv sources, chunk tables) come as a piece table and chunk spans, which the graph's first
-kernel expands into device arrays of their own (`device_round`, `kernels.round_metadata`). On the H200 a lone
-ask's staging took 0.23-0.52 -> 0.10-0.23 ms (Q = 1 to 64, questions_per_state at 27344aa against 5758564), its
-replay unchanged.
+kernel expands into device arrays of their own (`device_round`, `kernels.round_metadata`).
 """
 
 from __future__ import annotations

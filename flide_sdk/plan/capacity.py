@@ -33,16 +33,8 @@ from flide_sdk.plan.layout import (
     RoundPlan,
 )
 
-# steps of at most 1.25x above 384 tokens: 64 tokens (at most 1.17x) up to 768, where a lone RACE passage with
-# its questions lands (390-680 tokens), and 128 tokens (at most 1.09x) from 1,536 to 3,072 tokens, where a
-# lone ask about a 2,000-token state with 1 to 16 questions lands (its padding is computed by the token-wise
-# kernels; the GDN kernels skip it): on the H200 the 128-token steps took 0.1-0.17 ms off the replay of Q = 4
-# and Q = 16 (questions_per_state at e46ac80 against cb0e20c). Two rungs follow what cuBLAS's GEMMs do at these
-# row counts on the H200 (in a graph, the 0.8B MLP's up projection 50.1 us at 2,176 rows against 45.5 at 2,240,
-# its down projection 25.5 against 23.7), measured on real lone rounds replayed on graphs of each capacity: past
-# 2,048 the next rung is 2,240, not 2,176 (Q = 4, 2,165 tokens: 7.86 -> 7.77 ms; 2,304 7.95), and 544 comes
-# between 512 and 576 (RACE passages of 524-543 tokens: 2.91 ms against 3.00 at 576, 2.76 at 512; 608 was no
-# faster than 640) (`2026-12-01-ladder-rungs-h200.json`)
+# steps of at most 1.25x above 384 tokens, finer where lone RACE passages (390-680 tokens) and 2,000-token
+# states with 1-16 questions land, and rungs where cuBLAS's GEMMs run faster (docs/decisions/round-planning.md)
 TOKEN_LADDER = (128, 256, 384, 448, 512, 544, 576, 640, 704, 768, 896, 1024, 1280, 1536, 1664, 1792, 1920, 2048,
                 2240, 2304, 2432, 2560, 2688, 2816, 2944, 3072, 3584, 4096, 4608, 5120, 5632, 6144, 7168, 8192,
                 10240, 12288, 14336, 16384)

@@ -9,10 +9,8 @@ tail, so a captured CUDA graph can read any round that fits (`capacity.pad_into`
 copies them. A graph's staging buffer gets less (`write_staged`): a piece table and chunk spans in place of
 the per-token and per-chunk-position arrays, which the device expands (`kernels.round_metadata`). Token-wise
 metadata other than the ids is one [5, T] block (`TOKEN_ROWS`) and a level's per-segment tables one [5, S]
-block (`SEGMENT_ROWS`): one copy each into a staging buffer. Before
-(29f7a42, the numpy planner), a lone ask's plan and staging took about 150 numpy calls: 0.37 -> 0.18 ms at
-Q = 1 and 0.70 -> 0.45 ms at Q = 64 on this repository's CPU VM, interleaved in one process. Nothing here
-looks at the model's weights.
+block (`SEGMENT_ROWS`): one copy each into a staging buffer, with a few numpy calls per array (the
+history of that choice: docs/decisions/round-planning.md). Nothing here looks at the model's weights.
 
 A request may *resume* from a checkpoint at position r (its trunk in the stream then starts at r: keys and
 values of [0, r) come from pool pages, the Gated DeltaNet state and conv window from a pool slot) and may
