@@ -35,36 +35,27 @@ class Ask:
     questions: dict[str, Question]
     rendered: dict[str, RenderedQuestion]
     branches: Branches = field(init=False)
+    branch_tokens: int = field(init=False)
+    label_counts: list[int] = field(init=False)  # each question's number of labels, in question order
+    trunk_key: TrunkKey = field(init=False)
+    first_block: int | None = field(init=False)  # hash of the first BLOCK tokens (None if shorter)
     future: Future = field(default_factory=Future)
     queued_at: float = 0.0
 
     def __post_init__(self) -> None:
+        """Everything the round thread reads about the ask, computed once here on the asking thread."""
         self.branches = Branches.of([q.ids for q in self.rendered.values()],
                                     [q.label_ids for q in self.rendered.values()])
-
-    @property
-    def branch_tokens(self) -> int:
-        return int(self.branches.lengths.sum())
+        self.branch_tokens = int(self.branches.lengths.sum())
+        self.label_counts = [len(self.rendered[name].label_ids) for name in self.questions]
+        trunk = self.trunk
+        self.trunk_key = TrunkKey(len(trunk), trunk.boundary, trunk.block_hash(trunk.boundary // BLOCK))
+        self.first_block = trunk.block_hash(1) if len(trunk) >= BLOCK else None
 
     @property
     def tokens(self) -> int:
         """Stream tokens this ask adds to a round at most (before any checkpoint is found)."""
         return self.trunk.fresh + self.branch_tokens
-
-    @property
-    def label_counts(self) -> list[int]:
-        """Each question's number of labels, in question order."""
-        return [len(self.rendered[name].label_ids) for name in self.questions]
-
-    @property
-    def trunk_key(self) -> TrunkKey:
-        trunk = self.trunk
-        return TrunkKey(len(trunk), trunk.boundary, trunk.block_hash(trunk.boundary // BLOCK))
-
-    @property
-    def first_block(self) -> int | None:
-        """Hash of the first BLOCK tokens (None if shorter): equal for an ask and any producer it waits for."""
-        return self.trunk.block_hash(1) if len(self.trunk) >= BLOCK else None
 
     def same_trunk(self, other: Ask) -> bool:
         a, b = self.trunk, other.trunk
