@@ -99,7 +99,7 @@ def visible_pairs(host) -> int:
     index = np.arange(host.num_tokens)
     own = index - host.seg_lo + 1
     context = host.ctx_hi - host.key_lo
-    cached = np.array([host.history[r][0] for r in host.request_of])
+    cached = np.array([host.plan.requests[r].start for r in host.request_of])
     return int((own + context + cached).sum())
 
 

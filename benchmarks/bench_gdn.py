@@ -142,7 +142,7 @@ def padded_run(host, inputs: dict, states: torch.Tensor, max_prompt_tokens: int)
     capacity = choose(capacity_ladder(CONV_KERNEL, 16384, 64, max_prompt_tokens), host)
     if capacity is None:
         return None
-    plan = pad_round(host, capacity, 0, 0, 0).to(DEVICE).delta  # zero row 0 (StateRows.compact); no sinks read
+    plan = pad_round(host, capacity, 0).to(DEVICE).delta  # zero row 0 (StateRows.compact); no sinks read
     extra = capacity.tokens - host.num_tokens
     padded = {name: torch.cat([x, x.new_zeros(extra, *x.shape[1:])]) for name, x in inputs.items()}
     return capacity.tokens, lambda **knobs: gated_delta_triton(padded["q"], padded["k"], padded["v"], padded["g"],

@@ -14,14 +14,14 @@ import pytest
 import torch
 
 import flide_sdk as fl
-from flide_sdk.kernels.round_metadata import expand_round_reference, expand_round_triton
+from flide_sdk.kernels.reference import expand_round_reference
+from flide_sdk.kernels.round_metadata import expand_round_triton
 from flide_sdk.models.ops import kernel_ops, reference_ops
 from flide_sdk.plan.capacity import (
     TOKEN_LADDER,
     capacity_ladder,
     choose,
     pad_round,
-    stage_into,
 )
 from flide_sdk.plan.layout import (
     DISCARD_ROW,
@@ -31,6 +31,7 @@ from flide_sdk.plan.layout import (
     Save,
     StateRows,
     plan_round,
+    round_tensors,
 )
 from flide_sdk.testing import make_tiny_checkpoint
 
@@ -198,7 +199,7 @@ def test_padding_only_at_the_tail_and_padded_rounds_fit():
     host = plan_round(requests, K, ROWS, SINK)
     ladder = capacity_ladder(K, 4096, 16, 4096)
     capacity = choose(ladder, host)
-    padded = pad_round(host, capacity, window_sink=39, kv_sink=SINK, zero_row=ROWS.zero)
+    padded = pad_round(host, capacity, window_sink=39)
     real, total = host.num_real, capacity.tokens
     assert padded.ids.shape == (total,) and padded.num_real == real
     for name in ("ids", "positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "kv_slots"):
@@ -248,7 +249,7 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
                     if padded:
                         capacity = choose(ladder, host)
                         assert capacity.tokens > host.num_real, "the round is padded"
-                        host_run = pad_round(host, capacity, pool.window_sink, pool.kv_sink, pool.state_rows.zero)
+                        host_run = pad_round(host, capacity, pool.window_sink)
                     else:
                         host_run = host
                     probabilities = model(host_run.to("cpu"), ops, engine.pool.layer_caches())
@@ -303,8 +304,8 @@ def staged_and_expanded(host, capacity, expand):
 
     layout = StagingLayout(capacity)
     flat = torch.full((layout.elements,), -7, dtype=torch.int64)
-    stage_into(host.plan, capacity, layout.views(flat.numpy()), 39, SINK, ROWS.zero)
-    expanded = FlatLayout(capacity.expanded_shapes())
+    host.plan.stage(layout.views(flat.numpy()), capacity.shape, 39)
+    expanded = FlatLayout(capacity.shape.expanded_shapes())
     arrays, run = device_round(capacity, layout.views(flat), expanded.views(torch.full((expanded.elements,), -7)),
                                expand)
     run()
@@ -333,7 +334,7 @@ def test_staging_layout_packs_every_field_once_and_expands_to_the_padded_round()
             assert all(end == start for (_, end), (start, _) in itertools.pairwise(spans)), "fields tile the buffer"
             if not capacity.fits(host) or capacity.tokens > 2 * host.num_real + 256:
                 continue
-            padded = pad_round(host, capacity, 39, SINK, ROWS.zero)
+            padded = pad_round(host, capacity, 39)
             fitting += 1
             for expand in (expand_round_reference, expand_round_triton)[: 2 if fitting <= 2 else 1]:
                 flat, arrays = staged_and_expanded(host, capacity, expand)
@@ -358,16 +359,15 @@ def test_a_pass_over_refilled_round_tensors_answers_the_new_round(two_layer_path
                    for n, b in requests] for requests in ([(20, 1)], [(70, 1), (20, 2)])]
         hosts = [plan_round(requests, model.config.conv_kernel, pool.state_rows, pool.kv_sink) for requests in rounds]
         capacity = choose(capacity_ladder(model.config.conv_kernel, 1024, 8, 4096), hosts[1])
-        layout, expanded = StagingLayout(capacity), FlatLayout(capacity.expanded_shapes())
+        layout, expanded = StagingLayout(capacity), FlatLayout(capacity.shape.expanded_shapes())
         flat = torch.zeros(layout.elements, dtype=torch.int64)
         arrays, expand = device_round(capacity, layout.views(flat), expanded.views(torch.zeros(expanded.elements,
                                                                                                 dtype=torch.int64)))
         rnd = None
         for host in hosts:
-            stage_into(host.plan, capacity, layout.views(flat.numpy()), pool.window_sink, pool.kv_sink,
-                       pool.state_rows.zero)
+            host.plan.stage(layout.views(flat.numpy()), capacity.shape, pool.window_sink)
             expand()
-            rnd = rnd or host.tensors(arrays)
+            rnd = rnd or round_tensors(host.plan, capacity.shape, arrays)
             reused = model(rnd, ops, engine.pool.layer_caches())[: host.num_questions]
         fresh = model(hosts[1].to("cpu"), ops, engine.pool.layer_caches())
         assert torch.allclose(reused[:, :2], fresh[:, :2], atol=1e-6, rtol=0)

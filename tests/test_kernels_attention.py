@@ -165,7 +165,7 @@ def test_device_tile_table_matches_the_reference_over_row_blocks_and_padding(blo
                                [np.array([1])] * b) for n, b in [(1500, 3), (2100, 40), (7, 1), (900, 2)]]
     host = plan_round(requests, 4)
     capacity = choose(capacity_ladder(4, 16384, 8, 32768), host)
-    padded = pad_round(host, capacity, 0, 0, 0)
+    padded = pad_round(host, capacity, 0)
     assert padded.num_tokens > PLAN_ROW_BLOCK and int(padded.num_real) < padded.num_tokens
     plan = padded.to("cpu").attention
     for query_rows in (None, torch.as_tensor(padded.readout_rows)):

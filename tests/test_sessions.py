@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-from collections import deque
 
 import numpy as np
 import pytest

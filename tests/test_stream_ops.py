@@ -34,7 +34,7 @@ def make_round(seed: int, trunk_lengths=(1, 63, 64, 65, 130), max_branches=16):
 def prompts(requests, host):
     """(stream indices of trunk + branch) of every standalone prompt of the round."""
     out = []
-    for request, (start, _) in zip(requests, host.request_bounds):
+    for request, (start, _) in zip(requests, host.plan.request_bounds):
         trunk = np.arange(start, start + len(request.trunk))
         cursor = trunk[-1] + 1
         for length in request.branches.lengths:
@@ -102,7 +102,7 @@ def test_gated_delta_reference_forks_exactly(seed):
         expected, _ = _sequential_delta(q[prompt], k[prompt], v[prompt], g[prompt], beta[prompt])
         torch.testing.assert_close(out[prompt].double(), expected, rtol=1e-5, atol=1e-5)
     # each trunk's final state is in its slot
-    for slot, (request, (start, _)) in enumerate(zip(requests, host.request_bounds), start=1):
+    for slot, (request, (start, _)) in enumerate(zip(requests, host.plan.request_bounds), start=1):
         trunk = slice(start, start + len(request.trunk))
         _, final = _sequential_delta(q[trunk], k[trunk], v[trunk], g[trunk], beta[trunk])
         torch.testing.assert_close(states[slot].double(), final, rtol=1e-5, atol=1e-5)

@@ -96,7 +96,7 @@ def recorded_round(model_size: str, tokens: int, ops_variant: Callable, dtype: t
     request = RequestSpec.of(trunk, [rng.integers(0, 1000, 20)] * 4, [np.array([1, 2])] * 4)
     host = plan_round([request], config.conv_kernel, pool.state_rows, pool.kv_sink)
     capacity = choose(capacity_ladder(config.conv_kernel, 16384, 64, 262144), host)
-    padded = pad_round(host, capacity, pool.window_sink, pool.kv_sink, pool.state_rows.zero)
+    padded = pad_round(host, capacity, pool.window_sink)
     recorders = {}
     originals = {}
     for module in MODULES:

@@ -50,7 +50,7 @@ def padded_round(engine: fl.Engine, state: str, questions: dict):
     host = plan_round([spec], engine.model.config.conv_kernel, pool.state_rows, pool.kv_sink)
     ladder = capacity_ladder(engine.model.config.conv_kernel, 16384, 64, engine.renderer.max_prompt_tokens)
     capacity = choose(ladder, host)
-    padded = pad_round(host, capacity, pool.window_sink, pool.kv_sink, pool.state_rows.zero)
+    padded = pad_round(host, capacity, pool.window_sink)
     return host, capacity, padded.to("cuda")
 
 

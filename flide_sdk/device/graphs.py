@@ -9,9 +9,9 @@ its pinned readback buffer. A round is launched by staging its host arrays strai
 staging buffer and one replay call; `Launch.wait()` later synchronises on an event recorded after it. Two
 staging/readback buffer pairs alternate (a graph per capacity for each), so the host can build round k+1
 while the device still runs round k (measured: docs/decisions/round-planning.md).
-The staging buffer holds a round's staged form (`capacity.stage_into`): the arrays that grow with the stream
-(token rows, conv sources, chunk tables) come as a piece table and chunk spans, which the graph's first
-kernel expands into device arrays of their own (`device_round`, `kernels.round_metadata`).
+The staging buffer holds a round's staged form (`RoundPlan.stage`): the arrays that grow with the stream
+(token rows, conv sources, chunk tables, save windows) come as a piece table, chunk spans and save tokens,
+which the graph's first kernel expands into device arrays of their own (`device_round`, `kernels.round_metadata`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from flide_sdk.kernels.plans import RoundMetadata
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
-from flide_sdk.plan.capacity import Capacity, choose, stage_into
-from flide_sdk.plan.layout import Branches, HostRound, RequestSpec, RoundPlan, StateRows, plan_round
+from flide_sdk.plan.capacity import Capacity, choose
+from flide_sdk.plan.layout import (
+    Branches,
+    HostRound,
+    RequestSpec,
+    RoundPlan,
+    StateRows,
+    plan_round,
+    round_tensors,
+)
 
 LOG = logging.getLogger(__name__)
 BUFFERS = 2  # staging/readback buffers in rotation: rounds that may be in flight at once
@@ -53,10 +62,10 @@ class FlatLayout:
 
 
 class StagingLayout(FlatLayout):
-    """A capacity's staging buffer (`Capacity.staged_shapes`)."""
+    """A capacity's staging buffer (`RoundShape.staged_shapes`)."""
 
     def __init__(self, capacity: Capacity) -> None:
-        super().__init__(capacity.staged_shapes())
+        super().__init__(capacity.shape.staged_shapes())
         self.capacity = capacity
 
 
@@ -67,14 +76,13 @@ def device_round(
     expansion: Callable[..., None] | None = None,
 ) -> tuple[dict[str, torch.Tensor], Callable[[], None]]:
     """The device arrays a graph's forward reads (named as `HostRound.arrays()`), from views of the staging
-    copy (`staged`) and of the expansion's arrays (`expanded`, `Capacity.expanded_shapes`), and the call that
+    copy (`staged`) and of the expansion's arrays (`expanded`, `RoundShape.expanded_shapes`), and the call that
     expands the one into the other (`kernels.round_metadata`; `expansion` its kernel, the default, or its
     reference). The kernel module is imported here: a CPU install has no Triton."""
-    from flide_sdk.kernels.round_metadata import RoundMetadata, expand_round_triton
+    from flide_sdk.kernels.round_metadata import expand_round_triton
 
-    arrays = {**staged, "token_rows": expanded["token_rows"], "conv_src": expanded["conv_src"],
-              **capacity.level_views(expanded["chunk_tokens"])}
-    metadata = RoundMetadata(**{name: {**staged, **expanded}[name] for name in RoundMetadata._fields})
+    arrays = {**staged, **expanded}
+    metadata = RoundMetadata(**{name: arrays[name] for name in RoundMetadata._fields})
     return arrays, functools.partial(expansion or expand_round_triton, metadata)
 
 
@@ -145,7 +153,7 @@ class GraphRunner:
         elements = max(layout.elements for layout in layouts)
         readback = max(c.questions * c.labels for c in self.ladder)
         self._device_buffer = torch.zeros(elements, dtype=torch.int64, device=self.device)
-        self._expanded_layouts = {c: FlatLayout(c.expanded_shapes()) for c in self.ladder}
+        self._expanded_layouts = {c: FlatLayout(c.shape.expanded_shapes()) for c in self.ladder}
         self._expanded_buffer = torch.zeros(max(layout.elements for layout in self._expanded_layouts.values()),
                                             dtype=torch.int64, device=self.device)
         self._staging = [torch.zeros(elements, dtype=torch.int64).pin_memory() for _ in range(BUFFERS)]
@@ -173,11 +181,11 @@ class GraphRunner:
             device_head = self._device_buffer[: layout.elements]
             host_views = [layout.views(buffer.numpy()) for buffer in self._staging]
             for views in host_views:
-                stage_into(placeholder.plan, capacity, views, self.window_sink, self.kv_sink, self.rows.zero)
+                placeholder.plan.stage(views, capacity.shape, self.window_sink)
             device_head.copy_(self._staging[0][: layout.elements])
             arrays, expand = device_round(capacity, device_views,
                                           self._expanded_layouts[capacity].views(self._expanded_buffer))
-            rnd = placeholder.tensors(arrays)
+            rnd = round_tensors(placeholder.plan, capacity.shape, arrays)
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
@@ -214,7 +222,7 @@ class GraphRunner:
         if self._replayed[buffer] is not None:
             self._replayed[buffer].synchronize()  # the replay that last used this buffer pair is done
         freed = time.perf_counter()
-        stage_into(plan, capacity, captured.host_views[buffer], self.window_sink, self.kv_sink, self.rows.zero)
+        plan.stage(captured.host_views[buffer], capacity.shape, self.window_sink)
         padded = time.perf_counter()
         events = self._events[buffer]
         events[0].record()

@@ -3,7 +3,7 @@
 `reference` holds the pure-torch definition of every op (the CPU path; it needs no Triton). Each other module
 is one Triton kernel with its launch wrapper, tested against its reference; they are imported only on CUDA
 (or under TRITON_INTERPRET=1 in tests). Kernels read only device tensors in the structs of `plans`, which the
-round planner (`flide_sdk.plan.layout`) fills, so their launch shapes depend on the stream capacity alone; the
+round planner (`flide_sdk.plan`) fills, so their launch shapes depend on the stream capacity alone; the
 package imports nothing else of flide_sdk. Why they are plain launches
 and not programmatic dependent ones: docs/decisions/plain-kernel-launches.md.
 """

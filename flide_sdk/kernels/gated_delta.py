@@ -308,7 +308,7 @@ class _ScanLaunch:
     gated: bool = False
 
 
-LEVELS_PER_LAUNCH = 3  # a round's levels (layout.plan_round): one prep and one output launch for all of them
+LEVELS_PER_LAUNCH = 3  # a round's levels (plan.shape.LEVELS): one prep and one output launch for all of them
 
 
 def level_groups(levels: list[DeltaLevel]) -> list[list[DeltaLevel]]:

@@ -1,12 +1,13 @@
 """The kernels' inputs: the constants and named structs of device tensors that the stream ops read.
 
-The round planner (`flide_sdk.plan.layout`) fills these; the kernels and their references only read them, so
+The round planner (`flide_sdk.plan`) fills these; the kernels and their references only read them, so
 this package imports nothing else of flide_sdk.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -14,6 +15,16 @@ import torch
 GDN_CHUNK = 64  # tokens per chunk of the chunked gated delta rule
 PAGE = 64  # tokens per key/value page of the checkpoint pool
 DISCARD_ROW = -1  # a segment's `final_row` when its final state is not kept
+
+# the rows of a round's per-token metadata block [5, T] (`kernels.round_metadata` expands it from the pieces)
+TOKEN_ROWS = ("positions", "key_lo", "ctx_hi", "seg_lo", "request_of")
+# the rows of a Gated DeltaNet level's segment table [5, segments]
+SEGMENT_ROWS = ("init_row", "final_row", "chunk_count", "step_base", "chain")
+# the rows of a round's piece table [10, pieces] (`plan.tree.RoundPlan.piece_table`): a piece's stream start and
+# what its first K - 1 tokens' conv taps before it read, then the TOKEN_ROWS values of its tokens (the position's
+# as position - stream index)
+CONV_PIECE_ROWS = ("start", "position", "first", "trunk_start", "resume_index")
+PIECE_ROWS = CONV_PIECE_ROWS + TOKEN_ROWS
 
 
 @dataclass
@@ -82,3 +93,17 @@ class DeltaLevel:
 class DeltaPlan:
     levels: list[DeltaLevel]
     num_rows: int  # rows of the standalone state table the plan was made for (StateRows.num_rows)
+
+
+class RoundMetadata(NamedTuple):
+    """A staged round's arrays (read) and the arrays `round_metadata` derives from them (written), all int64."""
+
+    pieces: torch.Tensor  # [PIECE_ROWS, P]: the first piece_counts[0] columns real, in stream order, the first at 0
+    piece_counts: torch.Tensor  # [2]: pieces, requests
+    num_tokens: torch.Tensor  # [1]: real tokens
+    chunk_spans: torch.Tensor  # [2, rows]: each chunk row's first stream index and its segment's end
+    save_tokens: torch.Tensor  # [saves]: the stream index of the token before each save point
+    token_rows: torch.Tensor  # [5, T] (written)
+    conv_src: torch.Tensor  # [T, K] (written)
+    chunk_tokens: torch.Tensor  # [rows, GDN_CHUNK] (written)
+    save_window_src: torch.Tensor  # [saves, K - 1] (written)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flide_sdk.kernels.plans import PAGE, AttentionPlan, DeltaPlan
+from flide_sdk.kernels.plans import PAGE, AttentionPlan, DeltaPlan, RoundMetadata
 
 L2_EPS = 1e-6
 QUERY_BLOCK = 256  # query rows attended at once by `fork_attention_reference`
@@ -254,3 +254,34 @@ def label_softmax_reference(h: torch.Tensor, head: torch.Tensor, label_ids: torc
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, as torch computes it (the definition)."""
     return F.silu(gate) * up
+
+
+def expand_round_reference(arrays: RoundMetadata) -> None:
+    """A round's per-token and per-chunk-position metadata from its staged form, in place (the definition of
+    `round_metadata.expand_round_triton`, which says what each array holds)."""
+    pieces, piece_counts, num_tokens, chunk_spans, _, token_rows, conv_src, chunk_tokens, _ = arrays
+    total, kernel = conv_src.shape
+    window = kernel - 1
+    count, requests = (int(value) for value in piece_counts)
+    real = int(num_tokens[0])
+    t = torch.arange(real, device=pieces.device)
+    piece = torch.searchsorted(pieces[0, :count].contiguous(), t, right=True) - 1
+    start, position, first, trunk_start, resume_index, offset, key_lo, ctx_hi, seg_lo, request = pieces[:, piece]
+    token_rows[:, :real] = torch.stack([offset + t, key_lo, ctx_hi, seg_lo, request])
+    token_rows[:, real:] = torch.tensor([0, real, real, real, requests], device=pieces.device)[:, None]
+    back = torch.arange(window, -1, -1, device=pieces.device)  # tap j reads the token K - 1 - j back
+    lead = (t - start)[:, None]
+    q = position[:, None] + lead - back  # the position a tap reads
+    first, trunk_start, resume_index = first[:, None], trunk_start[:, None], resume_index[:, None]
+    before = torch.where(q >= first, trunk_start + (q - first) + 1,
+                         torch.where(q >= 0, 1 + total + resume_index * window + (q - first) + window, 0))
+    conv_src[:real] = torch.where(back <= lead, t[:, None] + 1 - back, before)
+    conv_src[real:] = 0
+    positions = chunk_spans[0][:, None] + torch.arange(chunk_tokens.shape[1], device=pieces.device)
+    chunk_tokens.copy_(torch.where(positions < chunk_spans[1][:, None], positions, total))
+    gather_save_windows(arrays)
+
+
+def gather_save_windows(arrays: RoundMetadata) -> None:
+    """The conv inputs before each save point: the taps of the token before it, less the oldest."""
+    arrays.save_window_src.copy_(arrays.conv_src.index_select(0, arrays.save_tokens)[:, 1:])

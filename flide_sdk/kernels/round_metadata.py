@@ -1,72 +1,37 @@
-"""A round's per-token and per-chunk-position metadata, expanded on the device from its staged pieces.
+"""A round's per-token and per-chunk-position metadata, derived on the device from its staged form.
 
-A graph's staging buffer (`capacity.stage_into`) carries, for the arrays that grow with the stream, only what
-they are made of: a piece table (`layout.PIECE_ROWS`: each trunk and branch of the round, with its stream start,
-its tokens' token-row values and what its first tokens' conv taps before it read) and each Gated DeltaNet chunk
-row's span (its first stream index and its segment's end). This module expands them into exactly the arrays
-`RoundPlan.write` builds on the host for a capacity of T tokens:
-- token_rows [5, T] (`layout.TOKEN_ROWS`): a real token's values are its piece's (the position's as position -
+The host stages, for the arrays that grow with the stream, only what they are made of (`plan.tree.RoundPlan.stage`):
+a piece table (`plans.PIECE_ROWS`: each trunk and branch of the round, with its stream start, its tokens'
+token-row values and what its first tokens' conv taps before it read), each Gated DeltaNet chunk row's span (its
+first stream index and its segment's end) and the token before each save point. This module derives, for a
+stream of T tokens:
+- token_rows [5, T] (`plans.TOKEN_ROWS`): a real token's values are its piece's (the position's as position -
   stream index, plus t); padding tokens get (0, real, real, real, requests);
 - conv_src [T, K]: token t's tap j reads conv-table row t + 1 - (K - 1 - j) when that token lies in its piece,
   else the row of the position it reads: its trunk's stream row, its resumed window's row (after the T + 1 stream
   rows) or the zero row; padding tokens read the zero row;
-- chunk_tokens [rows, GDN_CHUNK]: start + j while inside the span, T past it (padding rows have empty spans).
-A token finds its piece by binary search over the pieces' starts. `expand_round_reference` is the definition (torch,
-CPU, tests); `expand_round_triton` one launch (a program per block of tokens or of chunk rows; grid from tensor
-shapes only: CUDA-graph safe), the first of a captured round.
+- chunk_tokens [rows, GDN_CHUNK]: start + j while inside the span, T past it (padding rows have empty spans);
+- save_window_src [saves, K - 1]: the conv inputs before each save point, the last K - 1 taps of the token before it.
+A token finds its piece by binary search over the pieces' starts. `reference.expand_round_reference` is the
+definition (torch: the host rounds of the eager path and the tests); `expand_round_triton` one launch (a program
+per block of tokens or of chunk rows; grid from tensor shapes only: CUDA-graph safe), the first of a captured
+round, then the save windows' gather.
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from flide_sdk.plan.layout import CONV_PIECE_ROWS, PIECE_ROWS, TOKEN_ROWS
+from flide_sdk.kernels.plans import CONV_PIECE_ROWS, PIECE_ROWS, TOKEN_ROWS, RoundMetadata
+from flide_sdk.kernels.reference import gather_save_windows
 
 BLOCK_TOKENS = 256  # tokens a program expands
 BLOCK_ROWS = 16  # chunk rows a program expands
 # the kernel reads the piece table's rows at these indices
 assert PIECE_ROWS[:5] == ("start", "position", "first", "trunk_start", "resume_index") and len(PIECE_ROWS) == 10
 assert PIECE_ROWS[len(CONV_PIECE_ROWS) :] == TOKEN_ROWS
-
-
-class RoundMetadata(NamedTuple):
-    """A staged round's device arrays (read) and the arrays it is expanded into (written), all int64."""
-
-    pieces: torch.Tensor  # [PIECE_ROWS, P]: the first piece_counts[0] columns real, in stream order, the first at 0
-    piece_counts: torch.Tensor  # [2]: pieces, requests
-    num_tokens: torch.Tensor  # [1]: real tokens
-    chunk_spans: torch.Tensor  # [2, rows]: each chunk row's first stream index and its segment's end
-    token_rows: torch.Tensor  # [5, T] (written)
-    conv_src: torch.Tensor  # [T, K] (written)
-    chunk_tokens: torch.Tensor  # [rows, GDN_CHUNK] (written)
-
-
-def expand_round_reference(arrays: RoundMetadata) -> None:
-    """Fill arrays.token_rows, conv_src and chunk_tokens in place from the staged arrays."""
-    pieces, piece_counts, num_tokens, chunk_spans, token_rows, conv_src, chunk_tokens = arrays
-    total, kernel = conv_src.shape
-    window = kernel - 1
-    count, requests = (int(value) for value in piece_counts)
-    real = int(num_tokens[0])
-    t = torch.arange(real, device=pieces.device)
-    piece = torch.searchsorted(pieces[0, :count].contiguous(), t, right=True) - 1
-    start, position, first, trunk_start, resume_index, offset, key_lo, ctx_hi, seg_lo, request = pieces[:, piece]
-    token_rows[:, :real] = torch.stack([offset + t, key_lo, ctx_hi, seg_lo, request])
-    token_rows[:, real:] = torch.tensor([0, real, real, real, requests], device=pieces.device)[:, None]
-    back = torch.arange(window, -1, -1, device=pieces.device)  # tap j reads the token K - 1 - j back
-    lead = (t - start)[:, None]
-    q = position[:, None] + lead - back  # the position a tap reads
-    first, trunk_start, resume_index = first[:, None], trunk_start[:, None], resume_index[:, None]
-    before = torch.where(q >= first, trunk_start + (q - first) + 1,
-                         torch.where(q >= 0, 1 + total + resume_index * window + (q - first) + window, 0))
-    conv_src[:real] = torch.where(back <= lead, t[:, None] + 1 - back, before)
-    conv_src[real:] = 0
-    positions = chunk_spans[0][:, None] + torch.arange(chunk_tokens.shape[1], device=pieces.device)
-    chunk_tokens.copy_(torch.where(positions < chunk_spans[1][:, None], positions, total))
 
 
 @triton.jit
@@ -136,7 +101,9 @@ def expand_round_triton(arrays: RoundMetadata) -> None:
         raise ValueError(f"expand_round: {shapes} (int64, contiguous)")
     token_programs = triton.cdiv(total, BLOCK_TOKENS)
     _expand_round_kernel[(token_programs + triton.cdiv(rows, BLOCK_ROWS),)](
-        *arrays, total, pieces.shape[1], rows, token_programs,
+        pieces, arrays.piece_counts, arrays.num_tokens, chunk_spans, token_rows, arrays.conv_src, arrays.chunk_tokens,
+        total, pieces.shape[1], rows, token_programs,
         K=kernel, CHUNK=chunk, SEARCH_STEPS=max(1, (pieces.shape[1] - 1).bit_length()), BT=BLOCK_TOKENS,
         BR=BLOCK_ROWS,
     )
+    gather_save_windows(arrays)

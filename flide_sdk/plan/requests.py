@@ -1,6 +1,6 @@
 """What a round is asked to compute: requests (a trunk and its branches, one per question), where a request
 resumes from and saves a checkpoint, and the rows of the Gated DeltaNet state arena a round may use. Built by
-the scheduler per ask; `staged.RoundPlan` lays a list of them out as one flat stream.
+the scheduler per ask; `tree.RoundPlan` lays a list of them out as one flat stream.
 
 A request may *resume* from a checkpoint at position r (its trunk in the stream then starts at r: keys and
 values of [0, r) come from pool pages, the Gated DeltaNet state and conv window from a pool slot) and may

@@ -20,7 +20,7 @@ from flide_sdk.device.graphs import GraphRunner, Launch
 from flide_sdk.device.pool import CheckpointPool, PlannedSave
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
-from flide_sdk.plan.layout import Branches, RequestSpec, Resume, RoundPlan, Save
+from flide_sdk.plan.layout import Branches, HostRound, RequestSpec, Resume, RoundPlan, Save
 from flide_sdk.questions import Answer, SystemOneResponse, Usage
 from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.scheduler import Request, RoundBatch, RoundLimits, schedule
@@ -145,7 +145,7 @@ class Executor:
             self.pool.release()
 
     def _run_eager(self, plan: RoundPlan) -> np.ndarray:
-        return self.model(plan.host_round().to(self.device), self.ops, self.caches).cpu().numpy()
+        return self.model(HostRound.of(plan).to(self.device), self.ops, self.caches).cpu().numpy()
 
     def _request_spec(self, request: Request) -> tuple[RequestSpec, PlannedSave | None]:
         trunk, resume = request.lead.trunk, request.resume

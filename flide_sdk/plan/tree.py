@@ -1,0 +1,278 @@
+"""A round as a tree of pieces laid out as one flat stream, and the one writer of its staged form.
+
+A piece is a run of stream tokens with a parent: a request's trunk (depth 0) continues its cached history,
+each question's branch (depth 1) continues its trunk. The stream packs each request's trunk, then its
+branches, with no padding between requests. Visibility follows the tree: a token sees its request's cached
+history, its ancestors' tokens and its own piece up to itself; in stream coordinates, the keys
+[key_lo, ctx_hi) (the ancestors) and [seg_lo, t] (its piece).
+
+Gated DeltaNet runs level by level, the levels being depths of the tree: depth 0 up to its save point, depth 0
+past it, depth 1. Each piece is a segment of its level that starts from a row of the state arena (`StateRows`)
+and may write its final state to another, so resuming and saving move no state. Within a level, segments are
+sorted by chunk count, longest first, so at scan step j the active segments are exactly the first `active[j]`;
+the segments' first chunks are the level's first rows, then each segment's later chunks follow one segment
+after the other (`step_base`). A trunk's first part names its remainder in the next level (`chain`), so the scan
+carries the state from one into the other without a launch between.
+
+`RoundPlan.stage` writes the round's staged form into arrays of any `RoundShape` it fits, padded at the tail
+only (so a captured graph reads any round that fits): the piece table, the segment tables and the chunk rows'
+spans, from which `kernels.round_metadata` derives every per-token and per-chunk-position array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from flide_sdk.kernels.plans import DISCARD_ROW, GDN_CHUNK, PAGE, PIECE_ROWS
+from flide_sdk.plan.requests import Branches, RequestSpec, StateRows
+from flide_sdk.plan.shape import LEVELS, RoundShape
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A node of the round's tree: `length` stream tokens from `start`, at prompt positions from `position`;
+    `parent` is the index of the piece it continues (-1: the request's cached history)."""
+
+    start: int
+    length: int
+    position: int
+    parent: int
+    depth: int
+    request: int
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A Gated DeltaNet segment: `length` tokens from stream index `start`, from state row `init_row`, its
+    final state written to `final_row` (DISCARD_ROW: not kept)."""
+
+    start: int
+    length: int
+    init_row: int
+    final_row: int
+
+
+@dataclass(frozen=True, slots=True)
+class TrunkSave:
+    """Where a request's checkpoint comes from in the stream: its trunk's start and the tokens up to the save
+    point (their keys/values go to `kv_slots`); the conv window before the save point is the conv taps of the
+    token before it."""
+
+    stream_start: int
+    tokens: int
+    slot: int
+    kv_slots: np.ndarray
+
+
+class LevelPlan:
+    """One Gated DeltaNet level of a round (host lists): segments longest first, each segment's first chunk at
+    row s, its later chunks at consecutive rows from `step_base[s] + 1`, so the scan's tile addresses are affine
+    in the step and its loads can be issued ahead."""
+
+    def __init__(self, segments: list[Segment]) -> None:
+        ordered = sorted(segments, key=lambda segment: -segment.length)  # stable: ties keep stream order
+        counts = [-(-segment.length // GDN_CHUNK) for segment in ordered]
+        self.row_start = [segment.start for segment in ordered]
+        self.row_end = [segment.start + segment.length for segment in ordered]
+        step_base, base = [], len(ordered) - 1
+        for segment, count in zip(ordered, counts):
+            step_base.append(base)
+            if count > 1:
+                end = segment.start + segment.length
+                self.row_start.extend(range(segment.start + GDN_CHUNK, segment.start + count * GDN_CHUNK, GDN_CHUNK))
+                self.row_end.extend([end] * (count - 1))
+            base += count - 1
+        # SEGMENT_ROWS
+        self.segment_rows = [[s.init_row for s in ordered], [s.final_row for s in ordered], counts, step_base,
+                             [-1] * len(ordered)]
+        self.chained = False  # every segment continues one of the level before (`DeltaLevel.chained`)
+
+    def active(self) -> list[int]:
+        """Active segments at each scan step (non-increasing; the reference ops loop over them)."""
+        counts = self.segment_rows[2]
+        active = [0] * (counts[0] if counts else 0)
+        for count in counts:
+            active[count - 1] += 1
+        for step in range(len(active) - 2, -1, -1):
+            active[step] += active[step + 1]
+        return active
+
+    @property
+    def chunks(self) -> int:
+        return len(self.row_start)
+
+    @property
+    def segments(self) -> int:
+        return len(self.segment_rows[0])
+
+
+class RoundPlan:
+    """A round's requests as a tree of pieces in one flat stream, and its Gated DeltaNet levels, as host lists:
+    a round has few pieces, and a Python list costs far less per element than a numpy call per call.
+
+    rows: where states live (default: a compact standalone table, `StateRows.compact`). kv_sink: the flat
+    pool position that keys/values of unsaved tokens are written to (-1: the last position of the arena).
+    Empty levels are kept (with no chunks), so a round always has LEVELS levels.
+    """
+
+    def __init__(self, requests: Sequence[RequestSpec], conv_kernel: int, rows: StateRows | None = None,
+                 kv_sink: int = -1) -> None:
+        rows = rows or StateRows.compact(requests)
+        if len(requests) > rows.scratch_count:
+            raise ValueError(f"{len(requests)} requests but {rows.scratch_count} scratch state rows")
+        self.requests, self.conv_kernel, self.rows, self.kv_sink = list(requests), conv_kernel, rows, kv_sink
+        self.pieces: list[Piece] = []
+        self.saves: list[TrunkSave] = []
+        self.resume_index: list[int] = []  # per request: its index among the resumed requests (-1: none)
+        self.readout: list[int] = []  # stream index of each question's last token
+        self.request_bounds: list[tuple[int, int]] = []
+        self.label_width = 1
+        self.num_pages = 0
+        segments: list[list[Segment]] = [[] for _ in range(LEVELS)]
+        cursor = resumes = 0
+        for index, request in enumerate(self.requests):
+            first, computed = request.start, len(request.trunk)
+            if computed < 1:
+                raise ValueError("every request computes at least one trunk token")
+            if (first > 0) != (request.resume is not None):
+                raise ValueError("a request starts past position 0 exactly when it resumes from a checkpoint")
+            init, scratch = rows.zero, rows.scratch + index
+            self.resume_index.append(resumes if request.resume is not None else -1)
+            if request.resume is not None:
+                init = rows.slot_base + request.resume.slot
+                resumes += 1
+                self.num_pages += len(request.resume.pages[: -(-first // PAGE)])
+            start, trunk = cursor, len(self.pieces)
+            self.pieces.append(Piece(start, computed, first, -1, 0, index))
+            trunk_final = scratch
+            if request.save is None:
+                segments[0].append(Segment(start, computed, init, scratch))
+            else:
+                at = request.save.at
+                if not first < at <= first + computed:
+                    raise ValueError("a save point lies outside its request's computed trunk (start, end]")
+                split, save_row = at - first, rows.slot_base + request.save.slot
+                segments[0].append(Segment(start, split, init, save_row))
+                if split < computed:
+                    segments[1].append(Segment(start + split, computed - split, save_row, scratch))
+                else:
+                    trunk_final = save_row
+                self.saves.append(TrunkSave(start, split, request.save.slot, request.save.kv_slots))
+            at, position = start + computed, first + computed
+            for length in request.branches.lengths.tolist():
+                self.pieces.append(Piece(at, length, position, trunk, 1, index))
+                segments[2].append(Segment(at, length, trunk_final, DISCARD_ROW))
+                at += length
+                self.readout.append(at - 1)
+            self.label_width = max(self.label_width, request.branches.labels.shape[1])
+            self.request_bounds.append((start, at))
+            cursor = at
+        self.num_real = cursor
+        self.num_resumes = resumes
+        self.levels = [LevelPlan(level) for level in segments]
+        # a trunk's remainder starts from its first part's final row: the scan runs both in one program
+        first_parts, remainders = self.levels[0].segment_rows, self.levels[1].segment_rows
+        continuing = {init: k for k, init in enumerate(remainders[0])}
+        first_parts[4] = [continuing.get(final, -1) for final in first_parts[1]]
+        self.levels[1].chained = True
+        self.shape = RoundShape.of(self)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.requests)
+
+    @property
+    def num_questions(self) -> int:
+        return len(self.readout)
+
+    def piece_table(self) -> np.ndarray:
+        """The pieces as `kernels.round_metadata` reads them, [PIECE_ROWS, pieces]: each piece's start, position,
+        offset (position - start) and request, its root trunk's first position and stream start, its request's
+        resume index, and its visible ranges (key_lo, ctx_hi: its ancestors' tokens; seg_lo: its own)."""
+        if not self.pieces:
+            return np.zeros((len(PIECE_ROWS), 0), np.int64)
+        table = np.array([(p.start, p.length, p.position, p.parent, p.request) for p in self.pieces],
+                         dtype=np.int64).T
+        start, length, position, parent, request = table
+        root = np.arange(len(self.pieces))
+        while (parent[root] >= 0).any():  # each piece's depth-0 ancestor
+            root = np.where(parent[root] >= 0, parent[root], root)
+        has_parent = parent >= 0
+        above = np.where(has_parent, parent, 0)
+        ctx_hi = np.where(has_parent, start[above] + length[above], start)
+        resume_index = np.array(self.resume_index, dtype=np.int64)[request]
+        rows = {"start": start, "position": position, "first": position[root], "trunk_start": start[root],
+                "resume_index": resume_index, "positions": position - start, "key_lo": start[root], "ctx_hi": ctx_hi,
+                "seg_lo": start, "request_of": request}
+        return np.stack([rows[name] for name in PIECE_ROWS])
+
+    def stage(self, out: dict[str, np.ndarray], shape: RoundShape, window_sink: int) -> None:
+        """The round's staged form into `out` (arrays shaped as `shape.staged_shapes()`, a shape the round
+        fits), padded only at the tail: padding tokens form one region of their own after the real tokens (they
+        see nothing real and nothing real sees them; their keys/values go to the kv sink), padded segments are
+        empty and start from the zero row (`level_sizes` keeps the real counts, so the Gated DeltaNet kernels
+        never visit them), padded saves and resumes use the pool slot `window_sink`, and padded readout rows read
+        the first padding token (with one label, so their softmax stays finite)."""
+        real, count, questions = self.num_real, self.num_requests, self.num_questions
+        ids = out["ids"]
+        if real:
+            np.concatenate([part for r in self.requests for part in (r.trunk, r.branches.ids)], out=ids[:real],
+                           casting="unsafe")
+        ids[real:] = 0
+        out["pieces"][:, : len(self.pieces)] = self.piece_table()
+        out["pieces"][:, len(self.pieces) :] = 0
+        out["piece_counts"][:] = (len(self.pieces), count)
+        out["num_tokens"][0] = real
+
+        kv = out["kv_slots"]
+        kv[:] = self.kv_sink
+        for save in self.saves:
+            kv[save.stream_start : save.stream_start + save.tokens] = save.kv_slots
+        save_tokens, save_slots = out["save_tokens"], out["save_slots"]
+        save_tokens[: len(self.saves)] = [save.stream_start + save.tokens - 1 for save in self.saves]
+        save_tokens[len(self.saves) :] = 0
+        save_slots[: len(self.saves)] = [save.slot for save in self.saves]
+        save_slots[len(self.saves) :] = window_sink
+        resume_slots = out["resume_slots"]
+        resume_slots[: self.num_resumes] = [r.resume.slot for r in self.requests if r.resume is not None]
+        resume_slots[self.num_resumes :] = window_sink
+
+        readout, labels = out["readout_rows"], out["label_ids"]
+        readout[:questions] = self.readout
+        readout[questions:] = real
+        if questions:
+            table = Branches.join([request.branches for request in self.requests]).labels
+            labels[:questions, : table.shape[1]] = table
+            labels[:questions, table.shape[1] :] = -1
+        labels[questions:] = -1
+        labels[questions:, 0] = 0
+
+        history_len, page_offset, pages = out["history_len"], out["page_offset"], out["pages"]
+        history_len[:count] = [request.start for request in self.requests]
+        history_len[count:] = 0
+        offsets, used, parts = [], 0, []
+        for request in self.requests:
+            offsets.append(used)
+            if request.resume is not None:
+                parts.append(np.asarray(request.resume.pages[: -(-request.start // PAGE)]))
+                used += len(parts[-1])
+        page_offset[:count] = offsets
+        page_offset[count:] = 0
+        if parts:
+            np.concatenate(parts, out=pages[:used], casting="unsafe")
+        pages[used:] = 0
+
+        segment_rows, spans, sizes = out["segment_rows"], out["chunk_spans"], out["level_sizes"]
+        segment_rows[:] = np.array([[self.rows.zero], [DISCARD_ROW], [0], [0], [-1]], dtype=np.int64)  # SEGMENT_ROWS
+        spans[:] = shape.tokens  # padding rows: the empty span at the capacity's end
+        for level, plan, segment_at, chunk_at in zip(range(LEVELS), self.levels, shape.segment_offsets,
+                                                     shape.chunk_offsets):
+            if plan.segments:
+                segment_rows[:, segment_at : segment_at + plan.segments] = plan.segment_rows
+            if plan.chunks:
+                spans[0, chunk_at : chunk_at + plan.chunks] = plan.row_start
+                spans[1, chunk_at : chunk_at + plan.chunks] = plan.row_end
+            sizes[level] = (plan.chunks, plan.segments)
