@@ -32,7 +32,7 @@ class FakeExecutor:
         self.fail_finish: BaseException | None = None
         self.launch_gate: threading.Event | None = None
 
-    def _record(self, call: str, round_index: int) -> None:
+    def record(self, call: str, round_index: int) -> None:
         self.calls.append((call, threading.current_thread().name, round_index))
 
     def select(self, queue) -> RoundBatch:
@@ -48,12 +48,12 @@ class FakeExecutor:
         if self.launch_gate is not None:
             self.launch_gate.wait(30)
         self.rounds += 1
-        self._record("launch", self.rounds)
+        self.record("launch", self.rounds)
         return Launched(batch.requests, 0, self.rounds, time.perf_counter())
 
     def finish(self, launched: Launched) -> None:
         time.sleep(max(0.0, launched.started + self.device_seconds - time.perf_counter()))
-        self._record("finish", launched.result)
+        self.record("finish", launched.result)
         if self.fail_finish is not None:
             raise self.fail_finish
         for request in launched.requests:

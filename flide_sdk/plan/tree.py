@@ -22,7 +22,7 @@ spans, from which `kernels.round_metadata` derives every per-token and per-chunk
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,8 +31,7 @@ from flide_sdk.plan.requests import Branches, RequestSpec, StateRows
 from flide_sdk.plan.shape import LEVELS, RoundShape
 
 
-@dataclass(frozen=True, slots=True)
-class Piece:
+class Piece(NamedTuple):
     """A node of the round's tree: `length` stream tokens from `start`, at prompt positions from `position`;
     `parent` is the index of the piece it continues (-1: the request's cached history)."""
 
@@ -44,8 +43,7 @@ class Piece:
     request: int
 
 
-@dataclass(frozen=True, slots=True)
-class Segment:
+class Segment(NamedTuple):
     """A Gated DeltaNet segment: `length` tokens from stream index `start`, from state row `init_row`, its
     final state written to `final_row` (DISCARD_ROW: not kept)."""
 
@@ -55,8 +53,7 @@ class Segment:
     final_row: int
 
 
-@dataclass(frozen=True, slots=True)
-class TrunkSave:
+class TrunkSave(NamedTuple):
     """Where a request's checkpoint comes from in the stream: its trunk's start and the tokens up to the save
     point (their keys/values go to `kv_slots`); the conv window before the save point is the conv taps of the
     token before it."""
@@ -192,22 +189,17 @@ class RoundPlan:
         """The pieces as `kernels.round_metadata` reads them, [PIECE_ROWS, pieces]: each piece's start, position,
         offset (position - start) and request, its root trunk's first position and stream start, its request's
         resume index, and its visible ranges (key_lo, ctx_hi: its ancestors' tokens; seg_lo: its own)."""
-        if not self.pieces:
-            return np.zeros((len(PIECE_ROWS), 0), np.int64)
-        table = np.array([(p.start, p.length, p.position, p.parent, p.request) for p in self.pieces],
-                         dtype=np.int64).T
-        start, length, position, parent, request = table
-        root = np.arange(len(self.pieces))
-        while (parent[root] >= 0).any():  # each piece's depth-0 ancestor
-            root = np.where(parent[root] >= 0, parent[root], root)
-        has_parent = parent >= 0
-        above = np.where(has_parent, parent, 0)
-        ctx_hi = np.where(has_parent, start[above] + length[above], start)
-        resume_index = np.array(self.resume_index, dtype=np.int64)[request]
-        rows = {"start": start, "position": position, "first": position[root], "trunk_start": start[root],
-                "resume_index": resume_index, "positions": position - start, "key_lo": start[root], "ctx_hi": ctx_hi,
-                "seg_lo": start, "request_of": request}
-        return np.stack([rows[name] for name in PIECE_ROWS])
+        columns, roots = [], []
+        for piece in self.pieces:  # parents come before their children
+            if piece.parent < 0:
+                root, ctx_hi = piece, piece.start
+            else:
+                parent = self.pieces[piece.parent]
+                root, ctx_hi = roots[piece.parent], parent.start + parent.length
+            roots.append(root)
+            columns.append((piece.start, piece.position, root.position, root.start, self.resume_index[piece.request],
+                            piece.position - piece.start, root.start, ctx_hi, piece.start, piece.request))
+        return np.array(columns, dtype=np.int64).reshape(-1, len(PIECE_ROWS)).T
 
     def stage(self, out: dict[str, np.ndarray], shape: RoundShape, window_sink: int) -> None:
         """The round's staged form into `out` (arrays shaped as `shape.staged_shapes()`, a shape the round
