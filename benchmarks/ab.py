@@ -8,7 +8,7 @@ load the same checkpoint; the driver sends them the same workloads in alternatin
 worker busy at a time. Workloads: W1 (a ~2,000-token unique state, Q = 1, 4, 16, 64 yes/no questions, lone
 asks), RACE lone asks, RACE with 64 concurrent clients (requests/s), and an agent session replayed to its step
 nearest 13,000 prompt tokens. Reported per workload: the median over blocks of each block's median (or rate)
-and the ratio after / before.
+and the ratio after / before, with the median per-round stage times each tree counts (`engine.stats()`).
 """
 
 from __future__ import annotations
@@ -39,9 +39,17 @@ def worker(checkpoint: str, device: str, pool_bytes: int) -> None:
     print(json.dumps({"ready": True}), file=out, flush=True)
     for line in sys.stdin:
         command = json.loads(line)
+        before = engine.stats()
         result = asyncio.run(WORKLOADS[command["workload"]](engine, command))
-        print(json.dumps(result), file=out, flush=True)
+        print(json.dumps({**result, "stages_ms": stage_means(before, engine.stats())}), file=out, flush=True)
     engine.close()
+
+
+def stage_means(before: dict, after: dict) -> dict[str, float]:
+    """Each `*_seconds` counter of `engine.stats()` per round over a workload, in ms (what the two trees count)."""
+    rounds = after["rounds"] - before["rounds"]
+    return {key[: -len("_seconds")]: 1000 * (after[key] - before[key]) / rounds
+            for key in after if key.endswith("_seconds") and key in before and rounds}
 
 
 async def lone(engine: Any, command: dict) -> dict:
@@ -184,14 +192,16 @@ def main() -> None:
         w.ready()
     print(f"[{time.perf_counter() - started:7.1f} s] both workers ready", file=sys.stderr, flush=True)
     results: dict[str, dict[str, list[float]]] = {name: {} for name in sides}
+    stages: dict[str, dict[str, list[dict]]] = {name: {} for name in sides}  # per block, ms per round
     for block in range(args.blocks + 1):  # block 0 warms both up (compiles, first shapes) and is not counted
         commands = workloads(block)
         order = list(sides) if block % 2 else list(reversed(sides))
         for key, command in commands.items():
             for name in order:
-                value = next(iter(workers[name].run(command).values()))
+                answer = workers[name].run(command)
                 if block:
-                    results[name].setdefault(key, []).append(value)
+                    results[name].setdefault(key, []).append(next(iter(answer.values())))
+                    stages[name].setdefault(key, []).append(answer["stages_ms"])
         print(f"[{time.perf_counter() - started:7.1f} s] block {block}", file=sys.stderr, flush=True)
     for w in workers.values():
         w.close()
@@ -202,6 +212,12 @@ def main() -> None:
         summary[key] = {"before": before, "after": after, "after_over_before": after / before,
                         "slowdown": slower, "within_5_percent": slower <= 1.05}
         print(f"{key:36s} before {before:9.3f}  after {after:9.3f}  slowdown {slower:6.3f}", file=sys.stderr)
+        for name in sides:
+            means = {stage: statistics.median(block[stage] for block in stages[name][key])
+                     for stage in stages[name][key][0]}
+            summary[key][f"{name}_stages_ms"] = means
+            print(f"    {name:6s} " + " ".join(f"{stage}={ms:.3f}" for stage, ms in means.items() if ms >= 0.005),
+                  file=sys.stderr)
     result = {**run_metadata(" ".join(sys.argv)), "benchmark": "ab", "model_size": size,
               "before_commit": commit_of(args.before), "after_commit": commit_of(args.after),
               "blocks": args.blocks, "summary": summary, "blocks_values": results}
