@@ -34,6 +34,8 @@ def worker(checkpoint: str, device: str, pool_bytes: int) -> None:
     import flide_sdk as fl
 
     engine = fl.Engine.load(checkpoint, device=device, pool_bytes=pool_bytes)
+    if hasattr(engine, "wait_for_graphs"):  # a tree whose engine captures in the background
+        engine.wait_for_graphs()
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing else may write to the protocol stream
     print(json.dumps({"ready": True}), file=out, flush=True)

@@ -118,6 +118,7 @@ def run_engine(path: Path, name: str, graphs: bool, dtype: str, answers: dict, r
     its lone latencies, stats and peak memory (into `results[name]`)."""
     torch.cuda.reset_peak_memory_stats()
     engine = fl.Engine.load(path, device="cuda", dtype=dtype, graphs=graphs)
+    engine.wait_for_graphs()
     state, questions = quality_request(engine.renderer)
     passages = race_requests(40)
     answers[name] = np.array(asyncio.run(workload(engine, state, questions, passages)))

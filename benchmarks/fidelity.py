@@ -75,7 +75,9 @@ def variant_engine(checkpoint: Path, residual: torch.dtype, gdn_store: torch.dty
     ops = dataclasses.replace(kernel_ops(), gated_delta=functools.partial(
         gated_delta_triton, config=dataclasses.replace(GATED_DELTA, store_dtype=gdn_store, scan_warps=warps)))
     renderer = Renderer.from_checkpoint(checkpoint, model.config.max_position_embeddings)
-    return fl.Engine(model, renderer, torch.device("cuda"), ops=ops, max_round_tokens=16384, round_deadline_ms=20)
+    engine = fl.Engine(model, renderer, torch.device("cuda"), ops=ops, max_round_tokens=16384, round_deadline_ms=20)
+    engine.wait_for_graphs()
+    return engine
 
 
 def answers_of(engine: fl.Engine, requests) -> list:
@@ -118,6 +120,7 @@ def main() -> None:
         checkpoint = build_random_checkpoint(args.model_size, Path(tempfile.mkdtemp(prefix="flide-fidelity-")))
     with phases("engine_bf16 (load, capture, ask)"):
         engine16 = fl.Engine.load(checkpoint, device="cuda", dtype="bfloat16", round_deadline_ms=20)
+        engine16.wait_for_graphs()
         requests = [quality_request(engine16.renderer)] + race_requests(args.race)
         requests = [(state, with_common_questions(questions)) for state, questions in requests]
         answers16 = asyncio.run(ask_all(engine16, requests))

@@ -38,9 +38,7 @@ from flide_sdk.text.render import Rendered, Renderer, state_text
 if TYPE_CHECKING:
     from flide_sdk.session import Session
 
-OPEN_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
-"""Engines not closed yet: closed at interpreter exit, so a script that never closes its engine exits cleanly
-(a round thread still running while the interpreter finalizes aborted the process)."""
+OPEN_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()  # closed at exit: a live round thread aborts finalizing
 
 
 @atexit.register
@@ -95,10 +93,7 @@ class Engine:
                                      renderer.max_prompt_tokens)
             runner = GraphRunner(model, self.ops, caches, ladder, self.pool.state_rows, self.pool.window_sink,
                                  self.pool.kv_sink)
-            report = runner.capture()
             limits = RoundLimits(max_round_tokens - 1, max_round_requests, ladder[-1].questions, ladder[-1].pages)
-            self._stats.set(graphs_captured=report.graphs, capture_seconds=report.seconds,
-                            graph_memory_bytes=report.memory_bytes)
         self._executor = Executor(model, self.ops, self.pool, caches, runner, renderer.words, self._stats, name,
                                   limits)
         # rounds in flight at once: one per staging/readback buffer of the graphs (a buffer and its events are
@@ -130,8 +125,9 @@ class Engine:
         max_round_tokens: stream tokens per round before a round is split (default 16384 CUDA / 8192 CPU);
         max_round_requests: distinct trunks per round (each holds a scratch state row while it runs).
         round_deadline_ms: when the device is idle, how long a round waits for more asks (default: none).
-        graphs: capture CUDA graphs of the round forward at start (default: on CUDA); rounds then replay the
-        smallest graph they fit, and only a round larger than max_round_tokens runs eagerly.
+        graphs: CUDA graphs of the round forward (default: on CUDA), captured in the background from the smallest
+        capacity up while the engine already serves (`wait_for_graphs`); a round replays the smallest captured
+        graph it fits, else runs eagerly.
         pool_bytes: checkpoint pool budget (default 40% of free device memory on CUDA, 512 MiB on CPU);
         pool_checkpoints: how many checkpoints it holds at most (default: a quarter of the budget's worth).
         max_pending: queued asks before `ask` waits for room.
@@ -232,6 +228,10 @@ class Engine:
         """Asks queued inside this block are admitted together when it exits (deterministic batching)."""
         with self._loop.hold():
             yield
+
+    def wait_for_graphs(self, timeout: float | None = None) -> bool:
+        """Block until every CUDA graph is captured (or capturing gave up); False after `timeout` s."""
+        return self._executor.captured.wait(timeout)
 
     def clear_pool(self) -> None:
         """Evict every checkpoint not in use by a running round."""

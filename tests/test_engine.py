@@ -164,6 +164,7 @@ def test_render_and_stats(engine):
         assert 0 < stats[f"{stage}_cpu_seconds"] <= stats[f"{stage}_seconds"] + 1e-4, stage
     assert 0 < stats["spec_seconds"] <= stats["plan_seconds"]  # the checkpoint reservation is part of planning
     assert stats["pad_seconds"] == stats["replay_call_seconds"] == 0  # no graphs on CPU: nothing staged
+    assert engine.wait_for_graphs(timeout=0) and stats["graphs_captured"] == 0  # none to capture on CPU
 
 
 def test_stats_account_for_the_time_an_ask_waits_for_its_round(tiny_path):

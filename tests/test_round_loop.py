@@ -23,9 +23,12 @@ class FakeExecutor:
     """Schedules with the real scheduler (no checkpoints) and answers each ask with its round's number once
     `device_seconds` have passed after its launch; records the thread and order of every call."""
 
-    def __init__(self, limits: RoundLimits = LIMITS, device_seconds: float = 0.0) -> None:
+    def __init__(self, limits: RoundLimits = LIMITS, device_seconds: float = 0.0, captures: int = 0,
+                 capture_seconds: float = 0.0) -> None:
         self.limits = limits
         self.device_seconds = device_seconds
+        self.captures_left = captures
+        self.capture_seconds = capture_seconds
         self.calls: list[tuple[str, str, int]] = []  # (call, thread, round)
         self.rounds = 0
         self.fail_select: BaseException | None = None
@@ -34,6 +37,15 @@ class FakeExecutor:
 
     def record(self, call: str, round_index: int) -> None:
         self.calls.append((call, threading.current_thread().name, round_index))
+
+    @property
+    def capturing(self) -> bool:
+        return self.captures_left > 0
+
+    def capture_step(self) -> None:
+        time.sleep(self.capture_seconds)
+        self.captures_left -= 1
+        self.record("capture", self.rounds)
 
     def select(self, queue) -> RoundBatch:
         if self.fail_select is not None:
@@ -175,6 +187,36 @@ def test_closing_answers_rounds_in_flight_and_fails_queued_asks(asker):
     with pytest.raises(fl.EngineClosedError):
         queued.future.result(10)
     assert not loop.running
+
+
+def test_graphs_are_captured_between_rounds_on_the_round_thread(asker):
+    """An idle loop captures, one capacity per step, on the round thread; an ask that comes meanwhile is
+    launched after the step in progress, before the next one; every capture is done in the end."""
+    executor = FakeExecutor(captures=6, capture_seconds=0.05)
+    loop = run_loop(executor)
+    time.sleep(0.07)  # the loop is in its second capture step
+    ask = asker("while capturing")
+    loop.submit(ask)
+    assert ask.future.result(10) == 1
+    deadline = time.monotonic() + 10
+    while executor.capturing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loop.close()
+    calls = [call for call, _, _ in executor.calls]
+    assert calls.count("capture") == 6 and not executor.capturing
+    assert 1 <= calls.index("launch") <= 3, calls  # after the step it came during, not after all of them
+    assert calls.index("finish") < calls.index("launch") + 2  # finished before the loop captured on
+    assert {thread for _, thread, _ in executor.calls} == {"flide-rounds"}
+
+
+def test_closing_during_capture_ends_the_loop(asker):
+    executor = FakeExecutor(captures=1000, capture_seconds=0.01)
+    loop = run_loop(executor)
+    time.sleep(0.03)
+    loop.close(timeout=5)
+    assert not loop.running and executor.captures_left > 900
+    with pytest.raises(fl.EngineClosedError):
+        loop.submit(asker("too late"))
 
 
 def test_a_full_queue_refuses_and_then_admits(asker):

@@ -1,8 +1,9 @@
 """CUDA-graph execution of rounds: one captured forward per capacity, fed from one pinned staging buffer.
 
-At engine start `GraphRunner.capture()` captures the model's forward once per capacity of the ladder
-(`capacity.py`) and staging buffer, largest capacity first, all in one memory pool (only one graph runs at
-a time). Each graph reads its round from views of ONE device int64 buffer, laid out per capacity
+The model's forward is captured once per capacity of the ladder (`capacity.py`) and staging buffer, one
+capacity per `capture_next` call, smallest first, all in one memory pool (only one graph runs at a time): the
+round thread captures between rounds while the engine already serves, rounds that fit no captured capacity
+yet running eagerly. Each graph reads its round from views of ONE device int64 buffer, laid out per capacity
 (`StagingLayout`), and holds its own copies: first the one non-blocking host-to-device copy of its pinned
 staging buffer into that device buffer, last the one device-to-host copy of the label probabilities into
 its pinned readback buffer. A round is launched by staging its host arrays straight into the pinned
@@ -165,50 +166,70 @@ class GraphRunner:
         self._next = 0
         self._layouts = layouts
         self._captured: dict[Capacity, _Captured] = {}
+        self._pool = torch.cuda.graph_pool_handle()  # shared by every graph: one runs at a time
+        self._pending = list(self.ladder)
 
-    def capture(self) -> CaptureReport:
-        """Capture a graph per capacity and buffer pair (largest capacity first, one shared memory pool) on a
-        placeholder round."""
+    @property
+    def pending(self) -> list[Capacity]:
+        """The capacities not captured yet, smallest first (the order `capture_next` takes them in); none once
+        capturing was given up (`give_up`)."""
+        return self._pending
+
+    def give_up(self) -> None:
+        """Capture nothing more: rounds past the captured capacities (always the smallest) run eagerly."""
+        self._pending = []
+
+    def capture_next(self) -> CaptureReport:
+        """Capture the smallest pending capacity: a graph per buffer pair, on a placeholder round, in the
+        runner's one memory pool (only one graph runs at a time). Call it with no round in flight; rounds that
+        fit no captured capacity meanwhile run eagerly (`launch` returns None)."""
+        capacity = self.pending[0]
         torch.cuda.synchronize(self.device)
         reserved = torch.cuda.memory_reserved(self.device)
         started = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
-        placeholder = placeholder_round(self.ladder[0].conv_kernel, self.rows, self.kv_sink)
-        for layout in reversed(self._layouts):
-            capacity = layout.capacity
-            LOG.debug("capturing the round graphs of %d tokens", capacity.tokens)
-            device_views = layout.views(self._device_buffer)
-            device_head = self._device_buffer[: layout.elements]
-            host_views = [layout.views(buffer.numpy()) for buffer in self._staging]
-            for views in host_views:
-                placeholder.plan.stage(views, capacity.shape, self.window_sink)
-            device_head.copy_(self._staging[0][: layout.elements])
-            arrays, expand = device_round(capacity, device_views,
-                                          self._expanded_layouts[capacity].views(self._expanded_buffer))
-            rnd = round_tensors(placeholder.plan, capacity.shape, arrays)
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
+        LOG.debug("capturing the round graphs of %d tokens", capacity.tokens)
+        layout = self._layouts[self.ladder.index(capacity)]
+        placeholder = placeholder_round(capacity.conv_kernel, self.rows, self.kv_sink).plan
+        device_views = layout.views(self._device_buffer)
+        device_head = self._device_buffer[: layout.elements]
+        host_views = [layout.views(buffer.numpy()) for buffer in self._staging]
+        for views in host_views:
+            placeholder.stage(views, capacity.shape, self.window_sink)
+        device_head.copy_(self._staging[0][: layout.elements])
+        arrays, expand = device_round(capacity, device_views,
+                                      self._expanded_layouts[capacity].views(self._expanded_buffer))
+        rnd = round_tensors(placeholder, capacity.shape, arrays)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            expand()
+            self.model(rnd, self.ops, self.caches)  # warm-up: compiles kernels, sizes workspaces
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graphs, outputs = [], []
+        for staging, readback in zip(self._staging, self._readback):
+            out = readback[: capacity.questions * capacity.labels].view(capacity.questions, capacity.labels)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                device_head.copy_(staging[: layout.elements], non_blocking=True)
                 expand()
-                self.model(rnd, self.ops, self.caches)  # warm-up: compiles kernels, sizes workspaces
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graphs, outputs = [], []
-            for staging, readback in zip(self._staging, self._readback):
-                out = readback[: capacity.questions * capacity.labels].view(capacity.questions, capacity.labels)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    device_head.copy_(staging[: layout.elements], non_blocking=True)
-                    expand()
-                    out.copy_(self.model(rnd, self.ops, self.caches), non_blocking=True)
-                graphs.append(graph)
-                outputs.append(out.numpy())
-            self._captured[capacity] = _Captured(layout, graphs, host_views, outputs)
+                out.copy_(self.model(rnd, self.ops, self.caches), non_blocking=True)
+            graphs.append(graph)
+            outputs.append(out.numpy())
         torch.cuda.synchronize(self.device)
-        report = CaptureReport(len(self._captured), time.perf_counter() - started,
-                               torch.cuda.memory_reserved(self.device) - reserved)
-        LOG.info("captured %d CUDA graphs (%d to %d tokens) in %.1f s, %.2f GB", report.graphs,
-                 self.ladder[0].tokens, self.ladder[-1].tokens, report.seconds, report.memory_bytes / 1e9)
-        return report
+        self._captured[capacity] = _Captured(layout, graphs, host_views, outputs)
+        self._pending.remove(capacity)
+        return CaptureReport(len(graphs), time.perf_counter() - started,
+                             torch.cuda.memory_reserved(self.device) - reserved)
+
+    def capture(self) -> CaptureReport:
+        """Capture every pending capacity, smallest first."""
+        graphs, seconds, memory = 0, 0.0, 0
+        while self.pending:
+            report = self.capture_next()
+            graphs, seconds, memory = graphs + report.graphs, seconds + report.seconds, memory + report.memory_bytes
+        LOG.info("captured %d CUDA graphs (%d to %d tokens) in %.1f s, %.2f GB", graphs, self.ladder[0].tokens,
+                 self.ladder[-1].tokens, seconds, memory / 1e9)
+        return CaptureReport(graphs, seconds, memory)
 
     def launch(self, plan: RoundPlan) -> Launch | None:
         """Stage, copy and replay a round on the smallest graph it fits; None if it fits none (run it eagerly)."""

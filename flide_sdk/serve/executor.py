@@ -4,11 +4,13 @@
 and starts the model on it: the replay of the smallest captured CUDA graph it fits, or an eager forward (CPU,
 or a round larger than every graph). It publishes the new checkpoints at once (device work is stream-ordered).
 `finish` waits for the one copy of the label probabilities to the host and resolves each ask's future.
-A failed round fails its own asks, never the engine.
+`capture_step` captures the next CUDA graph of the ladder, which the round thread calls when it is idle, so the
+engine serves (eagerly) while its graphs are captured. A failed round fails its own asks, never the engine.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable
@@ -26,6 +28,8 @@ from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.scheduler import Request, RoundBatch, RoundLimits, schedule
 from flide_sdk.serve.stats import Stats
 from flide_sdk.text.word_cache import WordEncoder
+
+LOG = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -54,6 +58,9 @@ class Executor:
         self.caches = caches
         self.words = words
         self.pool_lock = threading.Lock()  # held while the pool is read or changed
+        self.captured = threading.Event()  # set once no graph is left to capture
+        if not self.capturing:
+            self.captured.set()
         self.device = model.embed_tokens.weight.device
 
     def select(self, queue: Iterable[Ask]) -> RoundBatch:
@@ -112,6 +119,28 @@ class Executor:
         )
         self.words.fill_chunks()  # the device computes meanwhile: cache the chunks of new texts now
         return Launched(batch.requests, plan.num_real, result, started)
+
+    @property
+    def capturing(self) -> bool:
+        """Whether graphs are left to capture."""
+        return self.graphs is not None and bool(self.graphs.pending)
+
+    def capture_step(self) -> None:
+        """Capture the smallest graph capacity left (call it with no round in flight). A capture that fails
+        leaves the engine serving on the graphs captured so far, and eagerly past them."""
+        graphs = self.graphs
+        try:
+            with self.pool_lock:
+                report = graphs.capture_next()
+        except Exception:  # out of memory, a driver error: serve on what is captured
+            LOG.warning("capturing CUDA graphs failed; rounds past %d captured capacities run eagerly",
+                        len(graphs.ladder) - len(graphs.pending), exc_info=True)
+            graphs.give_up()
+        else:
+            self.stats.add(graphs_captured=report.graphs, capture_seconds=report.seconds,
+                           graph_memory_bytes=report.memory_bytes)
+        if not self.capturing:
+            self.captured.set()
 
     def finish(self, launched: Launched) -> None:
         """Wait for a launched round and resolve its asks."""

@@ -9,6 +9,7 @@ Rounds are pipelined: while a round runs, the thread schedules and launches the 
 rounds in flight), and finishes the oldest round when there is nothing to launch or the pipeline is full, so
 the host work of round k+1 overlaps the device work of round k. When nothing is in flight a round is
 admitted at once or, with a deadline, when the queued work reaches the round capacity or the deadline passes.
+With nothing to run, the thread captures the executor's next CUDA graph (`capture_step`), one capacity at a time.
 Closing fails every queued ask with `EngineClosedError`; rounds already launched finish.
 """
 
@@ -120,23 +121,32 @@ class RoundLoop:
             while self._in_flight:
                 self._finish(self._in_flight.popleft())
 
+    def _idle(self) -> bool:
+        return not self._in_flight and (not self._pending or self._held) and not self._closed
+
     def _step(self) -> bool:
-        """Launch a round, or finish the oldest one in flight; False once closed."""
+        """Launch a round, or finish the oldest one in flight, or (idle) capture a graph; False once closed."""
         with self._cond:
-            while not self._in_flight and (not self._pending or self._held) and not self._closed:
+            while self._idle() and not self.executor.capturing:
                 self._cond.wait()
             if self._closed:
                 return False
-            launch = bool(self._pending) and not self._held and len(self._in_flight) < self.depth
-            if launch and not self._in_flight and self.deadline_s > 0:
-                self._wait_for_a_full_round()
-                if self._closed or self._held:
-                    return not self._closed
-            batch = self.executor.select(self._pending) if launch else None
-            if batch is not None:
-                self._pending = deque(batch.kept)
-                self._cond.notify_all()  # room in the queue for waiting submitters
-        if batch is None:
+            if self._idle():
+                batch, capture = None, True
+            else:
+                capture = False
+                launch = bool(self._pending) and not self._held and len(self._in_flight) < self.depth
+                if launch and not self._in_flight and self.deadline_s > 0:
+                    self._wait_for_a_full_round()
+                    if self._closed or self._held:
+                        return not self._closed
+                batch = self.executor.select(self._pending) if launch else None
+                if batch is not None:
+                    self._pending = deque(batch.kept)
+                    self._cond.notify_all()  # room in the queue for waiting submitters
+        if capture:  # between rounds: an ask that comes meanwhile waits for this one capacity at most
+            self.executor.capture_step()
+        elif batch is None:
             self._finish(self._in_flight.popleft())
         elif batch.requests:
             launched = self.executor.launch(batch)
