@@ -124,6 +124,7 @@ def parent(args) -> None:
         f"graphs_{'on' if r['graphs'] else 'off'}_{r['triton_cache']}": {
             key: r.get(key) for key in ("launch_to_first_answer_seconds", "import_seconds", "load_seconds",
                                         "capture_seconds", "first_answer_seconds", "second_answer_ms",
+                                        "graphs_ready_seconds", "graphs_captured", "eager_runs",
                                         "max_memory_allocated_bytes", "graph_memory_bytes", "failed")
         } for r in runs
     }
@@ -135,7 +136,7 @@ def parent(args) -> None:
         "settings": {**where, "graphs_settings": settings,
                      "graphs_on_note": "not run with --tiny: CUDA graphs need a CUDA device" if args.tiny else None,
                      "child": "fresh `python benchmarks/startup.py --child`: import torch + flide_sdk, Engine.load, "
-                              "ask_sync twice; TRITON_CACHE_DIR empty for the cold run, reused for the warm one"},
+                              "ask_sync twice, wait_for_graphs; TRITON_CACHE_DIR empty for the cold run, reused for the warm one"},
         "summary": summary,
         "runs": runs,
     })
