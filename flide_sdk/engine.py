@@ -18,20 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from flide_sdk.device.graphs import BUFFERS, GraphRunner
-from flide_sdk.device.pool import CheckpointPool
+from flide_sdk.device.graphs import BUFFERS
 from flide_sdk.errors import AskTimeoutError, DeviceError, EngineClosedError
 from flide_sdk.models.checkpoint import load_model, read_config
 from flide_sdk.models.ops import Ops, ops_for
 from flide_sdk.models.qwen35 import Qwen35Model
 from flide_sdk.options import check_options, default_pool_bytes, resolve_device, resolve_dtype
-from flide_sdk.plan.capacity import capacity_ladder
 from flide_sdk.questions import Questions, State, SystemOneResponse, parse_questions
 from flide_sdk.serve.asks import Ask
-from flide_sdk.serve.executor import Executor
+from flide_sdk.serve.executor import build_executor
 from flide_sdk.serve.loop import RoundLoop, room_waits
-from flide_sdk.serve.scheduler import RoundLimits
 from flide_sdk.serve.stats import Stats
+from flide_sdk.startup import Startup, load_kernels, memory_split, size, weight_bytes
 from flide_sdk.text.history import Trunk
 from flide_sdk.text.render import Rendered, Renderer, state_text
 
@@ -65,6 +63,7 @@ class Engine:
         max_pending: int = 4096,
         graphs: bool | None = None,
         name: str = "qwen3.5",
+        startup: Startup | None = None,
     ) -> None:
         check_options(model.config.max_position_embeddings, max_prompt_tokens=renderer.max_prompt_tokens,
                        pool_bytes=pool_bytes, pool_checkpoints=pool_checkpoints, max_round_tokens=max_round_tokens,
@@ -79,28 +78,22 @@ class Engine:
         self.name = name
         self.max_round_tokens = max_round_tokens
         self.max_round_requests = max_round_requests
-        budget = default_pool_bytes(device) if pool_bytes is None else pool_bytes
-        self.pool = CheckpointPool(model.config, device, model.embed_tokens.weight.dtype, budget, pool_checkpoints,
-                                   max_round_requests)
-        caches = self.pool.layer_caches()
+        startup = Startup(progress=False) if startup is None else startup
+        self.kernel_bundle = load_kernels(device, startup)
         self._stats = Stats()
-        # every question has at least one branch token; with graphs a round must fit the largest capacity:
-        # one padding token past its real tokens, and the history pages of its resumed asks
-        limits = RoundLimits(max_round_tokens, max_round_requests, max_round_tokens)
-        runner = None
-        if graphs if graphs is not None else device.type == "cuda":
-            ladder = capacity_ladder(model.config.conv_kernel, max_round_tokens, max_round_requests,
-                                     renderer.max_prompt_tokens)
-            runner = GraphRunner(model, self.ops, caches, ladder, self.pool.state_rows, self.pool.window_sink,
-                                 self.pool.kv_sink)
-            limits = RoundLimits(max_round_tokens - 1, max_round_requests, ladder[-1].questions, ladder[-1].pages)
-        self._executor = Executor(model, self.ops, self.pool, caches, runner, renderer.words, self._stats, name,
-                                  limits)
+        self._executor = build_executor(model, self.ops, renderer, default_pool_bytes(device) if pool_bytes is None
+                                        else pool_bytes, pool_checkpoints, max_round_tokens, max_round_requests,
+                                        graphs if graphs is not None else device.type == "cuda", self._stats, name,
+                                        startup)
+        self.pool = self._executor.pool
+        runner = self._executor.graphs
         # rounds in flight at once: one per staging/readback buffer of the graphs (a buffer and its events are
         # reused by the round after next, launched once this one is finished)
         self._loop = RoundLoop(self._executor, deadline_s=round_deadline_ms / 1000.0, max_pending=max_pending,
                                depth=BUFFERS)
         OPEN_ENGINES.add(self)
+        self._stats.set(load_seconds=startup.elapsed())
+        startup.stage("serving", f"{len(runner.ladder)} CUDA graphs to capture in the background" if runner else "")
 
     @classmethod
     def load(
@@ -117,6 +110,7 @@ class Engine:
         pool_checkpoints: int | None = None,
         max_pending: int = 4096,
         graphs: bool | None = None,
+        progress: bool | None = None,
     ) -> Engine:
         """Load an HF-format Qwen3.5 checkpoint directory (text-only or release layout).
 
@@ -131,7 +125,9 @@ class Engine:
         pool_bytes: checkpoint pool budget (default 40% of free device memory on CUDA, 512 MiB on CPU);
         pool_checkpoints: how many checkpoints it holds at most (default: a quarter of the budget's worth).
         max_pending: queued asks before `ask` waits for room.
+        progress: print the start-up stages and the graph capture on stderr (default: when it is a terminal).
         """
+        startup = Startup(progress)
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         config, _ = read_config(path)  # config, tokenizer and template are checked before any weight is read
@@ -141,10 +137,11 @@ class Engine:
                        max_pending=max_pending)
         renderer = Renderer.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size)
         model = load_model(path, device, dtype)
+        startup.stage("weights", f"{size(weight_bytes(model))} on {device}")
         return cls(model, renderer, device, pool_bytes=pool_bytes, pool_checkpoints=pool_checkpoints,
                    max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192),
                    max_round_requests=max_round_requests, round_deadline_ms=round_deadline_ms,
-                   max_pending=max_pending, graphs=graphs, name=Path(path).name)
+                   max_pending=max_pending, graphs=graphs, name=Path(path).name, startup=startup)
 
     @classmethod
     def tiny(cls, seed: int = 0, **load_options: Any) -> Engine:
@@ -238,18 +235,23 @@ class Engine:
         self._executor.clear_pool()
 
     def stats(self) -> dict[str, float]:
-        """Counters since start (DESIGN.md §7) plus pool occupancy."""
+        """Counters since start (DESIGN.md §7), start-up times (`load_seconds`; `first_answer_ready_seconds`
+        from the start of `load` to the first answered round, 0 before), pool occupancy and the memory split."""
         stats = self._stats.snapshot()
         with self._executor.pool_lock:
             stats.update(pool_bytes=self.pool.used_bytes, pool_capacity_bytes=self.pool.capacity_bytes,
                          checkpoints=self.pool.num_checkpoints, **self.pool.counters)
+        stats.update(self._memory(stats))
         return stats
+
+    def _memory(self, stats: dict[str, float]) -> dict[str, int]:
+        return memory_split(weight_bytes(self.model), int(stats["graph_memory_bytes"]), self.pool.capacity_bytes,
+                            self.pool.used_bytes, self.device, pool_in_allocator=True)
 
     def info(self) -> dict[str, Any]:
         """What this engine runs and with what memory: model shapes, device, dtype, limits, the captured graph
         capacities (stream tokens; empty without graphs), and bytes of weights, checkpoint pool and graphs."""
         config = self.model.config
-        weights = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
         return {
             "model": self.name,
             "device": str(self.device),
@@ -262,11 +264,8 @@ class Engine:
             "max_round_tokens": self.max_round_tokens,
             "max_round_requests": self.max_round_requests,
             "capacities": [] if self._executor.graphs is None else [c.tokens for c in self._executor.graphs.ladder],
-            "memory_bytes": {
-                "weights": weights,
-                "pool": self.pool.capacity_bytes,
-                "graphs": int(self._stats.snapshot()["graph_memory_bytes"]),
-            },
+            "kernel_bundle": None if self.kernel_bundle is None else str(self.kernel_bundle.bundle),
+            "memory_bytes": self._memory(self._stats.snapshot()),
         }
 
     @property

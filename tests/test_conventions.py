@@ -179,5 +179,6 @@ def test_cli_info_runs_as_a_module():
     assert result.returncode == 0, result.stderr
     info = json.loads(result.stdout)
     assert info["device"] == "cpu" and info["dtype"] == "float32" and info["layers"] == 8
-    assert info["capacities"] == [] and set(info["memory_bytes"]) == {"weights", "pool", "graphs"}
-    assert info["memory_bytes"]["weights"] > 0
+    assert info["capacities"] == [] and set(info["memory_bytes"]) == {
+        "weights_bytes", "graph_memory_bytes", "pool_reserved_bytes", "pool_used_bytes", "workspace_bytes"}
+    assert info["memory_bytes"]["weights_bytes"] > 0

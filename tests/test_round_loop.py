@@ -12,7 +12,7 @@ import pytest
 
 import flide_sdk as fl
 from flide_sdk.serve.executor import Launched
-from flide_sdk.serve.loop import RoundLoop
+from flide_sdk.serve.loop import CAPTURE_AFTER_IDLE_S, RoundLoop
 from flide_sdk.serve.scheduler import RoundBatch, RoundLimits, schedule
 
 QUESTION = {"q": fl.Noul("Is it late?")}
@@ -189,12 +189,30 @@ def test_closing_answers_rounds_in_flight_and_fails_queued_asks(asker):
     assert not loop.running
 
 
+def test_the_first_asks_run_before_any_capture(asker):
+    """Asks queued right after start are answered before the loop captures its first graph; capturing
+    starts once the loop has been idle for CAPTURE_AFTER_IDLE_S."""
+    executor = FakeExecutor(captures=3, capture_seconds=0.01)
+    loop = run_loop(executor)
+    asks = [asker(f"first {i}") for i in range(3)]
+    with loop.hold():
+        for ask in asks:
+            loop.submit(ask)
+    assert [ask.future.result(10) for ask in asks] == [1, 1, 1]
+    deadline = time.monotonic() + 10
+    while executor.capturing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loop.close()
+    calls = [call for call, _, _ in executor.calls]
+    assert calls == ["launch", "finish", "capture", "capture", "capture"], calls
+
+
 def test_graphs_are_captured_between_rounds_on_the_round_thread(asker):
     """An idle loop captures, one capacity per step, on the round thread; an ask that comes meanwhile is
     launched after the step in progress, before the next one; every capture is done in the end."""
     executor = FakeExecutor(captures=6, capture_seconds=0.05)
     loop = run_loop(executor)
-    time.sleep(0.07)  # the loop is in its second capture step
+    time.sleep(CAPTURE_AFTER_IDLE_S + 0.07)  # the loop is in its second capture step
     ask = asker("while capturing")
     loop.submit(ask)
     assert ask.future.result(10) == 1
@@ -212,7 +230,7 @@ def test_graphs_are_captured_between_rounds_on_the_round_thread(asker):
 def test_closing_during_capture_ends_the_loop(asker):
     executor = FakeExecutor(captures=1000, capture_seconds=0.01)
     loop = run_loop(executor)
-    time.sleep(0.03)
+    time.sleep(CAPTURE_AFTER_IDLE_S + 0.03)
     loop.close(timeout=5)
     assert not loop.running and executor.captures_left > 900
     with pytest.raises(fl.EngineClosedError):

@@ -1,18 +1,19 @@
-"""CUDA-graph execution of rounds: one captured forward per capacity, fed from one pinned staging buffer.
+"""CUDA-graph execution of rounds: one captured forward per capacity, fed from pinned staging buffers.
 
-The model's forward is captured once per capacity of the ladder (`capacity.py`) and staging buffer, one
-capacity per `capture_next` call, smallest first, all in one memory pool (only one graph runs at a time): the
-round thread captures between rounds while the engine already serves, rounds that fit no captured capacity
-yet running eagerly. Each graph reads its round from views of ONE device int64 buffer, laid out per capacity
-(`StagingLayout`), and holds its own copies: first the one non-blocking host-to-device copy of its pinned
-staging buffer into that device buffer, last the one device-to-host copy of the label probabilities into
-its pinned readback buffer. A round is launched by staging its host arrays straight into the pinned
-staging buffer and one replay call; `Launch.wait()` later synchronises on an event recorded after it. Two
-staging/readback buffer pairs alternate (a graph per capacity for each), so the host can build round k+1
-while the device still runs round k (measured: docs/decisions/round-planning.md).
-The staging buffer holds a round's staged form (`RoundPlan.stage`): the arrays that grow with the stream
-(token rows, conv sources, chunk tables, save windows) come as a piece table, chunk spans and save tokens,
-which the graph's first kernel expands into device arrays of their own (`device_round`, `kernels.round_metadata`).
+The model's forward is captured once per capacity of the ladder (`capacity.py`), one capacity per
+`capture_next` call in `capture_order`, all in one memory pool (only one graph runs at a time): the round
+thread captures between rounds while the engine already serves, rounds that fit no captured capacity yet
+running eagerly at the shape they will replay at (`padded`: the same kernels). Each graph reads its round
+from views of ONE device int64 buffer, laid out per capacity (`StagingLayout`), and writes the label
+probabilities into one device tensor. A round is launched by staging its host arrays straight into a pinned
+staging buffer, one non-blocking copy of it into the device buffer, the replay, and one non-blocking copy of
+the probabilities into a pinned readback buffer; `Launch.wait()` later synchronises on an event recorded
+after it. Two staging/readback buffer pairs alternate, so the host can build round k+1 while the device still
+runs round k (docs/decisions/round-planning.md); the copies sit outside the graph, so one graph per capacity
+serves both pairs. The staging buffer holds a round's staged form (`RoundPlan.stage`): the arrays that grow
+with the stream (token rows, conv sources, chunk tables, save windows) come as a piece table, chunk spans and
+save tokens, which the graph's first kernel expands into device arrays of their own (`device_round`,
+`kernels.round_metadata`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from flide_sdk.kernels.plans import RoundMetadata
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
-from flide_sdk.plan.capacity import Capacity, choose
+from flide_sdk.plan.capacity import Capacity, capture_order, choose, pad_round
 from flide_sdk.plan.layout import (
     Branches,
     HostRound,
@@ -96,9 +97,11 @@ def placeholder_round(conv_kernel: int, rows: StateRows, kv_sink: int) -> HostRo
 @dataclass
 class _Captured:
     layout: StagingLayout
-    graphs: list[torch.cuda.CUDAGraph]  # per buffer pair: its staging copy, the forward, its readback copy
+    graph: torch.cuda.CUDAGraph  # the forward, from the device buffer to `output`
+    output: torch.Tensor  # the graph's [questions, labels] probabilities on the device
     host_views: list[dict[str, np.ndarray]]  # per pinned staging buffer
-    probabilities: list[np.ndarray]  # per pinned readback buffer: the graph's [questions, labels] output
+    readback: list[torch.Tensor]  # per pinned readback buffer: its [questions, labels] head
+    probabilities: list[np.ndarray]  # the same memory, as arrays
 
 
 class Launch:
@@ -167,35 +170,45 @@ class GraphRunner:
         self._layouts = layouts
         self._captured: dict[Capacity, _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle()  # shared by every graph: one runs at a time
-        self._pending = list(self.ladder)
+        self._pending = capture_order(self.ladder)
 
     @property
     def pending(self) -> list[Capacity]:
-        """The capacities not captured yet, smallest first (the order `capture_next` takes them in); none once
+        """The capacities not captured yet, in the order `capture_next` takes them (`capture_order`); none once
         capturing was given up (`give_up`)."""
         return self._pending
 
+    @property
+    def captured(self) -> int:
+        """How many capacities have their graph."""
+        return len(self._captured)
+
     def give_up(self) -> None:
-        """Capture nothing more: rounds past the captured capacities (always the smallest) run eagerly."""
+        """Capture nothing more: rounds past the captured capacities run eagerly."""
         self._pending = []
 
+    def padded(self, plan: RoundPlan) -> HostRound | None:
+        """A round not replayed, padded to the capacity it fits (its eager forward runs the kernels its graph
+        would), or None past the largest capacity."""
+        capacity = choose(self.ladder, plan)
+        return None if capacity is None else pad_round(plan, capacity, self.window_sink)
+
     def capture_next(self) -> CaptureReport:
-        """Capture the smallest pending capacity: a graph per buffer pair, on a placeholder round, in the
-        runner's one memory pool (only one graph runs at a time). Call it with no round in flight; rounds that
-        fit no captured capacity meanwhile run eagerly (`launch` returns None)."""
+        """Capture the next pending capacity's graph on a placeholder round, in the runner's one memory pool
+        (only one graph runs at a time). Call it with no round in flight; rounds that fit no captured capacity
+        meanwhile run eagerly (`launch` returns None)."""
         capacity = self.pending[0]
         torch.cuda.synchronize(self.device)
         reserved = torch.cuda.memory_reserved(self.device)
         started = time.perf_counter()
-        LOG.debug("capturing the round graphs of %d tokens", capacity.tokens)
+        LOG.debug("capturing the round graph of %d tokens", capacity.tokens)
         layout = self._layouts[self.ladder.index(capacity)]
         placeholder = placeholder_round(capacity.conv_kernel, self.rows, self.kv_sink).plan
         device_views = layout.views(self._device_buffer)
-        device_head = self._device_buffer[: layout.elements]
         host_views = [layout.views(buffer.numpy()) for buffer in self._staging]
         for views in host_views:
             placeholder.stage(views, capacity.shape, self.window_sink)
-        device_head.copy_(self._staging[0][: layout.elements])
+        self._device_buffer[: layout.elements].copy_(self._staging[0][: layout.elements])
         arrays, expand = device_round(capacity, device_views,
                                       self._expanded_layouts[capacity].views(self._expanded_buffer))
         rnd = round_tensors(placeholder, capacity.shape, arrays)
@@ -205,24 +218,20 @@ class GraphRunner:
             expand()
             self.model(rnd, self.ops, self.caches)  # warm-up: compiles kernels, sizes workspaces
         torch.cuda.current_stream(self.device).wait_stream(side)
-        graphs, outputs = [], []
-        for staging, readback in zip(self._staging, self._readback):
-            out = readback[: capacity.questions * capacity.labels].view(capacity.questions, capacity.labels)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                device_head.copy_(staging[: layout.elements], non_blocking=True)
-                expand()
-                out.copy_(self.model(rnd, self.ops, self.caches), non_blocking=True)
-            graphs.append(graph)
-            outputs.append(out.numpy())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            expand()
+            output = self.model(rnd, self.ops, self.caches)
         torch.cuda.synchronize(self.device)
-        self._captured[capacity] = _Captured(layout, graphs, host_views, outputs)
+        size = capacity.questions * capacity.labels
+        readback = [buffer[:size].view(capacity.questions, capacity.labels) for buffer in self._readback]
+        self._captured[capacity] = _Captured(layout, graph, output, host_views, readback,
+                                             [view.numpy() for view in readback])
         self._pending.remove(capacity)
-        return CaptureReport(len(graphs), time.perf_counter() - started,
-                             torch.cuda.memory_reserved(self.device) - reserved)
+        return CaptureReport(1, time.perf_counter() - started, torch.cuda.memory_reserved(self.device) - reserved)
 
     def capture(self) -> CaptureReport:
-        """Capture every pending capacity, smallest first."""
+        """Capture every pending capacity."""
         graphs, seconds, memory = 0, 0.0, 0
         while self.pending:
             report = self.capture_next()
@@ -232,7 +241,8 @@ class GraphRunner:
         return CaptureReport(graphs, seconds, memory)
 
     def launch(self, plan: RoundPlan) -> Launch | None:
-        """Stage, copy and replay a round on the smallest graph it fits; None if it fits none (run it eagerly)."""
+        """Stage, copy and replay a round on the smallest graph it fits; None if that one is not captured (or
+        there is none): run it eagerly (`padded`)."""
         capacity = choose(self.ladder, plan)
         if capacity is None or capacity not in self._captured:
             return None
@@ -241,13 +251,16 @@ class GraphRunner:
         self._next = (self._next + 1) % BUFFERS
         started = time.perf_counter()
         if self._replayed[buffer] is not None:
-            self._replayed[buffer].synchronize()  # the replay that last used this buffer pair is done
+            self._replayed[buffer].synchronize()  # the round that last used this buffer pair is done
         freed = time.perf_counter()
         plan.stage(captured.host_views[buffer], capacity.shape, self.window_sink)
         padded = time.perf_counter()
         events = self._events[buffer]
+        elements = captured.layout.elements
         events[0].record()
-        captured.graphs[buffer].replay()
+        self._device_buffer[:elements].copy_(self._staging[buffer][:elements], non_blocking=True)
+        captured.graph.replay()
+        captured.readback[buffer].copy_(captured.output, non_blocking=True)
         events[1].record()
         self._replayed[buffer] = events[1]
         replayed = time.perf_counter()

@@ -30,6 +30,7 @@ LABELS = 32  # label columns of a graph (a question has at most 26 options: lett
 TOKENS_PER_REQUEST = 64  # requests capacity = T / this (at least MIN_REQUESTS)
 TOKENS_PER_QUESTION = 16  # questions capacity = T / this (at least MIN_QUESTIONS)
 MIN_REQUESTS, MIN_QUESTIONS = 4, 16
+FIRST_RUNGS_TOKENS = 1024  # graphs captured smallest first up to here, then largest first (`capture_order`)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,15 @@ class Capacity:
             and all(level.segments <= s and level.chunks <= c
                     for level, s, c in zip(plan.levels, self.segments, self.chunks, strict=True))
         )
+
+
+def capture_order(ladder: list[Capacity]) -> list[Capacity]:
+    """The order graphs are captured in while the engine serves: the rungs lone asks land on (up to
+    FIRST_RUNGS_TOKENS) smallest first, so they replay soonest; then the rest largest first, so each smaller
+    graph reuses the memory of the larger ones in the graphs' shared pool instead of adding blocks of its own."""
+    ascending = sorted(ladder, key=lambda capacity: capacity.tokens)
+    first = [capacity for capacity in ascending if capacity.tokens <= FIRST_RUNGS_TOKENS]
+    return first + [capacity for capacity in reversed(ascending) if capacity.tokens > FIRST_RUNGS_TOKENS]
 
 
 def plan_of(round_: RoundPlan | HostRound) -> RoundPlan:

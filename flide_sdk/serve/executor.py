@@ -22,11 +22,14 @@ from flide_sdk.device.graphs import GraphRunner, Launch
 from flide_sdk.device.pool import CheckpointPool, PlannedSave
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
+from flide_sdk.plan.capacity import capacity_ladder
 from flide_sdk.plan.layout import Branches, HostRound, RequestSpec, Resume, RoundPlan, Save
 from flide_sdk.questions import Answer, SystemOneResponse, Usage
 from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.scheduler import Request, RoundBatch, RoundLimits, schedule
 from flide_sdk.serve.stats import Stats
+from flide_sdk.startup import Startup
+from flide_sdk.text.render import Renderer
 from flide_sdk.text.word_cache import WordEncoder
 
 LOG = logging.getLogger(__name__)
@@ -43,11 +46,31 @@ class Launched:
     started: float
 
 
+def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes: int, pool_checkpoints: int | None,
+                   max_round_tokens: int, max_round_requests: int, graphs: bool, stats: Stats, name: str,
+                   startup: Startup) -> Executor:
+    """An engine's executor: its checkpoint pool and, with `graphs`, the graph ladder up to `max_round_tokens`."""
+    pool = CheckpointPool(model.config, model.embed_tokens.weight.device, model.embed_tokens.weight.dtype,
+                          pool_bytes, pool_checkpoints, max_round_requests)
+    caches = pool.layer_caches()
+    # every question has at least one branch token; with graphs a round must fit the largest capacity:
+    # one padding token past its real tokens, and the history pages of its resumed asks
+    limits = RoundLimits(max_round_tokens, max_round_requests, max_round_tokens)
+    runner = None
+    if graphs:
+        ladder = capacity_ladder(model.config.conv_kernel, max_round_tokens, max_round_requests,
+                                 renderer.max_prompt_tokens)
+        runner = GraphRunner(model, ops, caches, ladder, pool.state_rows, pool.window_sink, pool.kv_sink)
+        limits = RoundLimits(max_round_tokens - 1, max_round_requests, ladder[-1].questions, ladder[-1].pages)
+    return Executor(model, ops, pool, caches, runner, renderer.words, stats, name, limits, startup)
+
+
 class Executor:
     """The model, its checkpoint pool and graphs, driven by the round thread."""
 
     def __init__(self, model: Qwen35Model, ops: Ops, pool: CheckpointPool, caches: list[LayerCache],
-                 graphs: GraphRunner | None, words: WordEncoder, stats: Stats, name: str, limits: RoundLimits) -> None:
+                 graphs: GraphRunner | None, words: WordEncoder, stats: Stats, name: str, limits: RoundLimits,
+                 startup: Startup | None = None) -> None:
         self.model = model
         self.ops = ops
         self.pool = pool
@@ -57,6 +80,8 @@ class Executor:
         self.limits = limits
         self.caches = caches
         self.words = words
+        self.startup = Startup(progress=False) if startup is None else startup
+        self.answered = False  # whether a round was answered yet
         self.pool_lock = threading.Lock()  # held while the pool is read or changed
         self.captured = threading.Event()  # set once no graph is left to capture
         if not self.capturing:
@@ -139,6 +164,9 @@ class Executor:
         else:
             self.stats.add(graphs_captured=report.graphs, capture_seconds=report.seconds,
                            graph_memory_bytes=report.memory_bytes)
+            counts = self.stats.snapshot()
+            self.startup.graph_captured(graphs.captured, len(graphs.ladder), counts["capture_seconds"],
+                                        int(counts["graph_memory_bytes"]))
         if not self.capturing:
             self.captured.set()
 
@@ -149,6 +177,9 @@ class Executor:
         probabilities = result.wait() if isinstance(result, Launch) else result
         finished = time.perf_counter()
         answers = self._answers(launched.requests, probabilities)
+        if not self.answered:
+            self.answered = True
+            self.stats.set(first_answer_ready_seconds=self.startup.elapsed())
         self.stats.count_round(launched.requests, launched.tokens, finished - launched.started)
         self.stats.add(finish_seconds=finished - waited, **(result.device_seconds() if isinstance(result, Launch)
                                                              else {}))
@@ -174,7 +205,11 @@ class Executor:
             self.pool.release()
 
     def _run_eager(self, plan: RoundPlan) -> np.ndarray:
-        return self.model(HostRound.of(plan).to(self.device), self.ops, self.caches).cpu().numpy()
+        """The round's forward outside any graph: at its capacity's shape while that graph is not captured yet
+        (the kernels it will replay), unpadded past the largest capacity or without graphs."""
+        padded = None if self.graphs is None else self.graphs.padded(plan)
+        host = HostRound.of(plan) if padded is None else padded
+        return self.model(host.to(self.device), self.ops, self.caches).cpu().numpy()[: plan.num_questions]
 
     def _request_spec(self, request: Request) -> tuple[RequestSpec, PlannedSave | None]:
         trunk, resume = request.lead.trunk, request.resume

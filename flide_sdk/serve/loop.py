@@ -9,7 +9,9 @@ Rounds are pipelined: while a round runs, the thread schedules and launches the 
 rounds in flight), and finishes the oldest round when there is nothing to launch or the pipeline is full, so
 the host work of round k+1 overlaps the device work of round k. When nothing is in flight a round is
 admitted at once or, with a deadline, when the queued work reaches the round capacity or the deadline passes.
-With nothing to run, the thread captures the executor's next CUDA graph (`capture_step`), one capacity at a time.
+Once the device has been idle for CAPTURE_AFTER_IDLE_S, the thread captures the executor's next CUDA graph
+(`capture_step`), one capacity at a time, so asks that come in a burst (the first ones after start among
+them) are not held up by captures.
 Closing fails every queued ask with `EngineClosedError`; rounds already launched finish.
 """
 
@@ -28,6 +30,7 @@ from flide_sdk.serve.executor import Executor, Launched
 from flide_sdk.serve.stats import Stats
 
 LOG = logging.getLogger(__name__)
+CAPTURE_AFTER_IDLE_S = 0.1  # idle time (no round in flight or queued) before the loop captures a graph
 
 
 class RoundLoop:
@@ -43,6 +46,7 @@ class RoundLoop:
         self._in_flight: deque[Launched] = deque()
         self._closed = False
         self._held = 0
+        self._worked_at = time.monotonic()  # when a round was last launched or finished (or the loop started)
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -127,8 +131,14 @@ class RoundLoop:
     def _step(self) -> bool:
         """Launch a round, or finish the oldest one in flight, or (idle) capture a graph; False once closed."""
         with self._cond:
-            while self._idle() and not self.executor.capturing:
-                self._cond.wait()
+            while self._idle():
+                if not self.executor.capturing:
+                    self._cond.wait()
+                    continue
+                idle_for = time.monotonic() - self._worked_at
+                if idle_for >= CAPTURE_AFTER_IDLE_S:
+                    break
+                self._cond.wait(CAPTURE_AFTER_IDLE_S - idle_for)
             if self._closed:
                 return False
             if self._idle():
@@ -146,12 +156,14 @@ class RoundLoop:
                     self._cond.notify_all()  # room in the queue for waiting submitters
         if capture:  # between rounds: an ask that comes meanwhile waits for this one capacity at most
             self.executor.capture_step()
-        elif batch is None:
+            return True
+        if batch is None:
             self._finish(self._in_flight.popleft())
         elif batch.requests:
             launched = self.executor.launch(batch)
             if launched is not None:
                 self._in_flight.append(launched)
+        self._worked_at = time.monotonic()
         return True
 
     def _wait_for_a_full_round(self) -> None:
