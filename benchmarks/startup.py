@@ -1,17 +1,17 @@
-"""Start-up: a fresh process to its first answer, with and without CUDA graphs, and the device memory it takes.
+"""Start-up: a fresh process to its first answer, on an empty Triton cache with and without a kernel bundle and on
+a warm cache, and the device memory the engine takes.
 
     PYTHONPATH=$PWD python benchmarks/startup.py --model-size 0.8B
-    PYTHONPATH=$PWD python benchmarks/startup.py --tiny          (CPU smoke test: graphs=False only)
+    PYTHONPATH=$PWD python benchmarks/startup.py --tiny          (CPU smoke test: graphs off, no bundle)
 
 The parent builds the random real-shape checkpoint once, then launches child Pythons (this script with
---child) one after another. Each child imports torch and flide_sdk, loads the engine (graphs=True captures
-the CUDA-graph ladder in the background, serving meanwhile), asks one yes/no question about a RACE passage,
-then a second about another, waits for every graph, and prints its timings as JSON: import, load, first and
-second answer, all graphs ready, capture (`stats()["capture_seconds"]`), peak device memory
-(`torch.cuda.max_memory_allocated`) and graph memory (stats). The
-parent records the wall time from launch to the child's first answer and to its exit. Each setting runs
-twice: first with an empty Triton cache (the kernels compile: a cold machine), then with the cache the
-first run filled (a warm one).
+--child) one after another. Each child imports torch and flide_sdk, loads the engine (graphs captured in the
+background, serving meanwhile), records the device memory the engine holds before any ask, asks one yes/no
+question about a RACE passage, then a second about another, waits for every graph, and prints its timings as
+JSON. The parent records the wall time from launch to the child's first answer. Runs, in order: "cold" (an
+empty Triton cache, no bundle: every kernel compiles), "warm" (the cache the cold run filled), then the bundle
+is built by `python -m flide_sdk.kernels bundle build` (timed) and "bundle" runs on an empty Triton cache with
+that bundle in the bundle directory.
 """
 
 from __future__ import annotations
@@ -39,8 +39,14 @@ def child(args) -> None:
     import flide_sdk as fl
 
     imported = time.perf_counter()
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.init()
+        free_before, _ = torch.cuda.mem_get_info()
     engine = fl.Engine.load(args.checkpoint, device=args.device, dtype=args.dtype, graphs=args.graphs == "on")
     loaded = time.perf_counter()
+    engine_memory = free_before - torch.cuda.mem_get_info()[0] if cuda else None
+    memory_after_load = engine.info()["memory_bytes"]
     states = json.loads(Path(args.states).read_text())
     first = engine.ask_sync(states[0], QUESTION)
     answered = time.perf_counter()
@@ -50,7 +56,6 @@ def child(args) -> None:
     engine.wait_for_graphs()
     graphs_ready = time.perf_counter()
     stats = engine.stats()
-    cuda = args.device == "cuda"
     free, total = torch.cuda.mem_get_info() if cuda else (None, None)
     result = {
         "interpreter_seconds": STARTED - args.launched_at,
@@ -65,6 +70,11 @@ def child(args) -> None:
         "first_answer": first["story"].noul,
         "graphs_captured": stats.get("graphs_captured"),
         "graph_memory_bytes": stats.get("graph_memory_bytes"),
+        "engine_device_memory_after_load_bytes": engine_memory,
+        "memory_split_after_load": memory_after_load,
+        "memory_split_after_graphs": engine.info()["memory_bytes"],
+        "kernel_bundle": engine.info()["kernel_bundle"],
+        "first_answer_ready_seconds": stats.get("first_answer_ready_seconds"),
         "pool_capacity_bytes": stats.get("pool_capacity_bytes"),
         "max_memory_allocated_bytes": torch.cuda.max_memory_allocated() if cuda else None,
         "memory_reserved_bytes": torch.cuda.memory_reserved() if cuda else None,
@@ -76,12 +86,13 @@ def child(args) -> None:
     print(MARK + json.dumps(result, default=float), flush=True)
 
 
-def launch(args, checkpoint: Path, where: dict, states: Path, graphs: bool, triton_cache: Path) -> dict:
-    """One fresh child process; its JSON plus the parent's wall times."""
+def launch(args, checkpoint: Path, where: dict, states: Path, graphs: bool, triton_cache: Path, bundles: Path) -> dict:
+    """One fresh child process (Triton cache `triton_cache`, bundle directory under `bundles`); its JSON plus the
+    parent's wall times."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child", "--checkpoint", str(checkpoint),
                "--device", where["device"], "--dtype", where["dtype"], "--graphs", "on" if graphs else "off",
                "--states", str(states)]
-    env = {**os.environ, "TRITON_CACHE_DIR": str(triton_cache)}
+    env = {**os.environ, "TRITON_CACHE_DIR": str(triton_cache), "FLIDE_SDK_CACHE": str(bundles)}
     launched_at = time.time()
     started = time.perf_counter()
     done = subprocess.run([*command, "--launched-at", repr(launched_at)], env=env, capture_output=True, text=True,
@@ -111,21 +122,38 @@ def parent(args) -> None:
     work = Path(tempfile.mkdtemp(prefix="flide-startup-"))
     states = work / "states.json"
     states.write_text(json.dumps(passages))
-    settings = [False] if args.tiny else [True, False]
+    graphs = not args.tiny
     runs = []
-    for graphs in settings:
-        cache = work / f"triton-cache-graphs-{graphs}"
-        for temperature in ("cold", "warm"):
-            run = launch(args, checkpoint, where, states, graphs, cache)
-            runs.append({"triton_cache": temperature, **run})
-            print(f"graphs={graphs} {temperature}: "
-                  f"{run.get('launch_to_first_answer_seconds', 'failed')} s to the first answer", file=sys.stderr)
+
+    def run(label: str, cache: Path, bundles: Path) -> None:
+        result = launch(args, checkpoint, where, states, graphs, cache, bundles)
+        runs.append({"run": label, **result})
+        print(f"{label}: {result.get('launch_to_first_answer_seconds', 'failed')} s to the first answer",
+              file=sys.stderr)
+
+    no_bundles = work / "sdk-empty"
+    run("cold", work / "triton-cold", no_bundles)
+    run("warm", work / "triton-cold", no_bundles)
+    bundle_build = None
+    if graphs:
+        bundles = work / "sdk-bundle"
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "flide_sdk.kernels", "bundle", "build", str(checkpoint)],
+                              env={**os.environ, "FLIDE_SDK_CACHE": str(bundles)}, capture_output=True, text=True,
+                              timeout=args.child_timeout, check=False)
+        files = sorted((bundles / "kernels").glob("*.tar"))
+        bundle_build = {"seconds": time.perf_counter() - started, "returncode": done.returncode,
+                        "bundle": files[0].name if files else None,
+                        "bundle_bytes": files[0].stat().st_size if files else None, "stderr_tail": done.stderr[-1500:]}
+        print(f"bundle build: {bundle_build['seconds']:.1f} s, {bundle_build['bundle']}", file=sys.stderr)
+        run("bundle", work / "triton-bundle", bundles)
     summary = {
-        f"graphs_{'on' if r['graphs'] else 'off'}_{r['triton_cache']}": {
+        r["run"]: {
             key: r.get(key) for key in ("launch_to_first_answer_seconds", "import_seconds", "load_seconds",
-                                        "capture_seconds", "first_answer_seconds", "second_answer_ms",
-                                        "graphs_ready_seconds", "graphs_captured", "eager_runs",
-                                        "max_memory_allocated_bytes", "graph_memory_bytes", "failed")
+                                        "first_answer_seconds", "first_answer_ready_seconds", "second_answer_ms",
+                                        "graphs_ready_seconds", "capture_seconds", "graphs_captured", "eager_runs",
+                                        "engine_device_memory_after_load_bytes", "max_memory_allocated_bytes",
+                                        "graph_memory_bytes", "kernel_bundle", "failed")
         } for r in runs
     }
     name = "startup-" + ("tiny" if args.tiny else args.model_size)
@@ -133,10 +161,11 @@ def parent(args) -> None:
         "benchmark": "startup", "model_size": "tiny" if args.tiny else args.model_size,
         **run_metadata(command_line()),
         "data": f"{RACE_SOURCE}: the first two passages, one yes/no question each",
-        "settings": {**where, "graphs_settings": settings,
-                     "graphs_on_note": "not run with --tiny: CUDA graphs need a CUDA device" if args.tiny else None,
+        "settings": {**where, "graphs": graphs,
                      "child": "fresh `python benchmarks/startup.py --child`: import torch + flide_sdk, Engine.load, "
-                              "ask_sync twice, wait_for_graphs; TRITON_CACHE_DIR empty for the cold run, reused for the warm one"},
+                              "ask_sync twice, wait_for_graphs; TRITON_CACHE_DIR empty for cold and bundle, the cold "
+                              "run's for warm; FLIDE_SDK_CACHE empty except for bundle"},
+        "bundle_build": bundle_build,
         "summary": summary,
         "runs": runs,
     })

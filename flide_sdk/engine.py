@@ -23,7 +23,7 @@ from flide_sdk.errors import AskTimeoutError, DeviceError, EngineClosedError
 from flide_sdk.models.checkpoint import load_model, read_config
 from flide_sdk.models.ops import Ops, ops_for
 from flide_sdk.models.qwen35 import Qwen35Model
-from flide_sdk.options import check_options, default_pool_bytes, resolve_device, resolve_dtype
+from flide_sdk.options import check_options, resolve_device, resolve_dtype
 from flide_sdk.questions import Questions, State, SystemOneResponse, parse_questions
 from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.executor import build_executor
@@ -81,10 +81,9 @@ class Engine:
         startup = Startup(progress=False) if startup is None else startup
         self.kernel_bundle = load_kernels(device, startup)
         self._stats = Stats()
-        self._executor = build_executor(model, self.ops, renderer, default_pool_bytes(device) if pool_bytes is None
-                                        else pool_bytes, pool_checkpoints, max_round_tokens, max_round_requests,
-                                        graphs if graphs is not None else device.type == "cuda", self._stats, name,
-                                        startup)
+        self._executor = build_executor(model, self.ops, renderer, pool_bytes, pool_checkpoints, max_round_tokens,
+                                        max_round_requests, graphs if graphs is not None else device.type == "cuda",
+                                        self._stats, name, startup)
         self.pool = self._executor.pool
         runner = self._executor.graphs
         # rounds in flight at once: one per staging/readback buffer of the graphs (a buffer and its events are
@@ -122,7 +121,8 @@ class Engine:
         graphs: CUDA graphs of the round forward (default: on CUDA), captured in the background from the smallest
         capacity up while the engine already serves (`wait_for_graphs`); a round replays the smallest captured
         graph it fits, else runs eagerly.
-        pool_bytes: checkpoint pool budget (default 40% of free device memory on CUDA, 512 MiB on CPU);
+        pool_bytes: the checkpoint pool's cap: it takes memory as sessions need it, up to this (default: 64 sessions
+        of 32k tokens, or 40% of the free device memory if less; 512 MiB at most on CPU);
         pool_checkpoints: how many checkpoints it holds at most (default: a quarter of the budget's worth).
         max_pending: queued asks before `ask` waits for room.
         progress: print the start-up stages and the graph capture on stderr (default: when it is a terminal).
@@ -231,8 +231,9 @@ class Engine:
         return self._executor.captured.wait(timeout)
 
     def clear_pool(self) -> None:
-        """Evict every checkpoint not in use by a running round."""
+        """Evict every checkpoint not in use by a running round; their memory is given back once the device idles."""
         self._executor.clear_pool()
+        self._loop.wake()
 
     def stats(self) -> dict[str, float]:
         """Counters since start (DESIGN.md §7), start-up times (`load_seconds`; `first_answer_ready_seconds`
@@ -245,8 +246,8 @@ class Engine:
         return stats
 
     def _memory(self, stats: dict[str, float]) -> dict[str, int]:
-        return memory_split(weight_bytes(self.model), int(stats["graph_memory_bytes"]), self.pool.capacity_bytes,
-                            self.pool.used_bytes, self.device, pool_in_allocator=True)
+        return memory_split(weight_bytes(self.model), int(stats["graph_memory_bytes"]), self.pool.reserved_bytes,
+                            self.pool.used_bytes, self.pool.allocator_bytes, self.device)
 
     def info(self) -> dict[str, Any]:
         """What this engine runs and with what memory: model shapes, device, dtype, limits, the captured graph

@@ -10,6 +10,7 @@ from flide_sdk.errors import DeviceError, InvalidOptionError
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_POOL_BYTES = 512 << 20
 CUDA_POOL_FRACTION = 0.4  # of the free device memory after the weights are loaded
+POOL_SESSIONS, POOL_SESSION_TOKENS = 64, 32768  # the default cap holds this many sessions of this many tokens
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -61,8 +62,12 @@ def check_options(positions: int, **options: float | None) -> None:
                                  f"{positions} positions (max_position_embeddings)")
 
 
-def default_pool_bytes(device: torch.device) -> int:
+def default_pool_bytes(device: torch.device, token_bytes: int) -> int:
+    """The checkpoint pool's default cap: the key/value pages of POOL_SESSIONS sessions of POOL_SESSION_TOKENS
+    (`token_bytes` each) plus the quarter the pool gives its state slots, or CUDA_POOL_FRACTION of the free
+    device memory (CPU: CPU_POOL_BYTES) if that is smaller. The pool holds memory only as it needs it."""
+    sessions = POOL_SESSIONS * POOL_SESSION_TOKENS * token_bytes * 4 // 3
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free * CUDA_POOL_FRACTION)
-    return CPU_POOL_BYTES
+        return min(sessions, int(free * CUDA_POOL_FRACTION))
+    return min(sessions, CPU_POOL_BYTES)

@@ -60,12 +60,13 @@ class Startup:
         print(("\r" if self.terminal else "") + line, end="\n" if done else "", file=self.stream, flush=True)
 
 
-def memory_split(weights: int, graphs: int, pool_reserved: int, pool_used: int, device: torch.device,
-                 pool_in_allocator: bool) -> dict[str, int]:
+def memory_split(weights: int, graphs: int, pool_reserved: int, pool_used: int, pool_in_allocator: int,
+                 device: torch.device) -> dict[str, int]:
     """Bytes of device memory by owner: weights, captured graphs, the checkpoint pool (reserved and used), and
-    the work space (what torch's allocator holds beyond those: activations of eager rounds, buffers)."""
+    the work space (what torch's allocator holds beyond those: activations of eager rounds, buffers);
+    `pool_in_allocator`: the pool's bytes that torch's allocator holds (none with CUDA virtual memory)."""
     held = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
-    pool_share = pool_reserved if pool_in_allocator else 0
+    pool_share = pool_in_allocator
     return {"weights_bytes": weights, "graph_memory_bytes": graphs, "pool_reserved_bytes": pool_reserved,
             "pool_used_bytes": pool_used,
             "workspace_bytes": max(0, held - weights - graphs - pool_share) if device.type == "cuda" else 0}

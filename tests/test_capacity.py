@@ -241,8 +241,10 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
         for ops in (reference_ops, kernel_ops()):
             results = []
             for padded in (False, True):
-                for arena in (pool.states, pool.windows, pool.kv):
-                    arena.zero_()
+                caches = [(tensor, kind) for cache, kind in zip(pool.layer_caches(), model.config.layer_types)
+                          for tensor in cache]
+                for tensor, _ in caches:
+                    tensor.zero_()
                 outputs = []
                 for requests in (first, second):
                     host = plan_round(requests, model.config.conv_kernel, pool.state_rows, pool.kv_sink)
@@ -254,7 +256,8 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
                         host_run = host
                     probabilities = model(host_run.to("cpu"), ops, engine.pool.layer_caches())
                     outputs.append(probabilities[: host.num_questions, : host.label_ids.shape[1]])
-                outputs += [pool.states[:2].clone(), pool.windows[:2].clone(), pool.kv[:, :, : 4 * PAGE].clone()]
+                outputs += [tensor[: 4 * PAGE if kind == "full_attention" else 2].clone()
+                            for tensor, kind in caches]  # keys and values of 4 pages, states and windows of 2 slots
                 results.append(outputs)
             # the kernels compute a padded round's real rows exactly as the unpadded round's; torch's CPU
             # elementwise ops compute a tensor's tail elements with scalar code (std::exp, ...) and the rest

@@ -12,7 +12,7 @@ import pytest
 
 import flide_sdk as fl
 from flide_sdk.serve.executor import Launched
-from flide_sdk.serve.loop import CAPTURE_AFTER_IDLE_S, RoundLoop
+from flide_sdk.serve.loop import IDLE_WORK_AFTER_S, RoundLoop
 from flide_sdk.serve.scheduler import RoundBatch, RoundLimits, schedule
 
 QUESTION = {"q": fl.Noul("Is it late?")}
@@ -42,7 +42,9 @@ class FakeExecutor:
     def capturing(self) -> bool:
         return self.captures_left > 0
 
-    def capture_step(self) -> None:
+    idle_work = capturing
+
+    def idle_step(self) -> None:
         time.sleep(self.capture_seconds)
         self.captures_left -= 1
         self.record("capture", self.rounds)
@@ -191,7 +193,7 @@ def test_closing_answers_rounds_in_flight_and_fails_queued_asks(asker):
 
 def test_the_first_asks_run_before_any_capture(asker):
     """Asks queued right after start are answered before the loop captures its first graph; capturing
-    starts once the loop has been idle for CAPTURE_AFTER_IDLE_S."""
+    starts once the loop has been idle for IDLE_WORK_AFTER_S."""
     executor = FakeExecutor(captures=3, capture_seconds=0.01)
     loop = run_loop(executor)
     asks = [asker(f"first {i}") for i in range(3)]
@@ -212,7 +214,7 @@ def test_graphs_are_captured_between_rounds_on_the_round_thread(asker):
     launched after the step in progress, before the next one; every capture is done in the end."""
     executor = FakeExecutor(captures=6, capture_seconds=0.05)
     loop = run_loop(executor)
-    time.sleep(CAPTURE_AFTER_IDLE_S + 0.07)  # the loop is in its second capture step
+    time.sleep(IDLE_WORK_AFTER_S + 0.07)  # the loop is in its second capture step
     ask = asker("while capturing")
     loop.submit(ask)
     assert ask.future.result(10) == 1
@@ -230,7 +232,7 @@ def test_graphs_are_captured_between_rounds_on_the_round_thread(asker):
 def test_closing_during_capture_ends_the_loop(asker):
     executor = FakeExecutor(captures=1000, capture_seconds=0.01)
     loop = run_loop(executor)
-    time.sleep(CAPTURE_AFTER_IDLE_S + 0.03)
+    time.sleep(IDLE_WORK_AFTER_S + 0.03)
     loop.close(timeout=5)
     assert not loop.running and executor.captures_left > 900
     with pytest.raises(fl.EngineClosedError):

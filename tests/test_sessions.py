@@ -9,8 +9,10 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 
 import flide_sdk as fl
+from flide_sdk.device.pool import CheckpointPool
 from flide_sdk.serve.scheduler import DEFER_MIN_TOKENS, RoundLimits, schedule
 
 from .conftest import TOLERANCE, answer_probabilities, reference_probabilities
@@ -400,9 +402,11 @@ def test_pool_takes_and_frees_pages_in_bulk(tiny_path):
     cannot fit even then takes nothing and leaves every page free, unreferenced and empty."""
     with fl.Engine.load(tiny_path, device="cpu", pool_bytes=0) as probe:
         slot_bytes, page_bytes = probe.pool.slot_bytes, probe.pool.page_bytes
-    with fl.Engine.load(tiny_path, device="cpu", pool_bytes=8 * slot_bytes + 6 * page_bytes,
-                        pool_checkpoints=8) as engine:
-        pool, renderer = engine.pool, engine.renderer
+    with fl.Engine.load(tiny_path, device="cpu") as engine:
+        # a pool of its own: the engine's round thread trims its pool when idle
+        pool = CheckpointPool(engine.model.config, torch.device("cpu"), torch.float32,
+                              8 * slot_bytes + 6 * page_bytes, 8)
+        renderer = engine.renderer
         assert pool.num_pages == 6
         trunks = [renderer.trunk(f"text {i}: " + " ".join(WORDS * 12)) for i in range(2)]
         at = min(256, min(len(t) for t in trunks))  # four pages each

@@ -11,22 +11,28 @@ checkpoint is dropped as soon as the same session saves one further on (it is *s
 only ever resumes from its newest one, and its pages live on in the new one), unless a fork shares the
 history up to it; so a session holds one slot plus the pages of its history, however many steps it takes.
 
-All device memory is three arenas allocated once (slots, windows, pages), so kernels and captured graphs
-see fixed addresses; the host keeps the bookkeeping (free lists, reference counts, fill marks, the hash
-index) and hands the round planner plain integer tables. Past the checkpoint slots, the state arena has an
-always-zero row and `scratch_rows` rows where a round keeps its trunks' states (`layout.StateRows`), so a
-round reads and saves states in place; the window arena has one sink slot and the key/value arena one
-sink page, where padded saves of a fixed-shape round go.
+Device memory is arenas of a fixed address (`arena.py`: the states, the windows, and per attention layer
+its keys and its values), so kernels and captured graphs never see them move, sized for the pool's cap
+(`budget_bytes`) but holding memory only for the slots and pages in use: the pool takes more when a save
+finds none free (doubling, up to the cap; past it, least recently used checkpoints are evicted) and gives
+back what it no longer uses when the device is idle (`trim`). Slots and pages are taken lowest first, so
+the ones in use stay at the start. The host keeps the bookkeeping (free lists, reference counts, fill marks,
+the hash index) and hands the round planner plain integer tables. Past the checkpoint slots, the state
+arena has an always-zero row and `scratch_rows` rows where a round keeps its trunks' states
+(`layout.StateRows`), so a round reads and saves states in place; the window arena has one sink slot and
+the key/value arenas one sink page, where padded saves of a fixed-shape round go.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from flide_sdk.device.arena import Arena, PlainArena, arena
 from flide_sdk.models.qwen35 import (
     FULL_ATTENTION,
     LINEAR_ATTENTION,
@@ -37,6 +43,7 @@ from flide_sdk.plan.layout import PAGE, StateRows
 from flide_sdk.text.history import BLOCK, TokenBuffer, Trunk
 
 PAGE_SLOTS = np.arange(PAGE, dtype=np.int64)  # offsets of a page's entries from its first
+GROW_PAGES, GROW_SLOTS = 64, 4  # the least a growing pool adds (it doubles past these)
 
 
 @dataclass(eq=False)
@@ -71,6 +78,12 @@ class PageUsage:
     free: list[int]
 
 
+def token_bytes(config: Qwen35Config, dtype: torch.dtype) -> int:
+    """Key/value bytes of one token in the pool (every attention layer)."""
+    attention_layers = sum(kind == FULL_ATTENTION for kind in config.layer_types)
+    return attention_layers * 2 * config.num_kv_heads * config.head_dim * dtype.itemsize
+
+
 class CheckpointPool:
     """Device arenas for checkpoints plus their host bookkeeping; not thread-safe (the round thread owns it)."""
 
@@ -86,27 +99,26 @@ class CheckpointPool:
         c = config
         self.gdn_layers = [i for i, kind in enumerate(c.layer_types) if kind == LINEAR_ATTENTION]
         self.attention_layers = [i for i, kind in enumerate(c.layer_types) if kind == FULL_ATTENTION]
-        element = torch.finfo(dtype).bits // 8
+        element = dtype.itemsize
         state_bytes = c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim * 4
         window_bytes = (c.conv_kernel - 1) * c.conv_dim * element
         # both positive: a Qwen35Config has Gated DeltaNet and attention layers, of positive sizes (`validate`)
         self.slot_bytes = len(self.gdn_layers) * (state_bytes + window_bytes)
-        self.page_bytes = len(self.attention_layers) * 2 * PAGE * c.num_kv_heads * c.head_dim * element
+        self.page_bytes = PAGE * token_bytes(c, dtype)
         wanted = max_checkpoints if max_checkpoints is not None else max(4, int(0.25 * budget_bytes) // self.slot_bytes)
         slots = min(wanted, budget_bytes // self.slot_bytes)  # a zero budget disables checkpoints
         pages = (budget_bytes - slots * self.slot_bytes) // self.page_bytes
-        self.num_slots, self.num_pages = slots, pages
+        self.num_slots, self.num_pages = slots, pages  # at most, within the cap
         self.state_rows = StateRows(zero=slots, scratch=slots + 1, scratch_count=scratch_rows)
         self.window_sink = slots
         self.kv_sink = pages * PAGE
-        self.states = torch.zeros(self.state_rows.num_rows, len(self.gdn_layers), c.gdn_value_heads, c.gdn_key_dim,
-                                  c.gdn_value_dim, dtype=torch.float32, device=device)
-        self.windows = torch.zeros(slots + 1, len(self.gdn_layers), c.conv_kernel - 1, c.conv_dim, dtype=dtype,
-                                   device=device)
-        self.kv = torch.zeros(len(self.attention_layers), 2, (pages + 1) * PAGE, c.num_kv_heads, c.head_dim,
-                              dtype=dtype, device=device)
-        self._free_slots = list(range(slots - 1, -1, -1))
-        self._free_pages = list(range(pages - 1, -1, -1))
+        self._states = arena(self.state_rows.num_rows, (len(self.gdn_layers), c.gdn_value_heads, c.gdn_key_dim,
+                                                        c.gdn_value_dim), torch.float32, device, slots)
+        self._windows = arena(slots + 1, (len(self.gdn_layers), c.conv_kernel - 1, c.conv_dim), dtype, device, slots)
+        self._kv = [arena((pages + 1) * PAGE, (c.num_kv_heads, c.head_dim), dtype, device, pages * PAGE)
+                    for _ in range(2 * len(self.attention_layers))]  # per attention layer: keys, values
+        self._free_slots: list[int] = []  # heaps of the free slots and pages among the backed ones
+        self._free_pages: list[int] = []
         self._page_refs = np.zeros(pages, dtype=np.int64)
         self._page_fill = np.zeros(pages, dtype=np.int64)  # entries written from the page start
         self._lru: OrderedDict[Checkpoint, None] = OrderedDict()
@@ -116,11 +128,27 @@ class CheckpointPool:
     # -------------------------------------------------------------------------------------- queries
     @property
     def capacity_bytes(self) -> int:
+        """The cap: what the pool's slots and pages take when all are in use."""
         return self.num_slots * self.slot_bytes + self.num_pages * self.page_bytes
 
     @property
+    def reserved_bytes(self) -> int:
+        """Device memory the arenas hold now (the backed slots and pages, the scratch rows and sinks)."""
+        return sum(a.reserved_bytes for a in self._arenas())
+
+    @property
+    def allocator_bytes(self) -> int:
+        """The part of `reserved_bytes` that torch's caching allocator holds (arenas without virtual memory)."""
+        return sum(a.reserved_bytes for a in self._arenas() if isinstance(a, PlainArena))
+
+    @property
+    def backed(self) -> tuple[int, int]:
+        """Slots and pages that hold memory now."""
+        return self._states.backed, self._kv[0].backed // PAGE if self._kv else 0
+
+    @property
     def used_bytes(self) -> int:
-        pages_used = self.num_pages - len(self._free_pages)
+        pages_used = self.backed[1] - len(self._free_pages)
         return len(self._lru) * self.slot_bytes + pages_used * self.page_bytes
 
     @property
@@ -133,15 +161,16 @@ class CheckpointPool:
 
     def page_usage(self) -> PageUsage:
         """A copy of the page bookkeeping: references and entries written per page, and the free pages."""
-        return PageUsage(self._page_refs.copy(), self._page_fill.copy(), sorted(self._free_pages))
+        free = sorted(self._free_pages) + list(range(self.backed[1], self.num_pages))  # unbacked pages are free too
+        return PageUsage(self._page_refs.copy(), self._page_fill.copy(), free)
 
     def layer_caches(self) -> list[LayerCache]:
         """Per model layer, its views of the arenas (what `Qwen35Model.forward` takes as `caches`)."""
         caches: dict[int, LayerCache] = {}
         for index, layer in enumerate(self.gdn_layers):
-            caches[layer] = (self.states[:, index], self.windows[:, index])
+            caches[layer] = (self._states.tensor[:, index], self._windows.tensor[:, index])
         for index, layer in enumerate(self.attention_layers):
-            caches[layer] = (self.kv[index, 0], self.kv[index, 1])
+            caches[layer] = (self._kv[2 * index].tensor, self._kv[2 * index + 1].tensor)
         return [caches[layer] for layer in sorted(caches)]
 
     def lookup(self, trunk: Trunk) -> Checkpoint | None:
@@ -236,15 +265,19 @@ class CheckpointPool:
         """Copy whole pages (every attention layer, keys and values) on the device."""
         if not copies:
             return
-        source, target = (torch.tensor(column, device=self.kv.device) for column in zip(*copies))
-        paged = self.kv.view(*self.kv.shape[:2], self.num_pages + 1, PAGE, *self.kv.shape[3:])
-        paged[:, :, target] = paged[:, :, source]
+        device = self._kv[0].tensor.device
+        source, target = (torch.tensor(column, device=device) for column in zip(*copies))
+        for kv in self._kv:
+            paged = kv.tensor.view(self.num_pages + 1, PAGE, *kv.tensor.shape[1:])
+            paged[target] = paged[source]
 
     def release(self) -> None:
         """Drop every checkpoint and free the device arenas (the engine is closed; nothing reads them again)."""
         for checkpoint in list(self._lru):
             self._evict(checkpoint)
-        self.states = self.windows = self.kv = torch.zeros(0, device=self.kv.device)
+        for memory in self._arenas():
+            memory.release()
+        self._kv = []
         self.num_slots = self.num_pages = 0
         self._free_slots, self._free_pages = [], []
 
@@ -253,21 +286,73 @@ class CheckpointPool:
         for checkpoint in [c for c in self._lru if c.pins == 0]:
             self._evict(checkpoint)
 
+    @property
+    def trimmable(self) -> bool:
+        """Whether `trim` should give memory back: a quarter of the backed slots or pages is in use, or less (a
+        pool that doubled to fit is not trimmable at once)."""
+        slots, pages = self._needed()
+        backed_slots, backed_pages = self.backed
+        return 4 * slots < backed_slots or 4 * pages < backed_pages
+
+    def trim(self) -> None:
+        """Give back the memory of slots and pages past twice the highest in use (call it with the device idle:
+        no round in flight reads them)."""
+        slots, pages = self._needed()
+        keep_slots, keep_pages = min(self.backed[0], 2 * slots), min(self.backed[1], 2 * pages)
+        self._free_slots = [slot for slot in self._free_slots if slot < keep_slots]
+        self._free_pages = [page for page in self._free_pages if page < keep_pages]
+        heapq.heapify(self._free_slots)
+        heapq.heapify(self._free_pages)
+        self._back(keep_slots, keep_pages)
+
     # ------------------------------------------------------------------------------------- internals
+    def _arenas(self) -> list[Arena]:
+        return [self._states, self._windows, *self._kv]
+
+    def _back(self, slots: int, pages: int) -> None:
+        self._states.back(slots)
+        self._windows.back(slots)
+        for kv in self._kv:
+            kv.back(pages * PAGE)
+
+    def _needed(self) -> tuple[int, int]:
+        """One past the highest slot and page in use."""
+        backed_slots, backed_pages = self.backed
+        free_slots = set(self._free_slots)
+        slots = next((s + 1 for s in range(backed_slots - 1, -1, -1) if s not in free_slots), 0)
+        in_use = np.flatnonzero(self._page_refs[:backed_pages])  # taken pages are referenced
+        return slots, int(in_use[-1]) + 1 if len(in_use) else 0
+
+    def _grow(self, slots: int = 0, pages: int = 0) -> bool:
+        """Back at least `slots` more slots / `pages` more pages (doubling, within the cap); False at the cap."""
+        backed_slots, backed_pages = self.backed
+        new_slots = backed_slots if not slots else min(self.num_slots, max(backed_slots + slots, 2 * backed_slots,
+                                                                             GROW_SLOTS))
+        new_pages = backed_pages if not pages else min(self.num_pages, max(backed_pages + pages, 2 * backed_pages,
+                                                                             GROW_PAGES))
+        if new_slots == backed_slots and new_pages == backed_pages:
+            return False
+        self._back(new_slots, new_pages)
+        for slot in range(backed_slots, new_slots):
+            heapq.heappush(self._free_slots, slot)
+        for page in range(backed_pages, new_pages):
+            heapq.heappush(self._free_pages, page)
+        return True
+
     def _take_slot(self) -> int | None:
         while not self._free_slots:
-            if not self._evict_oldest():
+            if not self._grow(slots=1) and not self._evict_oldest():
                 return None
-        return self._free_slots.pop()
+        return heapq.heappop(self._free_slots)
 
     def _take_pages(self, count: int) -> list[int] | None:
-        """`count` free pages (evicting the least recently used checkpoints for room), each referenced once and
-        empty; None, taking nothing, if evicting every unpinned checkpoint leaves too few."""
+        """`count` free pages, the lowest first (growing the pool, or past its cap evicting the least recently
+        used checkpoints for room), each referenced once and empty; None, taking nothing, if evicting every
+        unpinned checkpoint leaves too few."""
         while len(self._free_pages) < count:
-            if not self._evict_oldest():
+            if not self._grow(pages=count - len(self._free_pages)) and not self._evict_oldest():
                 return None
-        taken = self._free_pages[len(self._free_pages) - count :][::-1]  # the order single pops would give
-        del self._free_pages[len(self._free_pages) - count :]
+        taken = [heapq.heappop(self._free_pages) for _ in range(count)]
         self._page_refs[taken] = 1
         self._page_fill[taken] = 0
         return taken
@@ -294,5 +379,6 @@ class CheckpointPool:
         self._page_refs[page_array] -= 1
         freed = page_array[self._page_refs[page_array] == 0]
         self._page_fill[freed] = 0
-        self._free_pages.extend(freed.tolist())
-        self._free_slots.append(slot)
+        for page in freed.tolist():
+            heapq.heappush(self._free_pages, page)
+        heapq.heappush(self._free_slots, slot)

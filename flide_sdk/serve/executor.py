@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from flide_sdk.device.graphs import GraphRunner, Launch
-from flide_sdk.device.pool import CheckpointPool, PlannedSave
+from flide_sdk.device.pool import CheckpointPool, PlannedSave, token_bytes
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
+from flide_sdk.options import default_pool_bytes
 from flide_sdk.plan.capacity import capacity_ladder
 from flide_sdk.plan.layout import Branches, HostRound, RequestSpec, Resume, RoundPlan, Save
 from flide_sdk.questions import Answer, SystemOneResponse, Usage
@@ -46,12 +47,14 @@ class Launched:
     started: float
 
 
-def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes: int, pool_checkpoints: int | None,
+def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes: int | None, pool_checkpoints: int | None,
                    max_round_tokens: int, max_round_requests: int, graphs: bool, stats: Stats, name: str,
                    startup: Startup) -> Executor:
-    """An engine's executor: its checkpoint pool and, with `graphs`, the graph ladder up to `max_round_tokens`."""
-    pool = CheckpointPool(model.config, model.embed_tokens.weight.device, model.embed_tokens.weight.dtype,
-                          pool_bytes, pool_checkpoints, max_round_requests)
+    """An engine's executor: its checkpoint pool (capped at `pool_bytes`, default `default_pool_bytes`) and, with
+    `graphs`, the graph ladder up to `max_round_tokens`."""
+    device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
+    cap = default_pool_bytes(device, token_bytes(model.config, dtype)) if pool_bytes is None else pool_bytes
+    pool = CheckpointPool(model.config, device, dtype, cap, pool_checkpoints, max_round_requests)
     caches = pool.layer_caches()
     # every question has at least one branch token; with graphs a round must fit the largest capacity:
     # one padding token past its real tokens, and the history pages of its resumed asks
@@ -150,9 +153,22 @@ class Executor:
         """Whether graphs are left to capture."""
         return self.graphs is not None and bool(self.graphs.pending)
 
+    @property
+    def idle_work(self) -> bool:
+        """Whether there is work for an idle device: graphs to capture, or pool memory to give back."""
+        return self.capturing or self.pool.trimmable
+
+    def idle_step(self) -> None:
+        """One piece of idle work (call it with no round in flight): capture the next graph, else trim the pool."""
+        if self.capturing:
+            self.capture_step()
+            return
+        with self.pool_lock:
+            self.pool.trim()
+
     def capture_step(self) -> None:
-        """Capture the smallest graph capacity left (call it with no round in flight). A capture that fails
-        leaves the engine serving on the graphs captured so far, and eagerly past them."""
+        """Capture the next graph capacity (call it with no round in flight). A capture that fails leaves the
+        engine serving on the graphs captured so far, and eagerly past them."""
         graphs = self.graphs
         try:
             with self.pool_lock:

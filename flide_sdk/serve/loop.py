@@ -9,9 +9,9 @@ Rounds are pipelined: while a round runs, the thread schedules and launches the 
 rounds in flight), and finishes the oldest round when there is nothing to launch or the pipeline is full, so
 the host work of round k+1 overlaps the device work of round k. When nothing is in flight a round is
 admitted at once or, with a deadline, when the queued work reaches the round capacity or the deadline passes.
-Once the device has been idle for CAPTURE_AFTER_IDLE_S, the thread captures the executor's next CUDA graph
-(`capture_step`), one capacity at a time, so asks that come in a burst (the first ones after start among
-them) are not held up by captures.
+Once the device has been idle for IDLE_WORK_AFTER_S, the thread does the executor's idle work one step at a
+time (`idle_step`: capture the next CUDA graph, or give unused pool memory back), so asks that come in a
+burst (the first ones after start among them) are not held up by it.
 Closing fails every queued ask with `EngineClosedError`; rounds already launched finish.
 """
 
@@ -30,7 +30,7 @@ from flide_sdk.serve.executor import Executor, Launched
 from flide_sdk.serve.stats import Stats
 
 LOG = logging.getLogger(__name__)
-CAPTURE_AFTER_IDLE_S = 0.1  # idle time (no round in flight or queued) before the loop captures a graph
+IDLE_WORK_AFTER_S = 0.1  # idle time (no round in flight or queued) before the loop captures a graph or trims
 
 
 class RoundLoop:
@@ -89,6 +89,11 @@ class RoundLoop:
                 self._held -= 1
                 self._cond.notify_all()
 
+    def wake(self) -> None:
+        """Have the loop look for idle work again (the executor has some now: a cleared pool to trim)."""
+        with self._cond:
+            self._cond.notify_all()
+
     def close(self, timeout: float | None = None) -> None:
         """Stop admitting, fail queued asks with EngineClosedError, and wait for the rounds in flight to end."""
         self._close_queue("the engine was closed before this ask ran")
@@ -129,22 +134,22 @@ class RoundLoop:
         return not self._in_flight and (not self._pending or self._held) and not self._closed
 
     def _step(self) -> bool:
-        """Launch a round, or finish the oldest one in flight, or (idle) capture a graph; False once closed."""
+        """Launch a round, or finish the oldest one in flight, or (idle) do idle work; False once closed."""
         with self._cond:
             while self._idle():
-                if not self.executor.capturing:
+                if not self.executor.idle_work:
                     self._cond.wait()
                     continue
                 idle_for = time.monotonic() - self._worked_at
-                if idle_for >= CAPTURE_AFTER_IDLE_S:
+                if idle_for >= IDLE_WORK_AFTER_S:
                     break
-                self._cond.wait(CAPTURE_AFTER_IDLE_S - idle_for)
+                self._cond.wait(IDLE_WORK_AFTER_S - idle_for)
             if self._closed:
                 return False
             if self._idle():
-                batch, capture = None, True
+                batch, idle_work = None, True
             else:
-                capture = False
+                idle_work = False
                 launch = bool(self._pending) and not self._held and len(self._in_flight) < self.depth
                 if launch and not self._in_flight and self.deadline_s > 0:
                     self._wait_for_a_full_round()
@@ -154,8 +159,8 @@ class RoundLoop:
                 if batch is not None:
                     self._pending = deque(batch.kept)
                     self._cond.notify_all()  # room in the queue for waiting submitters
-        if capture:  # between rounds: an ask that comes meanwhile waits for this one capacity at most
-            self.executor.capture_step()
+        if idle_work:  # between rounds: an ask that comes meanwhile waits for this one step at most
+            self.executor.idle_step()
             return True
         if batch is None:
             self._finish(self._in_flight.popleft())

@@ -1,0 +1,172 @@
+"""Arenas: tensors of a fixed address and shape whose memory is held only for the rows in use.
+
+The checkpoint pool's state, window and key/value arrays are read by captured CUDA graphs, so they can never
+move; yet the pool should take memory as its sessions need it and give it back when they are gone. An arena
+holds rows [0, backed) plus a fixed tail of rows (zero, scratch and sink rows), the rest of its rows being
+address space only. On CUDA the memory is the driver's virtual memory (reserve the whole range once, map
+physical chunks into it as rows are backed, unmap them when the rows are given back); rows are zeroed when
+they are backed. Where that API is missing the arena allocates every row at once (`PlainArena`), as on CPU,
+where untouched host memory is not resident anyway.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import torch
+
+LOG = logging.getLogger(__name__)
+CHUNK_BYTES = 32 << 20  # physical memory is mapped in chunks of this size (rounded to the driver's granularity)
+
+
+class PlainArena:
+    """Every row allocated up front; `backed` is bookkeeping (host memory becomes resident as rows are used)."""
+
+    def __init__(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                 tail_from: int) -> None:
+        self.rows, self.tail_from = rows, tail_from
+        self.tensor = torch.empty(rows, *row_shape, dtype=dtype, device=device)
+        self.row_bytes = self.tensor[0].numel() * self.tensor.element_size() if rows else 0
+        self.tensor[tail_from:].zero_()
+        self.backed = 0
+
+    def back(self, rows: int) -> None:
+        """Hold rows [0, rows) (fewer: give the rest back); new rows read zero."""
+        rows = min(rows, self.tail_from)
+        if rows > self.backed:
+            self.tensor[self.backed : rows].zero_()
+        self.backed = rows
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Device memory the arena holds (on CPU, the rows in use: the rest is not resident)."""
+        held = self.backed + self.rows - self.tail_from
+        return (held if self.tensor.device.type == "cpu" else self.rows) * self.row_bytes
+
+    def release(self) -> None:
+        self.tensor = torch.zeros(0, device=self.tensor.device)
+        self.rows = self.tail_from = self.backed = 0
+
+
+class _Prop(ctypes.Structure):  # CUmemAllocationProp
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location_type", ctypes.c_int),
+                ("location_id", ctypes.c_int), ("win32HandleMetaData", ctypes.c_void_p),
+                ("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]
+
+
+class _Access(ctypes.Structure):  # CUmemAccessDesc
+    _fields_ = [("location_type", ctypes.c_int), ("location_id", ctypes.c_int), ("flags", ctypes.c_int)]
+
+
+PINNED, ON_DEVICE, READ_WRITE, RECOMMENDED = 1, 1, 3, 1  # CUDA driver enum values
+
+
+class _Driver:
+    """The few CUDA driver calls of virtual memory management, through ctypes."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL("libcuda.so.1")
+
+    def __call__(self, name: str, *args) -> None:
+        status = getattr(self.lib, name)(*args)
+        if status != 0:
+            raise RuntimeError(f"{name} failed with CUDA driver error {status}")
+
+
+class _DeviceMemory:
+    """`__cuda_array_interface__` of a raw range, for `torch.as_tensor` (zero-copy)."""
+
+    def __init__(self, address: int, size: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "data": (address, False), "version": 3}
+
+
+class VirtualArena:
+    """Rows in one reserved range of device addresses, physical memory mapped chunk by chunk."""
+
+    def __init__(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                 tail_from: int) -> None:
+        self.driver = _Driver()
+        torch.cuda.set_device(device)  # the driver calls need the device's primary context current
+        self.device, self.rows, self.tail_from = device, rows, tail_from
+        self.row_bytes = torch.Size(row_shape).numel() * torch.empty(0, dtype=dtype).element_size()
+        self.prop = _Prop(type=PINNED, location_type=ON_DEVICE, location_id=device.index or 0)
+        self.access = _Access(location_type=ON_DEVICE, location_id=device.index or 0, flags=READ_WRITE)
+        granularity = ctypes.c_size_t()
+        self.driver("cuMemGetAllocationGranularity", ctypes.byref(granularity), ctypes.byref(self.prop), RECOMMENDED)
+        self.chunk = -(-CHUNK_BYTES // granularity.value) * granularity.value
+        self.size = max(1, -(-rows * self.row_bytes // self.chunk)) * self.chunk
+        address = ctypes.c_uint64()
+        self.driver("cuMemAddressReserve", ctypes.byref(address), ctypes.c_size_t(self.size),
+                    ctypes.c_size_t(self.chunk), ctypes.c_uint64(0), ctypes.c_uint64(0))
+        self.address = address.value
+        self.handles: dict[int, int] = {}  # mapped chunk index -> its physical allocation
+        self.tail = set(self._chunks(tail_from, rows))
+        self._map(self.tail)
+        raw = torch.as_tensor(_DeviceMemory(self.address, self.size), device=device)
+        self.tensor = raw[: rows * self.row_bytes].view(dtype).view(rows, *row_shape)
+        self.tensor[tail_from:].zero_()
+        self.backed = 0
+
+    def _chunks(self, start: int, stop: int) -> range:
+        """Chunks holding bytes of rows [start, stop)."""
+        if stop <= start:
+            return range(0)
+        return range(start * self.row_bytes // self.chunk, -(-stop * self.row_bytes // self.chunk))
+
+    def _map(self, chunks) -> None:
+        for index in sorted(set(chunks) - set(self.handles)):
+            handle = ctypes.c_uint64()
+            self.driver("cuMemCreate", ctypes.byref(handle), ctypes.c_size_t(self.chunk), ctypes.byref(self.prop),
+                        ctypes.c_uint64(0))
+            at = ctypes.c_uint64(self.address + index * self.chunk)
+            try:
+                self.driver("cuMemMap", at, ctypes.c_size_t(self.chunk), ctypes.c_size_t(0), handle, ctypes.c_uint64(0))
+                self.driver("cuMemSetAccess", at, ctypes.c_size_t(self.chunk), ctypes.byref(self.access),
+                            ctypes.c_size_t(1))
+            except RuntimeError:
+                self.driver("cuMemRelease", handle)
+                raise
+            self.handles[index] = handle.value
+
+    def _unmap(self, chunks) -> None:
+        for index in sorted(set(chunks) & set(self.handles)):
+            self.driver("cuMemUnmap", ctypes.c_uint64(self.address + index * self.chunk), ctypes.c_size_t(self.chunk))
+            self.driver("cuMemRelease", ctypes.c_uint64(self.handles.pop(index)))
+
+    def back(self, rows: int) -> None:
+        """Hold rows [0, rows) (fewer: unmap the chunks no held row uses; call it with the device idle)."""
+        rows = min(rows, self.tail_from)
+        if rows > self.backed:
+            self._map(self._chunks(self.backed, rows))
+            self.tensor[self.backed : rows].zero_()
+        elif rows < self.backed:
+            torch.cuda.synchronize(self.device)
+            self._unmap(set(self._chunks(rows, self.backed)) - set(self._chunks(0, rows)) - self.tail)
+        self.backed = rows
+
+    @property
+    def reserved_bytes(self) -> int:
+        return len(self.handles) * self.chunk
+
+    def release(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self.tensor = torch.zeros(0, device=self.device)
+        self._unmap(list(self.handles))
+        self.driver("cuMemAddressFree", ctypes.c_uint64(self.address), ctypes.c_size_t(self.size))
+        self.backed = 0
+
+
+Arena = PlainArena | VirtualArena
+
+
+def arena(rows: int, row_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+          tail_from: int) -> Arena:
+    """An arena of `rows` rows, rows [tail_from, rows) always held: virtual memory on CUDA, else plain."""
+    if device.type == "cuda":
+        try:
+            return VirtualArena(rows, row_shape, dtype, device, tail_from)
+        except (OSError, AttributeError, RuntimeError) as error:
+            LOG.warning("CUDA virtual memory unavailable (%s): the checkpoint pool allocates its cap at once", error)
+    return PlainArena(rows, row_shape, dtype, device, tail_from)
