@@ -31,6 +31,8 @@ NEAR_TOKENS = 13_000
 # ------------------------------------------------------------------------------------------------- worker
 def worker(checkpoint: str, device: str, pool_bytes: int) -> None:
     """Serve workload commands read as JSON lines from stdin; answer each with a JSON line of timings."""
+    import torch
+
     import flide_sdk as fl
 
     engine = fl.Engine.load(checkpoint, device=device, pool_bytes=pool_bytes)
@@ -43,7 +45,10 @@ def worker(checkpoint: str, device: str, pool_bytes: int) -> None:
         command = json.loads(line)
         before = engine.stats()
         result = asyncio.run(WORKLOADS[command["workload"]](engine, command))
-        print(json.dumps({**result, "stages_ms": stage_means(before, engine.stats())}), file=out, flush=True)
+        stats = engine.stats()
+        memory = {"pool_reserved_bytes": stats.get("pool_reserved_bytes", stats.get("pool_capacity_bytes")),
+                  "max_memory_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else 0}
+        print(json.dumps({**result, "stages_ms": stage_means(before, stats), "memory": memory}), file=out, flush=True)
     engine.close()
 
 
@@ -195,6 +200,7 @@ def main() -> None:
     print(f"[{time.perf_counter() - started:7.1f} s] both workers ready", file=sys.stderr, flush=True)
     results: dict[str, dict[str, list[float]]] = {name: {} for name in sides}
     stages: dict[str, dict[str, list[dict]]] = {name: {} for name in sides}  # per block, ms per round
+    memory: dict[str, dict[str, dict]] = {name: {} for name in sides}  # after each workload's last block
     for block in range(args.blocks + 1):  # block 0 warms both up (compiles, first shapes) and is not counted
         commands = workloads(block)
         order = list(sides) if block % 2 else list(reversed(sides))
@@ -204,6 +210,7 @@ def main() -> None:
                 if block:
                     results[name].setdefault(key, []).append(next(iter(answer.values())))
                     stages[name].setdefault(key, []).append(answer["stages_ms"])
+                    memory[name][key] = answer.get("memory")
         print(f"[{time.perf_counter() - started:7.1f} s] block {block}", file=sys.stderr, flush=True)
     for w in workers.values():
         w.close()
@@ -212,7 +219,8 @@ def main() -> None:
         before, after = (statistics.median(results[name][key]) for name in ("before", "after"))
         slower = after / before if key.endswith("_ms") else before / after  # > 1: the after tree is slower
         summary[key] = {"before": before, "after": after, "after_over_before": after / before,
-                        "slowdown": slower, "within_5_percent": slower <= 1.05}
+                        "slowdown": slower, "within_3_percent": slower <= 1.03, "within_5_percent": slower <= 1.05,
+                        "memory": {name: memory[name][key] for name in sides}}
         print(f"{key:36s} before {before:9.3f}  after {after:9.3f}  slowdown {slower:6.3f}", file=sys.stderr)
         for name in sides:
             means = {stage: statistics.median(block[stage] for block in stages[name][key])
