@@ -4,9 +4,9 @@ The checkpoint pool's state, window and key/value arrays are read by captured CU
 move; yet the pool should take memory as its sessions need it and give it back when they are gone. An arena
 holds rows [0, backed) plus a fixed tail of rows (zero, scratch and sink rows), the rest of its rows being
 address space only. On CUDA the memory is the driver's virtual memory (reserve the whole range once, map
-physical chunks into it as rows are backed, unmap them when the rows are given back); rows are zeroed when
-they are backed. Where that API is missing the arena allocates every row at once (`PlainArena`), as on CPU,
-where untouched host memory is not resident anyway.
+physical chunks into it as rows are backed, unmap them when the rows are given back; the first row stays
+mapped: Triton checks a tensor's address); rows are zeroed when they are backed. Where that API is missing
+the arena allocates every row at once (`PlainArena`), as on CPU, where untouched host memory is not resident.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import logging
 import torch
 
 LOG = logging.getLogger(__name__)
-CHUNK_BYTES = 32 << 20  # physical memory is mapped in chunks of this size (rounded to the driver's granularity)
+CHUNK_BYTES = 2 << 20  # physical memory is mapped in chunks of this size (rounded to the driver's granularity)
 
 
 class PlainArena:
@@ -88,6 +88,7 @@ class VirtualArena:
     def __init__(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
                  tail_from: int) -> None:
         self.driver = _Driver()
+        device = torch.device(device.type, torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)  # the driver calls need the device's primary context current
         self.device, self.rows, self.tail_from = device, rows, tail_from
         self.row_bytes = torch.Size(row_shape).numel() * torch.empty(0, dtype=dtype).element_size()
@@ -102,7 +103,9 @@ class VirtualArena:
                     ctypes.c_size_t(self.chunk), ctypes.c_uint64(0), ctypes.c_uint64(0))
         self.address = address.value
         self.handles: dict[int, int] = {}  # mapped chunk index -> its physical allocation
-        self.tail = set(self._chunks(tail_from, rows))
+        # and the first row: the address of a view of it (a layer's states) must be mapped memory for Triton to
+        # take it as a device pointer
+        self.tail = set(self._chunks(tail_from, rows)) | set(self._chunks(0, 1))
         self._map(self.tail)
         raw = torch.as_tensor(_DeviceMemory(self.address, self.size), device=device)
         self.tensor = raw[: rows * self.row_bytes].view(dtype).view(rows, *row_shape)
@@ -167,6 +170,6 @@ def arena(rows: int, row_shape: tuple[int, ...], dtype: torch.dtype, device: tor
     if device.type == "cuda":
         try:
             return VirtualArena(rows, row_shape, dtype, device, tail_from)
-        except (OSError, AttributeError, RuntimeError) as error:
+        except (OSError, AttributeError, RuntimeError, ValueError) as error:
             LOG.warning("CUDA virtual memory unavailable (%s): the checkpoint pool allocates its cap at once", error)
     return PlainArena(rows, row_shape, dtype, device, tail_from)

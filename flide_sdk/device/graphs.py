@@ -3,7 +3,7 @@
 The model's forward is captured once per capacity of the ladder (`capacity.py`), one capacity per
 `capture_next` call in `capture_order`, all in one memory pool (only one graph runs at a time): the round
 thread captures between rounds while the engine already serves, rounds that fit no captured capacity yet
-running eagerly at the shape they will replay at (`padded`: the same kernels). Each graph reads its round
+running eagerly as their graph would (`run_eagerly`: the same staging and kernels). Each graph reads its round
 from views of ONE device int64 buffer, laid out per capacity (`StagingLayout`), and writes the label
 probabilities into one device tensor. A round is launched by staging its host arrays straight into a pinned
 staging buffer, one non-blocking copy of it into the device buffer, the replay, and one non-blocking copy of
@@ -30,7 +30,7 @@ import torch
 from flide_sdk.kernels.plans import RoundMetadata
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
-from flide_sdk.plan.capacity import Capacity, capture_order, choose, pad_round
+from flide_sdk.plan.capacity import Capacity, capture_order, choose
 from flide_sdk.plan.layout import (
     Branches,
     HostRound,
@@ -187,11 +187,25 @@ class GraphRunner:
         """Capture nothing more: rounds past the captured capacities run eagerly."""
         self._pending = []
 
-    def padded(self, plan: RoundPlan) -> HostRound | None:
-        """A round not replayed, padded to the capacity it fits (its eager forward runs the kernels its graph
-        would), or None past the largest capacity."""
+    def run_eagerly(self, plan: RoundPlan) -> np.ndarray | None:
+        """A round whose graph is not captured yet, run as its graph would run it but without the graph: staged
+        and copied into the device buffer, expanded by the same kernel, the forward at its capacity's shape (the
+        kernels the graph's capture compiles); its probabilities, or None past the largest capacity."""
         capacity = choose(self.ladder, plan)
-        return None if capacity is None else pad_round(plan, capacity, self.window_sink)
+        if capacity is None:
+            return None
+        layout = self._layouts[self.ladder.index(capacity)]
+        buffer = self._next
+        self._next = (self._next + 1) % BUFFERS
+        if self._replayed[buffer] is not None:
+            self._replayed[buffer].synchronize()  # the round that last used this staging buffer is done
+        plan.stage(layout.views(self._staging[buffer].numpy()), capacity.shape, self.window_sink)
+        self._device_buffer[: layout.elements].copy_(self._staging[buffer][: layout.elements], non_blocking=True)
+        arrays, expand = device_round(capacity, layout.views(self._device_buffer),
+                                      self._expanded_layouts[capacity].views(self._expanded_buffer))
+        expand()
+        probabilities = self.model(round_tensors(plan, capacity.shape, arrays), self.ops, self.caches)
+        return probabilities[: plan.num_questions].cpu().numpy()
 
     def capture_next(self) -> CaptureReport:
         """Capture the next pending capacity's graph on a placeholder round, in the runner's one memory pool
@@ -242,7 +256,7 @@ class GraphRunner:
 
     def launch(self, plan: RoundPlan) -> Launch | None:
         """Stage, copy and replay a round on the smallest graph it fits; None if that one is not captured (or
-        there is none): run it eagerly (`padded`)."""
+        there is none): run it eagerly (`run_eagerly`)."""
         capacity = choose(self.ladder, plan)
         if capacity is None or capacity not in self._captured:
             return None

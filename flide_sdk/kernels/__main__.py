@@ -20,22 +20,27 @@ from pathlib import Path
 
 
 def build(checkpoints: list[str], out: str | None) -> Path:
+    from flide_sdk.kernels.bundle import bundle_dir
+
+    target_dir = bundle_dir()  # before the build points the engine's bundle directory elsewhere
     cache = Path(tempfile.mkdtemp(prefix="flide-kernel-build-"))
     os.environ["TRITON_CACHE_DIR"] = str(cache / "triton")  # before anything compiles
     os.environ["FLIDE_SDK_CACHE"] = str(cache / "no-bundles")  # compile everything: no bundle is loaded
     import torch
 
     from flide_sdk.engine import Engine
-    from flide_sdk.kernels.bundle import bundle_dir, current_key, write_bundle
+    from flide_sdk.kernels.bundle import current_key, write_bundle
 
     if not torch.cuda.is_available():
         raise SystemExit("bundle build needs a CUDA device: kernels are compiled for the GPU they run on")
     key = current_key(torch.cuda.get_device_capability())
-    target = Path(out) if out else bundle_dir() / key.file_name
+    target = Path(out) if out else target_dir / key.file_name
     started = time.perf_counter()
     for path in checkpoints:
         with Engine.load(path, device="cuda", progress=False) as engine:
             engine.wait_for_graphs()
+            if engine.stats()["graphs_captured"] < len(engine.info()["capacities"]):
+                raise SystemExit(f"{path}: capturing the CUDA graphs failed (see the log); no bundle written")
             print(f"compiled the kernels of {path} ({engine.stats()['graphs_captured']:.0f} graphs) "
                   f"in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     write_bundle(cache / "triton", key, target, [str(path) for path in checkpoints])

@@ -221,11 +221,12 @@ class Executor:
             self.pool.release()
 
     def _run_eager(self, plan: RoundPlan) -> np.ndarray:
-        """The round's forward outside any graph: at its capacity's shape while that graph is not captured yet
-        (the kernels it will replay), unpadded past the largest capacity or without graphs."""
-        padded = None if self.graphs is None else self.graphs.padded(plan)
-        host = HostRound.of(plan) if padded is None else padded
-        return self.model(host.to(self.device), self.ops, self.caches).cpu().numpy()[: plan.num_questions]
+        """The round's forward outside any graph: as its graph would run it while that one is not captured yet
+        (the same kernels), unpadded past the largest capacity or without graphs."""
+        probabilities = None if self.graphs is None else self.graphs.run_eagerly(plan)
+        if probabilities is not None:
+            return probabilities
+        return self.model(HostRound.of(plan).to(self.device), self.ops, self.caches).cpu().numpy()
 
     def _request_spec(self, request: Request) -> tuple[RequestSpec, PlannedSave | None]:
         trunk, resume = request.lead.trunk, request.resume
