@@ -59,13 +59,22 @@ def stage_means(before: dict, after: dict) -> dict[str, float]:
             for key in after if key.endswith("_seconds") and key in before and rounds}
 
 
+def probabilities(response: Any) -> list[float]:
+    """Every option probability of a response, in question and label order (to compare the two trees)."""
+    values = []
+    for answer in response.values():
+        values += [answer.noul] if hasattr(answer, "noul") else list(answer.probabilities.values())
+    return values
+
+
 async def lone(engine: Any, command: dict) -> dict:
-    times = []
+    times, answers = [], []
     for state, questions in command["asks"]:
         started = time.perf_counter()
-        await engine.ask(state, questions)
+        response = await engine.ask(state, questions)
         times.append(1000 * (time.perf_counter() - started))
-    return {"median_ms": statistics.median(times)}
+        answers += probabilities(response)
+    return {"median_ms": statistics.median(times), "probabilities": answers}
 
 
 async def clients(engine: Any, command: dict) -> dict:
@@ -201,19 +210,25 @@ def main() -> None:
     results: dict[str, dict[str, list[float]]] = {name: {} for name in sides}
     stages: dict[str, dict[str, list[dict]]] = {name: {} for name in sides}  # per block, ms per round
     memory: dict[str, dict[str, dict]] = {name: {} for name in sides}  # after each workload's last block
+    differences: dict[str, float] = {}  # lone workloads: max |dp| between the trees' answers (bf16 rounding)
     for block in range(args.blocks + 1):  # block 0 warms both up (compiles, first shapes) and is not counted
         commands = workloads(block)
         order = list(sides) if block % 2 else list(reversed(sides))
         for key, command in commands.items():
+            answers = {}
             for name in order:
-                answer = workers[name].run(command)
+                answer = answers[name] = workers[name].run(command)
                 if block:
                     results[name].setdefault(key, []).append(next(iter(answer.values())))
                     stages[name].setdefault(key, []).append(answer["stages_ms"])
                     memory[name][key] = answer.get("memory")
+            if all("probabilities" in a for a in answers.values()):
+                gap = max(abs(x - y) for x, y in zip(*(a["probabilities"] for a in answers.values()), strict=True))
+                differences[key] = max(differences.get(key, 0.0), gap)
         print(f"[{time.perf_counter() - started:7.1f} s] block {block}", file=sys.stderr, flush=True)
     for w in workers.values():
         w.close()
+    print(f"max |dp| between the trees' answers: {json.dumps(differences)}", file=sys.stderr)
     summary = {}
     for key in results["after"]:
         before, after = (statistics.median(results[name][key]) for name in ("before", "after"))
@@ -230,7 +245,8 @@ def main() -> None:
                   file=sys.stderr)
     result = {**run_metadata(" ".join(sys.argv)), "benchmark": "ab", "model_size": size,
               "before_commit": commit_of(args.before), "after_commit": commit_of(args.after),
-              "blocks": args.blocks, "summary": summary, "blocks_values": results}
+              "blocks": args.blocks, "summary": summary, "max_abs_probability_difference": differences,
+              "blocks_values": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
