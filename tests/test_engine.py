@@ -278,3 +278,19 @@ async def test_chunks_of_a_new_state_are_cached_once_its_round_is_launched(tiny_
                 assert np.array_equal(answer_probabilities(got[name]), answer_probabilities(expected[name]))
             assert set(words[:-1]) <= encoder.chunks.keys()
         assert filled == ["flide-rounds"] * 2
+
+
+def test_start_up_is_shown_when_asked_and_timed_in_stats(tiny_path, capsys):
+    """progress=True prints each start-up stage with its time on stderr; progress=False prints nothing; both
+    report load and first-answer times and the memory split in stats()."""
+    with fl.Engine.load(tiny_path, device="cpu", progress=True) as engine:
+        shown = capsys.readouterr().err
+        assert "flide_sdk: weights:" in shown and "flide_sdk: serving:" in shown
+        assert engine.stats()["first_answer_ready_seconds"] == 0  # no answer yet
+        engine.ask_sync("a state", GOOD)
+        stats = engine.stats()
+        assert 0 < stats["load_seconds"] <= stats["first_answer_ready_seconds"]
+        assert stats["weights_bytes"] > 0 and stats["pool_used_bytes"] <= stats["pool_reserved_bytes"]
+    with fl.Engine.load(tiny_path, device="cpu", progress=False) as engine:
+        engine.ask_sync("a state", GOOD)
+    assert capsys.readouterr().err == ""

@@ -156,7 +156,10 @@ class Executor:
     @property
     def idle_work(self) -> bool:
         """Whether there is work for an idle device: graphs to capture, or pool memory to give back."""
-        return self.capturing or self.pool.trimmable
+        if self.capturing:
+            return True
+        with self.pool_lock:
+            return self.pool.trimmable
 
     def idle_step(self) -> None:
         """One piece of idle work (call it with no round in flight): capture the next graph, else trim the pool."""
