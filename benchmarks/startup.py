@@ -105,6 +105,29 @@ def launch(args, checkpoint: Path, where: dict, states: Path, graphs: bool, trit
     return {"graphs": graphs, "launch_to_exit_seconds": wall, **json.loads(lines[-1][len(MARK):])}
 
 
+GIB = 1 << 30
+
+
+def startup_targets(runs: list[dict]) -> dict[str, dict]:
+    """Issue 31's bars, from the runs: first answers by setting, graph memory, the engine's memory after load."""
+    from benchmarks.common import target
+
+    by_run = {run["run"]: run for run in runs if not run.get("failed")}
+    first = {label: by_run.get(label, {}).get("launch_to_first_answer_seconds") for label in ("bundle", "cold", "warm")}
+    warm = by_run.get("warm", {})
+    split = warm.get("memory_split_after_load") or {}
+    after_load = warm.get("engine_device_memory_after_load_bytes")
+    return {
+        "first_answer_seconds_with_bundle": target(first["bundle"], 15.0),
+        "first_answer_seconds_without_bundle": target(first["cold"], 30.0),
+        "first_answer_seconds_warm_cache": target(first["warm"], 8.0),
+        "graph_memory_gib": target(None if warm.get("graph_memory_bytes") is None else warm["graph_memory_bytes"] / GIB,
+                                   2.0),
+        "engine_memory_after_load_over_weights_gib": target(
+            None if after_load is None or not split else (after_load - split["weights_bytes"]) / GIB, 3.0),
+    }
+
+
 def parent(args) -> None:
     from benchmarks.common import (
         RACE_SOURCE,
@@ -166,6 +189,7 @@ def parent(args) -> None:
                               "ask_sync twice, wait_for_graphs; TRITON_CACHE_DIR empty for cold and bundle, the cold "
                               "run's for warm; FLIDE_SDK_CACHE empty except for bundle"},
         "bundle_build": bundle_build,
+        "targets": {} if args.tiny else startup_targets(runs),
         "summary": summary,
         "runs": runs,
     })
