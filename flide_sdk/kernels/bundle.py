@@ -72,7 +72,13 @@ def source_hash() -> str:
 
 def current_key(capability: tuple[int, int]) -> BundleKey:
     """The key of the bundle this machine can use: its Triton, the GPU's compute capability, these sources."""
-    return BundleKey(importlib.metadata.version("triton"), f"sm_{capability[0]}{capability[1]}", source_hash())
+    try:
+        version = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:  # Triton installed under another name (pytorch-triton)
+        import triton
+
+        version = triton.__version__
+    return BundleKey(version, f"sm_{capability[0]}{capability[1]}", source_hash())
 
 
 def bundle_dir() -> Path:
