@@ -18,8 +18,10 @@ from flide_sdk.kernels.reference import expand_round_reference
 from flide_sdk.kernels.round_metadata import expand_round_triton
 from flide_sdk.models.ops import kernel_ops, reference_ops
 from flide_sdk.plan.capacity import (
+    FIRST_RUNGS_TOKENS,
     TOKEN_LADDER,
     capacity_ladder,
+    capture_order,
     choose,
     pad_round,
 )
@@ -376,3 +378,14 @@ def test_a_pass_over_refilled_round_tensors_answers_the_new_round(two_layer_path
         assert torch.allclose(reused[:, :2], fresh[:, :2], atol=1e-6, rtol=0)
     finally:
         engine.close()
+
+
+def test_graphs_are_captured_small_rungs_first_then_largest_first():
+    """Every capacity once; the rungs lone asks land on first, smallest first; then the rest from the largest
+    down (each smaller graph reuses the larger ones' memory in the shared pool)."""
+    ladder = capacity_ladder(4)
+    order = [capacity.tokens for capacity in capture_order(ladder)]
+    assert sorted(order) == [capacity.tokens for capacity in ladder]
+    small = [t for t in order if t <= FIRST_RUNGS_TOKENS]
+    assert order[: len(small)] == sorted(small) and small[0] == TOKEN_LADDER[0]
+    assert order[len(small):] == sorted(order[len(small):], reverse=True) and order[len(small)] == TOKEN_LADDER[-1]
