@@ -79,19 +79,20 @@ class Engine:
         self.max_round_tokens = max_round_tokens
         self.max_round_requests = max_round_requests
         startup = Startup(progress=False) if startup is None else startup
+        self.weights_bytes = weight_bytes(model)
+        startup.stage("weights", f"{size(self.weights_bytes)} on {device}")
         self.kernel_bundle = load_kernels(device, startup)
         self._stats = Stats()
         self._executor = build_executor(model, self.ops, renderer, pool_bytes, pool_checkpoints, max_round_tokens,
                                         max_round_requests, graphs if graphs is not None else device.type == "cuda",
                                         self._stats, name, startup)
         self.pool = self._executor.pool
-        runner = self._executor.graphs
-        # rounds in flight at once: one per staging/readback buffer of the graphs (a buffer and its events are
-        # reused by the round after next, launched once this one is finished)
+        # rounds in flight at once: one per staging/readback buffer pair of the graphs (reused by the round after next)
         self._loop = RoundLoop(self._executor, deadline_s=round_deadline_ms / 1000.0, max_pending=max_pending,
                                depth=BUFFERS)
         OPEN_ENGINES.add(self)
         self._stats.set(load_seconds=startup.elapsed())
+        runner = self._executor.graphs
         startup.stage("serving", f"{len(runner.ladder)} CUDA graphs to capture in the background" if runner else "")
 
     @classmethod
@@ -137,7 +138,6 @@ class Engine:
                        max_pending=max_pending)
         renderer = Renderer.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size)
         model = load_model(path, device, dtype)
-        startup.stage("weights", f"{size(weight_bytes(model))} on {device}")
         return cls(model, renderer, device, pool_bytes=pool_bytes, pool_checkpoints=pool_checkpoints,
                    max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192),
                    max_round_requests=max_round_requests, round_deadline_ms=round_deadline_ms,
@@ -246,7 +246,7 @@ class Engine:
         return stats
 
     def _memory(self, stats: dict[str, float]) -> dict[str, int]:
-        return memory_split(weight_bytes(self.model), int(stats["graph_memory_bytes"]), self.pool.reserved_bytes,
+        return memory_split(self.weights_bytes, int(stats["graph_memory_bytes"]), self.pool.reserved_bytes,
                             self.pool.used_bytes, self.pool.allocator_bytes, self.device)
 
     def info(self) -> dict[str, Any]:

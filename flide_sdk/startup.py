@@ -66,10 +66,9 @@ def memory_split(weights: int, graphs: int, pool_reserved: int, pool_used: int, 
     the work space (what torch's allocator holds beyond those: activations of eager rounds, buffers);
     `pool_in_allocator`: the pool's bytes that torch's allocator holds (none with CUDA virtual memory)."""
     held = torch.cuda.memory_reserved(device) if device.type == "cuda" else 0
-    pool_share = pool_in_allocator
     return {"weights_bytes": weights, "graph_memory_bytes": graphs, "pool_reserved_bytes": pool_reserved,
             "pool_used_bytes": pool_used,
-            "workspace_bytes": max(0, held - weights - graphs - pool_share) if device.type == "cuda" else 0}
+            "workspace_bytes": max(0, held - weights - graphs - pool_in_allocator) if device.type == "cuda" else 0}
 
 
 def size(bytes_: int) -> str:

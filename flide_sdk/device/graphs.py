@@ -96,7 +96,6 @@ def placeholder_round(conv_kernel: int, rows: StateRows, kv_sink: int) -> HostRo
 
 @dataclass
 class _Captured:
-    layout: StagingLayout
     graph: torch.cuda.CUDAGraph  # the forward, from the device buffer to `output`
     output: torch.Tensor  # the graph's [questions, labels] probabilities on the device
     host_views: list[dict[str, np.ndarray]]  # per pinned staging buffer
@@ -153,13 +152,16 @@ class GraphRunner:
         self.ladder = sorted(ladder, key=lambda c: c.tokens)
         self.rows, self.window_sink, self.kv_sink = rows, window_sink, kv_sink
         self.device = model.embed_tokens.weight.device
-        layouts = [StagingLayout(capacity) for capacity in self.ladder]
-        elements = max(layout.elements for layout in layouts)
+        self._layouts = {capacity: StagingLayout(capacity) for capacity in self.ladder}
+        elements = max(layout.elements for layout in self._layouts.values())
         readback = max(c.questions * c.labels for c in self.ladder)
         self._device_buffer = torch.zeros(elements, dtype=torch.int64, device=self.device)
-        self._expanded_layouts = {c: FlatLayout(c.shape.expanded_shapes()) for c in self.ladder}
-        self._expanded_buffer = torch.zeros(max(layout.elements for layout in self._expanded_layouts.values()),
-                                            dtype=torch.int64, device=self.device)
+        expanded_layouts = {c: FlatLayout(c.shape.expanded_shapes()) for c in self.ladder}
+        expanded_buffer = torch.zeros(max(layout.elements for layout in expanded_layouts.values()),
+                                      dtype=torch.int64, device=self.device)
+        # per capacity: the device arrays its forward reads and the call expanding them (graph or eager)
+        self._device_rounds = {c: device_round(c, self._layouts[c].views(self._device_buffer),
+                                               expanded_layouts[c].views(expanded_buffer)) for c in self.ladder}
         self._staging = [torch.zeros(elements, dtype=torch.int64).pin_memory() for _ in range(BUFFERS)]
         self._readback = [torch.zeros(readback, dtype=torch.float32).pin_memory() for _ in range(BUFFERS)]
         self._replayed: list[torch.cuda.Event | None] = [None] * BUFFERS
@@ -167,7 +169,6 @@ class GraphRunner:
         # after the engine waited for this one (its readback), so the pair is free by then (`_replayed`)
         self._events = [[torch.cuda.Event(enable_timing=True) for _ in range(2)] for _ in range(BUFFERS)]
         self._next = 0
-        self._layouts = layouts
         self._captured: dict[Capacity, _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle()  # shared by every graph: one runs at a time
         self._pending = capture_order(self.ladder)
@@ -194,15 +195,10 @@ class GraphRunner:
         capacity = choose(self.ladder, plan)
         if capacity is None:
             return None
-        layout = self._layouts[self.ladder.index(capacity)]
-        buffer = self._next
-        self._next = (self._next + 1) % BUFFERS
-        if self._replayed[buffer] is not None:
-            self._replayed[buffer].synchronize()  # the round that last used this staging buffer is done
-        plan.stage(layout.views(self._staging[buffer].numpy()), capacity.shape, self.window_sink)
-        self._device_buffer[: layout.elements].copy_(self._staging[buffer][: layout.elements], non_blocking=True)
-        arrays, expand = device_round(capacity, layout.views(self._device_buffer),
-                                      self._expanded_layouts[capacity].views(self._expanded_buffer))
+        buffer = self._free_buffer()
+        plan.stage(self._layouts[capacity].views(self._staging[buffer].numpy()), capacity.shape, self.window_sink)
+        self._copy_in(buffer, capacity)
+        arrays, expand = self._device_rounds[capacity]
         expand()
         probabilities = self.model(round_tensors(plan, capacity.shape, arrays), self.ops, self.caches)
         return probabilities[: plan.num_questions].cpu().numpy()
@@ -216,15 +212,13 @@ class GraphRunner:
         reserved = torch.cuda.memory_reserved(self.device)
         started = time.perf_counter()
         LOG.debug("capturing the round graph of %d tokens", capacity.tokens)
-        layout = self._layouts[self.ladder.index(capacity)]
+        layout = self._layouts[capacity]
         placeholder = placeholder_round(capacity.conv_kernel, self.rows, self.kv_sink).plan
-        device_views = layout.views(self._device_buffer)
         host_views = [layout.views(buffer.numpy()) for buffer in self._staging]
         for views in host_views:
             placeholder.stage(views, capacity.shape, self.window_sink)
-        self._device_buffer[: layout.elements].copy_(self._staging[0][: layout.elements])
-        arrays, expand = device_round(capacity, device_views,
-                                      self._expanded_layouts[capacity].views(self._expanded_buffer))
+        self._copy_in(0, capacity)
+        arrays, expand = self._device_rounds[capacity]
         rnd = round_tensors(placeholder, capacity.shape, arrays)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -239,20 +233,10 @@ class GraphRunner:
         torch.cuda.synchronize(self.device)
         size = capacity.questions * capacity.labels
         readback = [buffer[:size].view(capacity.questions, capacity.labels) for buffer in self._readback]
-        self._captured[capacity] = _Captured(layout, graph, output, host_views, readback,
+        self._captured[capacity] = _Captured(graph, output, host_views, readback,
                                              [view.numpy() for view in readback])
         self._pending.remove(capacity)
         return CaptureReport(1, time.perf_counter() - started, torch.cuda.memory_reserved(self.device) - reserved)
-
-    def capture(self) -> CaptureReport:
-        """Capture every pending capacity."""
-        graphs, seconds, memory = 0, 0.0, 0
-        while self.pending:
-            report = self.capture_next()
-            graphs, seconds, memory = graphs + report.graphs, seconds + report.seconds, memory + report.memory_bytes
-        LOG.info("captured %d CUDA graphs (%d to %d tokens) in %.1f s, %.2f GB", graphs, self.ladder[0].tokens,
-                 self.ladder[-1].tokens, seconds, memory / 1e9)
-        return CaptureReport(graphs, seconds, memory)
 
     def launch(self, plan: RoundPlan) -> Launch | None:
         """Stage, copy and replay a round on the smallest graph it fits; None if that one is not captured (or
@@ -261,18 +245,14 @@ class GraphRunner:
         if capacity is None or capacity not in self._captured:
             return None
         captured = self._captured[capacity]
-        buffer = self._next
-        self._next = (self._next + 1) % BUFFERS
         started = time.perf_counter()
-        if self._replayed[buffer] is not None:
-            self._replayed[buffer].synchronize()  # the round that last used this buffer pair is done
+        buffer = self._free_buffer()
         freed = time.perf_counter()
         plan.stage(captured.host_views[buffer], capacity.shape, self.window_sink)
         padded = time.perf_counter()
         events = self._events[buffer]
-        elements = captured.layout.elements
         events[0].record()
-        self._device_buffer[:elements].copy_(self._staging[buffer][:elements], non_blocking=True)
+        self._copy_in(buffer, capacity)
         captured.graph.replay()
         captured.readback[buffer].copy_(captured.output, non_blocking=True)
         events[1].record()
@@ -281,3 +261,16 @@ class GraphRunner:
         host_seconds = {"buffer_wait_seconds": freed - started, "pad_seconds": padded - freed,
                         "replay_call_seconds": replayed - padded}
         return Launch(captured.probabilities[buffer][: plan.num_questions], events, capacity, host_seconds, padded)
+
+    def _free_buffer(self) -> int:
+        """The next staging/readback buffer pair, once the round that used it last is done."""
+        buffer = self._next
+        self._next = (self._next + 1) % BUFFERS
+        if self._replayed[buffer] is not None:
+            self._replayed[buffer].synchronize()
+        return buffer
+
+    def _copy_in(self, buffer: int, capacity: Capacity) -> None:
+        """Queue the copy of a staged round (its capacity's head of a pinned buffer) into the device buffer."""
+        elements = self._layouts[capacity].elements
+        self._device_buffer[:elements].copy_(self._staging[buffer][:elements], non_blocking=True)

@@ -4,8 +4,9 @@
 and starts the model on it: the replay of the smallest captured CUDA graph it fits, or an eager forward (CPU,
 or a round larger than every graph). It publishes the new checkpoints at once (device work is stream-ordered).
 `finish` waits for the one copy of the label probabilities to the host and resolves each ask's future.
-`capture_step` captures the next CUDA graph of the ladder, which the round thread calls when it is idle, so the
-engine serves (eagerly) while its graphs are captured. A failed round fails its own asks, never the engine.
+`idle_step` captures the next CUDA graph of the ladder (or trims the pool), which the round thread calls when
+it is idle, so the engine serves (eagerly) while its graphs are captured. A failed round fails its own asks,
+never the engine.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ class Launched:
     started: float
 
 
-def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes: int | None, pool_checkpoints: int | None,
-                   max_round_tokens: int, max_round_requests: int, graphs: bool, stats: Stats, name: str,
+def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes: int | None,
+                   pool_checkpoints: int | None, max_round_tokens: int, max_round_requests: int, graphs: bool, stats: Stats, name: str,
                    startup: Startup) -> Executor:
     """An engine's executor: its checkpoint pool (capped at `pool_bytes`, default `default_pool_bytes`) and, with
     `graphs`, the graph ladder up to `max_round_tokens`."""
@@ -73,7 +74,7 @@ class Executor:
 
     def __init__(self, model: Qwen35Model, ops: Ops, pool: CheckpointPool, caches: list[LayerCache],
                  graphs: GraphRunner | None, words: WordEncoder, stats: Stats, name: str, limits: RoundLimits,
-                 startup: Startup | None = None) -> None:
+                 startup: Startup) -> None:
         self.model = model
         self.ops = ops
         self.pool = pool
@@ -83,7 +84,7 @@ class Executor:
         self.limits = limits
         self.caches = caches
         self.words = words
-        self.startup = Startup(progress=False) if startup is None else startup
+        self.startup = startup
         self.answered = False  # whether a round was answered yet
         self.pool_lock = threading.Lock()  # held while the pool is read or changed
         self.captured = threading.Event()  # set once no graph is left to capture
@@ -164,12 +165,12 @@ class Executor:
     def idle_step(self) -> None:
         """One piece of idle work (call it with no round in flight): capture the next graph, else trim the pool."""
         if self.capturing:
-            self.capture_step()
+            self._capture_step()
             return
         with self.pool_lock:
             self.pool.trim()
 
-    def capture_step(self) -> None:
+    def _capture_step(self) -> None:
         """Capture the next graph capacity (call it with no round in flight). A capture that fails leaves the
         engine serving on the graphs captured so far, and eagerly past them."""
         graphs = self.graphs
