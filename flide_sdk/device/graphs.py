@@ -36,6 +36,7 @@ from flide_sdk.plan.layout import (
     HostRound,
     RequestSpec,
     RoundPlan,
+    RoundTensors,
     StateRows,
     plan_round,
     round_tensors,
@@ -170,6 +171,7 @@ class GraphRunner:
         self._events = [[torch.cuda.Event(enable_timing=True) for _ in range(2)] for _ in range(BUFFERS)]
         self._next = 0
         self._captured: dict[Capacity, _Captured] = {}
+        self._compiled: set[Capacity] = set()  # capacities whose kernels were compiled (`_compile`)
         self._pool = torch.cuda.graph_pool_handle()  # shared by every graph: one runs at a time
         self._pending = capture_order(self.ladder)
 
@@ -199,8 +201,10 @@ class GraphRunner:
         plan.stage(self._layouts[capacity].views(self._staging[buffer].numpy()), capacity.shape, self.window_sink)
         self._copy_in(buffer, capacity)
         arrays, expand = self._device_rounds[capacity]
+        rnd = round_tensors(plan, capacity.shape, arrays)
+        self._compile(capacity, expand, rnd)
         expand()
-        probabilities = self.model(round_tensors(plan, capacity.shape, arrays), self.ops, self.caches)
+        probabilities = self.model(rnd, self.ops, self.caches)
         return probabilities[: plan.num_questions].cpu().numpy()
 
     def capture_next(self) -> CaptureReport:
@@ -209,6 +213,9 @@ class GraphRunner:
         meanwhile run eagerly (`launch` returns None)."""
         capacity = self.pending[0]
         torch.cuda.synchronize(self.device)
+        # the memory a graph adds is its pool's: the warm-up's blocks (and the eager rounds' before it) are
+        # given back to the device first, not counted in and not kept for a stream nothing else runs on
+        torch.cuda.empty_cache()
         reserved = torch.cuda.memory_reserved(self.device)
         started = time.perf_counter()
         LOG.debug("capturing the round graph of %d tokens", capacity.tokens)
@@ -223,9 +230,12 @@ class GraphRunner:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
+            self._compile(capacity, expand, rnd)
             expand()
-            self.model(rnd, self.ops, self.caches)  # warm-up: compiles kernels, sizes workspaces
+            self.model(rnd, self.ops, self.caches)  # warm-up: sizes workspaces (and compiles what is left)
         torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             expand()
@@ -261,6 +271,14 @@ class GraphRunner:
         host_seconds = {"buffer_wait_seconds": freed - started, "pad_seconds": padded - freed,
                         "replay_call_seconds": replayed - padded}
         return Launch(captured.probabilities[buffer][: plan.num_questions], events, capacity, host_seconds, padded)
+
+    def _compile(self, capacity: Capacity, expand: Callable[[], None], rnd: RoundTensors) -> None:
+        """Compile the kernels of a capacity's forward in parallel (`compile_ahead`), the first time it runs."""
+        from flide_sdk.kernels.compile_ahead import compile_ahead  # a CPU install has no Triton
+
+        if capacity not in self._compiled:
+            compile_ahead(lambda: (expand(), self.model(rnd, self.ops, self.caches)))
+            self._compiled.add(capacity)
 
     def _free_buffer(self) -> int:
         """The next staging/readback buffer pair, once the round that used it last is done."""

@@ -25,6 +25,7 @@ from flide_sdk.kernels.gated_delta_prep import (
     chunk_prep_kernel,
     fused_round,
     fused_step_count,
+    later_shift,
     of_level,
     prep_row,
     real_row,
@@ -71,15 +72,15 @@ def _scan_step(state, v_new, k, w, k_gate, decay, PREC: tl.constexpr):
 
 @triton.jit
 def _scan_chunks(state, first_row, later_base, steps, head, heads, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr,
-                 v_new_ptr, h_ptr, tokens_ptr, level_start, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr, total, stride_ot,
-                 stride_oh, cols, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr,
+                 v_new_ptr, h_ptr, shift, tokens_ptr, level_start, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr, total,
+                 stride_ot, stride_oh, cols, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr, PREC: tl.constexpr,
                  FUSED: tl.constexpr):
-    """The state slice moved through a segment's `steps` chunks: chunk 0 at table row `first_row`, chunk
-    j > 0 at `later_base + j` (arithmetic in j, so the pipeline issues a step's tile loads ahead). Per chunk,
-    with FUSED, its outputs o = (q exp(cum)) S + (q K^T * Gamma) v_new are stored (a row's tokens are row -
-    `level_start` of the level's table at `tokens_ptr`); otherwise, past chunk 0, the state at its start S and
-    v_new = U - W S, for `_chunk_output_kernel`. S and v_new enter the products in the storage dtype of W and
-    U, rounded as the output kernel reads them, so both ways give the same outputs."""
+    """The state slice moved through a segment's `steps` chunks: chunk 0 at stacked row `first_row`, chunk j > 0 at
+    `later_base + j` (arithmetic in j, so the pipeline issues a step's tile loads ahead). Per chunk, with FUSED, its
+    outputs o = (q exp(cum)) S + (q K^T * Gamma) v_new are stored (a row's tokens are row - `level_start` of the
+    level's table at `tokens_ptr`); otherwise, past chunk 0, the state at its start S and v_new = U - W S, at row -
+    `shift` of the later-chunk tables (`later_shift`), for `_chunk_output_kernel`. S and v_new enter the products in
+    the storage dtype of W and U, rounded as the output kernel reads them, so both ways give the same outputs."""
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     for j in range(steps):
@@ -96,8 +97,10 @@ def _scan_chunks(state, first_row, later_base, steps, head, heads, k_rows_ptr, w
             tl.store(out_ptr + tok[:, None] * stride_ot + head * stride_oh + cols[None, :],
                      out.to(out_ptr.dtype.element_ty), mask=(tok < total)[:, None])
         elif j > 0:  # the output kernel starts a segment's first chunk from its init row itself
-            tl.store(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :], low.to(h_ptr.dtype.element_ty))
-            tl.store(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :], v_new.to(v_new_ptr.dtype.element_ty))
+            later = (chunk - shift) * heads + head
+            tl.store(h_ptr + later * DK * DV + dk[:, None] * DV + cols[None, :], low.to(h_ptr.dtype.element_ty))
+            tl.store(v_new_ptr + later * L * DV + i[:, None] * DV + cols[None, :],
+                     v_new.to(v_new_ptr.dtype.element_ty))
         state = _scan_step(state, v_new, k, w, k_gate, decay, PREC)
     return state
 
@@ -105,20 +108,19 @@ def _scan_chunks(state, first_row, later_base, steps, head, heads, k_rows_ptr, w
 @triton.jit
 def _state_scan_kernel(
     k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
-    chunk_count_ptr, step_base_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
-    chain_ptr, next_count_ptr, next_step_base_ptr, next_final_row_ptr, next_rows,
+    chunk_count_ptr, step_base_ptr, init_row_ptr, final_row_ptr, sizes_ptr, level,
+    chain_ptr, next_count_ptr, next_step_base_ptr, next_final_row_ptr,
     tokens_ptr, next_tokens_ptr, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr, total, trunk_sizes_ptr, fused_trunks,
     stride_sr, stride_sh, stride_sk, stride_ot, stride_oh,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, sizes0_ptr, sizes1_ptr, sizes2_ptr,
-    all_w_ptr, all_u_ptr, all_a_ptr, all_q_rows_ptr, all_k_rows_ptr, all_q_gate_ptr, all_k_gate_ptr, all_decay_ptr,
-    system_ptr, start1, start2, scale, eps, helpers, helper_steps,
+    system_ptr, scale, eps, helpers, helper_steps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
     L: tl.constexpr, PREC: tl.constexpr, CHAIN: tl.constexpr, FUSED: tl.constexpr, GATED: tl.constexpr,
     HELP: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr,
 ):
     """Per (value head, V split, segment): TILES V tiles of BV columns, one after the other; a program
-    takes segments pid, pid + P, ... of the level's real segments (`sizes[1]`; sorted longest first, so the
+    takes segments pid, pid + P, ... of level `level`'s real segments (`sizes[1]`; sorted longest first, so the
     first P run in parallel). The segment axis is the grid's last, so the programs of the first segments
     start first: a graph's grid is sized for its capacity, and most of a lone ask's programs find no segment.
 
@@ -134,17 +136,23 @@ def _state_scan_kernel(
     arithmetic in j (no load in the loop decides them), so the compiler's pipeline issues a step's tile loads
     (num_stages - 1) steps ahead.
     With CHAIN, a segment whose `chain` entry names a segment of the next level (a trunk's remainder past its
-    save point) goes on into it from the state in registers, its rows `next_rows` on in the tables: the next
-    level needs no launch of its own.
+    save point) goes on into it from the state in registers: the next level needs no launch of its own.
+    The work tables are stacked (`stacked_rows`): a level's rows start where the real rows of the levels before
+    it end.
     With HELP (the fused launch), the programs that find no segment prep the first branch rows the prep launch
     left to them (`branch_rows_aside`: only in a fused round of one trunk), one (row, head) item each in the
-    order they start, with the prep's arguments (the `all_` tables are the prep's, whole): the trunk scan keeps
+    order they start, with the prep's arguments and an [L, L] scratch each: the trunk scan keeps
     a few dozen multiprocessors busy for a few dozen steps, and these programs (as large as the scan's, one per
     multiprocessor) run on the others, which the prep launch would otherwise have left a partial wave for.
     """
     head = tl.program_id(0)
     heads = tl.num_programs(0)
     dk = tl.arange(0, DK)
+    end0, end1, end2 = real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
+    level_start = tl.where(level == 2, end1, tl.where(level == 1, end0, 0))
+    next_start = tl.where(level == 0, end0, end1)  # the next level's (read only with CHAIN)
+    shift = later_shift(level, sizes0_ptr, sizes1_ptr, sizes2_ptr)
+    next_shift = later_shift(level + 1, sizes0_ptr, sizes1_ptr, sizes2_ptr)
     segments = tl.load(sizes_ptr + 1)
     if FUSED:
         segments = tl.where(fused_round(trunk_sizes_ptr, fused_trunks), segments, 0)
@@ -168,32 +176,33 @@ def _state_scan_kernel(
                 cols = (tl.program_id(1) * TILES + tile) * BV + tl.arange(0, BV)
                 state_ptrs = states_ptr + head * stride_sh + dk[:, None] * stride_sk + cols[None, :]
                 state = tl.load(state_ptrs + init_row * stride_sr)
-                state = _scan_chunks(state, segment, step_base, steps, head, heads, k_rows_ptr, w_ptr, u_ptr,
-                                     k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, tokens_ptr, 0, q_rows_ptr, a_ptr,
-                                     q_gate_ptr, out_ptr, total, stride_ot, stride_oh, cols, DK, DV, L, PREC, FUSED)
+                state = _scan_chunks(state, level_start + segment, level_start + step_base, steps, head, heads,
+                                     k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, shift,
+                                     tokens_ptr, level_start, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr, total,
+                                     stride_ot, stride_oh, cols, DK, DV, L, PREC, FUSED)
                 if final_row >= 0:
                     tl.store(state_ptrs + final_row * stride_sr, state)
                 if follow >= 0:  # only with CHAIN
-                    later_base = next_rows + tl.load(next_step_base_ptr + follow)
-                    state = _scan_chunks(state, next_rows + follow, later_base, tl.load(next_count_ptr + follow),
+                    later_base = next_start + tl.load(next_step_base_ptr + follow)
+                    state = _scan_chunks(state, next_start + follow, later_base, tl.load(next_count_ptr + follow),
                                          head, heads, k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr,
-                                         h_ptr, next_tokens_ptr, next_rows, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr,
-                                         total, stride_ot, stride_oh, cols, DK, DV, L, PREC, FUSED)
+                                         h_ptr, next_shift, next_tokens_ptr, next_start, q_rows_ptr, a_ptr,
+                                         q_gate_ptr, out_ptr, total, stride_ot, stride_oh, cols, DK, DV, L, PREC,
+                                         FUSED)
                     next_final = tl.load(next_final_row_ptr + follow)
                     if next_final >= 0:
                         tl.store(state_ptrs + next_final * stride_sr, state)
     if HELP:
-        end0, end1, end2 = real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
         aside = branch_rows_aside(sizes0_ptr, fused_trunks, end1, end2, helpers, helper_steps, heads)
         per_slot = tl.num_programs(1) * heads
         helper = (tl.program_id(2) - segments) * per_slot + tl.program_id(1) * heads + head
         if helper >= 0:
             fused_steps = fused_step_count(sizes0_ptr, fused_trunks, end0, end1, CHAIN)
             for item in range(helper, aside * heads, (tl.num_programs(2) - segments) * per_slot):
-                prep_row(end1 + item // heads, item % heads, heads, end0, end1, start1, start2, fused_steps,
+                prep_row(end1 + item // heads, item % heads, heads, end0, end1, fused_steps,
                           q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
-                          all_w_ptr, all_u_ptr, all_a_ptr, all_q_rows_ptr, all_k_rows_ptr, all_q_gate_ptr,
-                          all_k_gate_ptr, all_decay_ptr, system_ptr, total, scale, eps,
+                          w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr,
+                          system_ptr + helper * L * L, total, scale, eps,
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh,
                           stride_bt, stride_bh, GROUP, DK, DV, L, SUB, LOG2_SUB, COLS, PREC)
 
@@ -201,8 +210,8 @@ def _state_scan_kernel(
 @triton.jit
 def _chunk_output_kernel(
     q_ptr, a_ptr, q_gate_ptr, w_ptr, u_ptr, v_new_ptr, h_ptr, states_ptr, out_ptr,
-    tokens0_ptr, tokens1_ptr, tokens2_ptr, count0_ptr, count1_ptr, count2_ptr, init0_ptr, init1_ptr, init2_ptr,
-    sizes0_ptr, sizes1_ptr, sizes2_ptr, total, start1, start2, fused_trunks,
+    tokens0_ptr, tokens1_ptr, tokens2_ptr, init0_ptr, init1_ptr, init2_ptr,
+    sizes0_ptr, sizes1_ptr, sizes2_ptr, total, fused_trunks,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_sr, stride_sh, stride_sk,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, L: tl.constexpr,
     PREC: tl.constexpr, CHAIN: tl.constexpr,
@@ -214,10 +223,10 @@ def _chunk_output_kernel(
     are skipped.
 
     S_j is the state at the chunk's start and v_new = U - W S_j the chunk's corrected values, both left by
-    the scan for a segment's later chunks. A segment's first chunk (row s of its level with s < segments and
-    chunk_count[s] > 0: step 0 holds a level's rows 0..) reads S_0 from the segment's init row of the state table,
-    which no segment of the level writes, and computes its v_new here, exactly as the scan does (the same
-    products and roundings).
+    the scan for a segment's later chunks (in the later-chunk tables, `later_shift`). A segment's first chunk
+    (row s of its level with s < segments) reads S_0 from the segment's init row of the state table, which no
+    segment of the level writes, and computes its v_new here, exactly as the scan does (the same products and
+    roundings); an empty segment's row has only padding tokens, whose outputs are not stored.
     """
     head = tl.program_id(0)
     i = tl.arange(0, L)
@@ -226,16 +235,14 @@ def _chunk_output_kernel(
     end0, end1, end2 = real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
     for step in range(fused_step_count(sizes0_ptr, fused_trunks, end0, end1, CHAIN) + tl.program_id(1), end2,
                       tl.num_programs(1)):
-        chunk, local, level = real_row(step, end0, end1, start1, start2)
+        local, level = real_row(step, end0, end1)
         row_ptr = of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
-        base = chunk * tl.num_programs(0) + head
+        base = step * tl.num_programs(0) + head
         tok = tl.load(row_ptr + i)
         ok = tok < total
         q = tl.load(q_ptr + tok[:, None] * stride_qt + (head // GROUP) * stride_qh + dk[None, :],
                     mask=ok[:, None], other=0.0)
-        segments = tl.load(of_level(level, sizes0_ptr, sizes1_ptr, sizes2_ptr) + 1)
-        first = tl.load(of_level(level, count0_ptr, count1_ptr, count2_ptr) + local, mask=local < segments, other=0) > 0
-        if first:
+        if local < tl.load(of_level(level, sizes0_ptr, sizes1_ptr, sizes2_ptr) + 1):  # a segment's first chunk
             init_row = tl.load(of_level(level, init0_ptr, init1_ptr, init2_ptr) + local)
             h = tl.load(states_ptr + init_row * stride_sr + head * stride_sh + dk[:, None] * stride_sk
                         + cols[None, :]).to(h_ptr.dtype.element_ty)
@@ -243,8 +250,9 @@ def _chunk_output_kernel(
             u = tl.load(u_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
             v_new = (u.to(tl.float32) - tl.dot(w, h, input_precision=PREC)).to(v_new_ptr.dtype.element_ty)
         else:
-            h = tl.load(h_ptr + base * DK * DV + dk[:, None] * DV + cols[None, :])
-            v_new = tl.load(v_new_ptr + base * L * DV + i[:, None] * DV + cols[None, :])
+            later = (step - later_shift(level, sizes0_ptr, sizes1_ptr, sizes2_ptr)) * tl.num_programs(0) + head
+            h = tl.load(h_ptr + later * DK * DV + dk[:, None] * DV + cols[None, :])
+            v_new = tl.load(v_new_ptr + later * L * DV + i[:, None] * DV + cols[None, :])
         q_gate = tl.load(q_gate_ptr + base * L + i)
         # the prep stored the causal block with zeros above the diagonal (Gamma is 0 there) and on padding rows
         a = tl.load(a_ptr + base * L * L + i[:, None] * L + i[None, :])
@@ -296,19 +304,43 @@ GATED_DELTA = GatedDeltaConfig()  # production
 
 @dataclass(frozen=True)
 class _ScanLaunch:
-    """One launch of the state scan: its level, the level it carries on into (None: none, `DeltaLevel.chain`),
-    the level's rows in the stacked chunk tables (and the next level's, when it carries on), its segments, whether
-    it computes its chunks' outputs (FUSED) and whether it runs only in rounds that do not fuse (GATED)."""
+    """One launch of the state scan: its level and the level's index in its group, the level it carries on into
+    (None: none, `DeltaLevel.chain`), its segments, whether it computes its chunks' outputs (FUSED) and whether it
+    runs only in rounds that do not fuse (GATED)."""
 
     level: DeltaLevel
+    index: int
     following: DeltaLevel | None
-    rows: slice
     segments: int
     fused: bool = False
     gated: bool = False
 
 
 LEVELS_PER_LAUNCH = 3  # a round's levels (plan.shape.LEVELS): one prep and one output launch for all of them
+
+
+@dataclass(frozen=True)
+class StackedRows:
+    """The rows of the work tables of a group of levels, stacked: the levels' real chunk rows one after the other
+    (`rows`), of which the first two levels' (`trunk_rows`: the query rows a fused trunk scan reads) and the
+    segments' later chunks (`later_rows`: the chunk start states and v_new only those have)."""
+
+    rows: int
+    trunk_rows: int
+    later_rows: int
+
+
+def stacked_rows(tokens: int, table_rows: list[int], table_segments: list[int]) -> StackedRows:
+    """The stacked rows a round of `tokens` stream tokens needs, for levels whose tables (padded or not) have
+    these rows and segments. A segment of n tokens has ceil(n / GDN_CHUNK) rows: its first (empty segments have
+    one too) and (n - 1) // GDN_CHUNK later ones; the levels' segments hold disjoint stream tokens, so a round has
+    at most tokens // GDN_CHUNK later rows in all, not one level's padded table each."""
+    full = tokens // GDN_CHUNK
+    return StackedRows(
+        rows=min(sum(table_rows), sum(table_segments) + full),
+        trunk_rows=min(sum(table_rows[:2]), sum(table_segments[:2]) + full),
+        later_rows=min(sum(table_rows), full),
+    )
 
 
 def level_groups(levels: list[DeltaLevel]) -> list[list[DeltaLevel]]:
@@ -385,10 +417,9 @@ def gated_delta_triton(
     chunk = GDN_CHUNK
     group = v_heads // k_heads
     for levels in level_groups(plan.levels):
-        table_rows = [level.chunk_tokens.shape[0] for level in levels]  # real rows first, then any padding
         table_segments = [level.init_row.shape[0] for level in levels]
-        start1, start2 = table_rows[0], table_rows[0] + table_rows[1]
-        chunks = sum(table_rows)  # the three levels' chunk rows, stacked
+        stacked = stacked_rows(total, [level.chunk_tokens.shape[0] for level in levels], table_segments)
+        chunks = stacked.rows
         sizes = [level.sizes for level in levels]
         if chunks == 0:
             continue
@@ -397,62 +428,63 @@ def gated_delta_triton(
         a = torch.empty(chunks, v_heads, chunk, chunk, dtype=store, device=q.device)
         k_rows = torch.empty(chunks, v_heads, chunk, dk, dtype=k.dtype, device=q.device)
         # the query rows only a fused scan reads (unfused: the prep's masked store never writes them)
-        q_rows = torch.empty(chunks, v_heads, chunk, dk, dtype=q.dtype, device=q.device) if fusing else k_rows
+        q_rows = (torch.empty(max(1, stacked.trunk_rows), v_heads, chunk, dk, dtype=q.dtype, device=q.device)
+                  if fusing else k_rows)
         q_gate = torch.empty(chunks, v_heads, chunk, dtype=torch.float32, device=q.device)
         k_gate = torch.empty_like(q_gate)
         decay = torch.empty(chunks, v_heads, dtype=torch.float32, device=q.device)
-        system = torch.empty(chunks, v_heads, chunk, chunk, dtype=torch.float32, device=q.device)
         tokens = [level.chunk_tokens for level in levels]
         chained = levels[1].chained
         # the fused trunk scan's programs past a lone trunk's prep branch rows (`branch_rows_aside`); none unless
         # it has some (its segment slots past the first) and the trunk leaves multiprocessors idle
         trunk_slots = min(table_segments[0], max(1, scan_programs // (v_heads * split)))
         helping = fusing and trunk_slots > 1 and helpers > 0
+        prep_programs = min(chunks, max(1, chunk_programs // v_heads))
+        # the prep's [L, L] float32 scratch per program (whole-chunk doubling needs none), the scan's helpers' too
+        scratch = max(prep_programs, split * trunk_slots if helping else 0) * v_heads if sub_block < chunk else 1
+        system = torch.empty(scratch, chunk, chunk, dtype=torch.float32, device=q.device)
         prep_constants = {"GROUP": group, "SUB": sub_block, "LOG2_SUB": sub_block.bit_length() - 1,
                           "COLS": min(dk, dv, 64)}
         prep_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1))
         helper_args = (helpers if helping else 0, c.helper_steps)  # the kernels' `helpers`, `helper_steps`
-        chunk_prep_kernel[(v_heads, min(chunks, max(1, chunk_programs // v_heads)))](
+        chunk_prep_kernel[(v_heads, prep_programs)](
             q, k, v, g, beta, *tokens, *sizes,
             w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
-            total, start1, start2, dk**-0.5, L2_EPS, fused_trunks, *helper_args, *prep_strides,
+            total, dk**-0.5, L2_EPS, fused_trunks, *helper_args, *prep_strides,
             DK=dk, DV=dv, L=chunk, PREC=prec, CHAIN=chained, num_warps=c.prep_warps, **prep_constants,
         )
         # written by the unfused scan for every chunk of a segment past its first: the state at the chunk's start
         # and v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
-        h = torch.empty(chunks, v_heads, dk, dv, dtype=store, device=q.device)
-        v_new = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
+        h = torch.empty(max(1, stacked.later_rows), v_heads, dk, dv, dtype=store, device=q.device)
+        v_new = torch.empty(max(1, stacked.later_rows), v_heads, chunk, dv, dtype=store, device=q.device)
         # a level all of whose segments continue the one before (`DeltaLevel.chained`: a plan's trunk
         # remainders) is scanned by the launch of the level before; any other level has a launch of its own.
         # The trunk level has two: the fused and the unfused scan, of which a round runs one (`fused_round`)
-        scans = [_ScanLaunch(level, None, slice(first, first + size), count)
-                 for level, first, size, count in zip(levels, (0, start1, start2), table_rows, table_segments)]
+        scans = [_ScanLaunch(level, index, None, count)
+                 for index, (level, count) in enumerate(zip(levels, table_segments, strict=True))]
         if chained:
-            scans = [_ScanLaunch(levels[0], levels[1], slice(0, start2), table_segments[0]), scans[2]]
+            scans = [replace(scans[0], following=levels[1]), scans[2]]
         if fusing:
             scans = [replace(scans[0], fused=True), replace(scans[0], gated=True), *scans[1:]]
         for scan in scans:
-            rows = scan.rows
             carried = scan.following or scan.level  # the next level's tables (read only with CHAIN)
             _state_scan_kernel[(v_heads, split, min(scan.segments, max(1, scan_programs // (v_heads * split))))](
-                k_rows[rows], w[rows], u[rows], k_gate[rows], decay[rows], v_new[rows], h[rows], states,
+                k_rows, w, u, k_gate, decay, v_new, h, states,
                 scan.level.chunk_count, scan.level.step_base, scan.level.init_row, scan.level.final_row,
-                scan.level.sizes, scan.level.chain, carried.chunk_count, carried.step_base, carried.final_row, start1,
-                scan.level.chunk_tokens, carried.chunk_tokens, q_rows[rows], a[rows], q_gate[rows], out, total,
+                scan.level.sizes, scan.index, scan.level.chain, carried.chunk_count, carried.step_base,
+                carried.final_row, scan.level.chunk_tokens, carried.chunk_tokens, q_rows, a, q_gate, out, total,
                 levels[0].sizes, fused_trunks,
                 states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
-                q, k, v, g, beta, *tokens, *sizes, w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
-                start1, start2, dk**-0.5, L2_EPS, *helper_args, *prep_strides,
+                q, k, v, g, beta, *tokens, *sizes, system, dk**-0.5, L2_EPS, *helper_args, *prep_strides,
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CHAIN=scan.following is not None,
                 FUSED=scan.fused, GATED=scan.gated, HELP=helping and scan.fused, num_warps=c.scan_warps,
                 num_stages=c.scan_stages, **prep_constants,
             )
         _chunk_output_kernel[(v_heads, min(chunks, max(1, chunk_programs // (v_heads * (dv // obv)))), dv // obv)](
-            q, a, q_gate, w, u, v_new, h, states, out, *tokens,
-            *(level.chunk_count for level in levels), *(level.init_row for level in levels), *sizes,
-            total, start1, start2, fused_trunks,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
+            q, a, q_gate, w, u, v_new, h, states, out, *tokens, *(level.init_row for level in levels), *sizes,
+            total, fused_trunks,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), *states.stride()[:3],
             GROUP=group, DK=dk, DV=dv, BV=obv, L=chunk, PREC=prec, CHAIN=chained, num_warps=c.out_warps,
         )
     return out

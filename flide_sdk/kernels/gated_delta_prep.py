@@ -53,14 +53,24 @@ def real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr):
 
 
 @triton.jit
-def real_row(step, end0, end1, start1, start2):
-    """(the stacked chunk row, the row within its level, the level) of loop step `step` over the real chunk
-    rows of three levels: steps 0 .. end0 - 1 are level 0's, then level 1's up to end1, then level 2's (level
-    1's stacked rows start at start1, level 2's at start2). Programs loop over these steps only, so the
-    padding rows of a captured graph's tables cost nothing."""
+def real_row(step, end0, end1):
+    """(the row within its level, the level) of loop step `step` over the real chunk rows of three levels: steps
+    0 .. end0 - 1 are level 0's, then level 1's up to end1, then level 2's. The step is also the row of the
+    stacked work tables, which hold the real rows only (`stacked_rows`): the padding rows of a captured
+    graph's level tables cost neither time nor memory."""
     level = (step >= end0).to(tl.int32) + (step >= end1).to(tl.int32)
-    local = step - tl.where(level == 2, end1, tl.where(level == 1, end0, 0))
-    return tl.where(level == 2, start2, tl.where(level == 1, start1, 0)) + local, local, level
+    return step - tl.where(level == 2, end1, tl.where(level == 1, end0, 0)), level
+
+
+@triton.jit
+def later_shift(level, sizes0_ptr, sizes1_ptr, sizes2_ptr):
+    """What a later chunk's stacked row (a segment's chunk j > 0) less gives its row of the later-chunk tables
+    (the chunk start states and v_new, which only later chunks have): the segments of the levels up to `level`
+    (each level's first rows are its segments' first chunks, and the stacked tables are the levels one after
+    the other)."""
+    segments0 = tl.load(sizes0_ptr + 1)
+    segments1 = segments0 + tl.load(sizes1_ptr + 1)
+    return tl.where(level == 2, segments1 + tl.load(sizes2_ptr + 1), tl.where(level == 1, segments1, segments0))
 
 
 @triton.jit
@@ -99,9 +109,9 @@ def branch_rows_aside(sizes0_ptr, fused_trunks, end1, end2, helpers, helper_step
 
 @triton.jit
 def prep_row(
-    step, head, heads, end0, end1, start1, start2, fused_steps,
+    step, head, heads, end0, end1, fused_steps,
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
-    w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
+    w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, scratch,
     total, scale, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
@@ -109,7 +119,7 @@ def prep_row(
 ):
     """Everything of one (chunk row, value head) that does not depend on the state (`chunk_prep_kernel`).
 
-    The system A goes through this item's [L, L] float32 scratch `system_ptr`: its lower SUB x SUB
+    The system A goes through the program's [L, L] float32 scratch `scratch`: its lower SUB x SUB
     blocks are read back (tuples indexed b * (b + 1) // 2 + c, block row b >= block column c) so that
     T = (I + A)^-1 costs only the block products it needs; T is written over A and read back whole.
     The barriers order the scratch's writes and reads between the program's threads.
@@ -118,10 +128,9 @@ def prep_row(
     i = tl.arange(0, L)
     dk = tl.arange(0, DK)
     row, col = i[:, None], i[None, :]
-    chunk, local, level = real_row(step, end0, end1, start1, start2)
+    local, level = real_row(step, end0, end1)
     row_ptr = of_level(level, tokens0_ptr, tokens1_ptr, tokens2_ptr) + local * L
-    base = chunk * heads + head
-    scratch = system_ptr + base * L * L
+    base = step * heads + head
     tok = tl.load(row_ptr + i)
     ok = tok < total
     key_head = head // GROUP
@@ -192,7 +201,7 @@ def prep_row(
 def chunk_prep_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, sizes0_ptr, sizes1_ptr, sizes2_ptr,
     w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
-    total, start1, start2, scale, eps, fused_trunks, helpers, helper_steps,
+    total, scale, eps, fused_trunks, helpers, helper_steps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L: tl.constexpr,
     SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr, PREC: tl.constexpr, CHAIN: tl.constexpr,
@@ -200,7 +209,7 @@ def chunk_prep_kernel(
     """Per (value head, chunk) everything of the chunk that does not depend on the state (`prep_row`), for the
     real chunk rows of up to three levels at once, less the branch rows the fused trunk scan's idle programs
     take (`branch_rows_aside`); a program takes loop steps pid, pid + P, ... of its head (P programs: a capped
-    grid), each step a real row (`real_row`).
+    grid), each step a real row (`real_row`); each program has an [L, L] float32 scratch of its own.
     """
     head = tl.program_id(0)
     heads = tl.num_programs(0)
@@ -209,9 +218,10 @@ def chunk_prep_kernel(
     aside = branch_rows_aside(sizes0_ptr, fused_trunks, end1, end2, helpers, helper_steps, heads)
     for index in range(tl.program_id(1), end2 - aside, tl.num_programs(1)):
         step = tl.where(index < end1, index, index + aside)
-        prep_row(step, head, heads, end0, end1, start1, start2, fused_steps,
+        prep_row(step, head, heads, end0, end1, fused_steps,
                   q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
-                  w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
+                  w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr,
+                  system_ptr + (tl.program_id(1) * heads + head) * L * L,
                   total, scale, eps,
                   stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh,
                   stride_bt, stride_bh, GROUP, DK, DV, L, SUB, LOG2_SUB, COLS, PREC)

@@ -28,8 +28,10 @@ TOKEN_LADDER = (128, 256, 384, 448, 512, 544, 576, 640, 704, 768, 896, 1024, 128
                 10240, 12288, 14336, 16384)
 LABELS = 32  # label columns of a graph (a question has at most 26 options: letters)
 TOKENS_PER_REQUEST = 64  # requests capacity = T / this (at least MIN_REQUESTS)
-TOKENS_PER_QUESTION = 16  # questions capacity = T / this (at least MIN_QUESTIONS)
-MIN_REQUESTS, MIN_QUESTIONS = 4, 16
+TOKENS_PER_QUESTION = 16  # questions capacity = T / this, in [MIN_QUESTIONS, MAX_QUESTIONS]
+# at most MAX_QUESTIONS: a question's branch takes a Gated DeltaNet chunk row of its own, whose work tables make
+# most of a large graph's memory (docs/decisions/start-up.md)
+MIN_REQUESTS, MIN_QUESTIONS, MAX_QUESTIONS = 4, 16, 512
 FIRST_RUNGS_TOKENS = 1024  # graphs captured smallest first up to here, then largest first (`capture_order`)
 
 
@@ -108,7 +110,7 @@ def capacity_ladder(
         Capacity(
             tokens=t,
             requests=min(max_requests, max(MIN_REQUESTS, t // TOKENS_PER_REQUEST)),
-            questions=max(MIN_QUESTIONS, t // TOKENS_PER_QUESTION),
+            questions=min(MAX_QUESTIONS, max(MIN_QUESTIONS, t // TOKENS_PER_QUESTION)),
             labels=LABELS,
             pages=max(history_pages, t // 2),
             conv_kernel=conv_kernel,

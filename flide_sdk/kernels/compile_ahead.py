@@ -1,0 +1,60 @@
+"""Compile the Triton kernels a call launches in parallel, before it runs.
+
+A forward compiles its kernels one after the other as it reaches them, in the launching thread. Triton's
+compiler spends most of its time outside the GIL (its passes and ptxas), so `compile_ahead(call)` runs the call
+once with every Triton launch turned into a compile submitted to a thread pool (Triton's asynchronous compile
+mode), waits for them all, and leaves the compiled kernels in Triton's caches: the caller's real run then
+launches them at once. The dry run launches no kernel, so its other operations compute from unwritten memory:
+`call` must be one whose real run writes, before reading it, whatever the dry run may write (a forward over a
+round does: its saves never overwrite what the round reads). Where Triton has no asynchronous compile mode, or
+under the interpreter, it does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from triton.runtime.jit import JITFunction
+
+try:
+    from triton.runtime._async_compile import AsyncCompileMode, active_mode
+except ImportError:  # a Triton without it compiles in the launching thread
+    AsyncCompileMode = active_mode = None
+
+WORKERS = max(1, min(16, os.cpu_count() or 1))  # compile threads
+
+
+def available() -> bool:
+    """Whether calls can be compiled ahead here (a Triton with the asynchronous compile mode, not interpreted)."""
+    return AsyncCompileMode is not None and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def compile_ahead(call: Callable[[], object], workers: int = WORKERS) -> None:
+    """Compile every Triton kernel `call` launches (with the arguments it launches them with) on `workers`
+    threads, without running any; returns when all are compiled (a compile error is raised here)."""
+    if not available():
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="flide-compile") as pool, AsyncCompileMode(pool) as mode, \
+            _launches_compile_only(mode):
+        call()
+
+
+@contextlib.contextmanager
+def _launches_compile_only(mode: AsyncCompileMode) -> Iterator[None]:
+    """`kernel[grid](...)` compiles without launching in this thread while `mode` is its active compile mode
+    (Triton's own warm-up call, which submits the compile to the mode); other threads launch as usual."""
+    launch = JITFunction.__getitem__
+
+    def compile_only(self: JITFunction, grid: object) -> Callable[..., object]:
+        if active_mode.get() is not mode:
+            return launch(self, grid)
+        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=True, **kwargs)
+
+    JITFunction.__getitem__ = compile_only
+    try:
+        yield
+    finally:
+        JITFunction.__getitem__ = launch
