@@ -381,11 +381,13 @@ def test_a_pass_over_refilled_round_tensors_answers_the_new_round(two_layer_path
 
 
 def test_graphs_are_captured_small_rungs_first_then_largest_first():
-    """Every capacity once; the rungs lone asks land on first, smallest first; then the rest from the largest
-    down (each smaller graph reuses the larger ones' memory in the shared pool)."""
+    """Every capacity once: the largest first (every later graph reuses its memory in the shared pool), then the
+    rungs lone asks land on, smallest first; then the rest from the largest down."""
     ladder = capacity_ladder(4)
     order = [capacity.tokens for capacity in capture_order(ladder)]
     assert sorted(order) == [capacity.tokens for capacity in ladder]
+    assert order[0] == TOKEN_LADDER[-1]
     small = [t for t in order if t <= FIRST_RUNGS_TOKENS]
-    assert order[: len(small)] == sorted(small) and small[0] == TOKEN_LADDER[0]
-    assert order[len(small):] == sorted(order[len(small):], reverse=True) and order[len(small)] == TOKEN_LADDER[-1]
+    assert order[1 : len(small) + 1] == sorted(small) and small[0] == TOKEN_LADDER[0]
+    rest = order[len(small) + 1 :]
+    assert rest == sorted(rest, reverse=True) and rest[0] == TOKEN_LADDER[-2]

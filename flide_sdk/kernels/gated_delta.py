@@ -108,7 +108,7 @@ def _scan_chunks(state, first_row, later_base, steps, head, heads, k_rows_ptr, w
 @triton.jit
 def _state_scan_kernel(
     k_rows_ptr, w_ptr, u_ptr, k_gate_ptr, decay_ptr, v_new_ptr, h_ptr, states_ptr,
-    chunk_count_ptr, step_base_ptr, init_row_ptr, final_row_ptr, sizes_ptr, level,
+    chunk_count_ptr, step_base_ptr, init_row_ptr, final_row_ptr, sizes_ptr,
     chain_ptr, next_count_ptr, next_step_base_ptr, next_final_row_ptr,
     tokens_ptr, next_tokens_ptr, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr, total, trunk_sizes_ptr, fused_trunks,
     stride_sr, stride_sh, stride_sk, stride_ot, stride_oh,
@@ -116,11 +116,11 @@ def _state_scan_kernel(
     system_ptr, scale, eps, helpers, helper_steps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
-    L: tl.constexpr, PREC: tl.constexpr, CHAIN: tl.constexpr, FUSED: tl.constexpr, GATED: tl.constexpr,
-    HELP: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr,
+    L: tl.constexpr, PREC: tl.constexpr, LEVEL: tl.constexpr, CHAIN: tl.constexpr, FUSED: tl.constexpr,
+    GATED: tl.constexpr, HELP: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr,
 ):
     """Per (value head, V split, segment): TILES V tiles of BV columns, one after the other; a program
-    takes segments pid, pid + P, ... of level `level`'s real segments (`sizes[1]`; sorted longest first, so the
+    takes segments pid, pid + P, ... of level LEVEL's real segments (`sizes[1]`; sorted longest first, so the
     first P run in parallel). The segment axis is the grid's last, so the programs of the first segments
     start first: a graph's grid is sized for its capacity, and most of a lone ask's programs find no segment.
 
@@ -148,11 +148,22 @@ def _state_scan_kernel(
     head = tl.program_id(0)
     heads = tl.num_programs(0)
     dk = tl.arange(0, DK)
-    end0, end1, end2 = real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
-    level_start = tl.where(level == 2, end1, tl.where(level == 1, end0, 0))
-    next_start = tl.where(level == 0, end0, end1)  # the next level's (read only with CHAIN)
-    shift = later_shift(level, sizes0_ptr, sizes1_ptr, sizes2_ptr)
-    next_shift = later_shift(level + 1, sizes0_ptr, sizes1_ptr, sizes2_ptr)
+    # where the level's rows start in the stacked tables and its later chunks' rows' shift (`later_shift`), and
+    # the next level's with CHAIN; loaded only where used (a lone ask's scan takes microseconds)
+    level_start = 0
+    if LEVEL == 1:
+        level_start = tl.load(sizes0_ptr)
+    if LEVEL == 2:
+        level_start = tl.load(sizes0_ptr) + tl.load(sizes1_ptr)
+    next_start = 0
+    shift = 0
+    next_shift = 0
+    if CHAIN:
+        next_start = level_start + tl.load(sizes_ptr)
+    if not FUSED:
+        shift = later_shift(LEVEL, sizes0_ptr, sizes1_ptr, sizes2_ptr)
+        if CHAIN:
+            next_shift = later_shift(LEVEL + 1, sizes0_ptr, sizes1_ptr, sizes2_ptr)
     segments = tl.load(sizes_ptr + 1)
     if FUSED:
         segments = tl.where(fused_round(trunk_sizes_ptr, fused_trunks), segments, 0)
@@ -193,6 +204,7 @@ def _state_scan_kernel(
                     if next_final >= 0:
                         tl.store(state_ptrs + next_final * stride_sr, state)
     if HELP:
+        end0, end1, end2 = real_row_ends(sizes0_ptr, sizes1_ptr, sizes2_ptr)
         aside = branch_rows_aside(sizes0_ptr, fused_trunks, end1, end2, helpers, helper_steps, heads)
         per_slot = tl.num_programs(1) * heads
         helper = (tl.program_id(2) - segments) * per_slot + tl.program_id(1) * heads + head
@@ -472,12 +484,13 @@ def gated_delta_triton(
             _state_scan_kernel[(v_heads, split, min(scan.segments, max(1, scan_programs // (v_heads * split))))](
                 k_rows, w, u, k_gate, decay, v_new, h, states,
                 scan.level.chunk_count, scan.level.step_base, scan.level.init_row, scan.level.final_row,
-                scan.level.sizes, scan.index, scan.level.chain, carried.chunk_count, carried.step_base,
+                scan.level.sizes, scan.level.chain, carried.chunk_count, carried.step_base,
                 carried.final_row, scan.level.chunk_tokens, carried.chunk_tokens, q_rows, a, q_gate, out, total,
                 levels[0].sizes, fused_trunks,
                 states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
                 q, k, v, g, beta, *tokens, *sizes, system, dk**-0.5, L2_EPS, *helper_args, *prep_strides,
-                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, CHAIN=scan.following is not None,
+                DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, LEVEL=scan.index,
+                CHAIN=scan.following is not None,
                 FUSED=scan.fused, GATED=scan.gated, HELP=helping and scan.fused, num_warps=c.scan_warps,
                 num_stages=c.scan_stages, **prep_constants,
             )

@@ -83,12 +83,14 @@ class Capacity:
 
 
 def capture_order(ladder: list[Capacity]) -> list[Capacity]:
-    """The order graphs are captured in while the engine serves: the rungs lone asks land on (up to
-    FIRST_RUNGS_TOKENS) smallest first, so they replay soonest; then the rest largest first, so each smaller
-    graph reuses the memory of the larger ones in the graphs' shared pool instead of adding blocks of its own."""
+    """The order graphs are captured in while the engine serves: the largest first, so every later graph takes
+    its blocks from the memory it left in the graphs' shared pool instead of adding its own (a graph that came
+    before a larger one keeps blocks too small for it); then the rungs lone asks land on (up to
+    FIRST_RUNGS_TOKENS) smallest first, so they replay soonest; then the rest largest first."""
     ascending = sorted(ladder, key=lambda capacity: capacity.tokens)
-    first = [capacity for capacity in ascending if capacity.tokens <= FIRST_RUNGS_TOKENS]
-    return first + [capacity for capacity in reversed(ascending) if capacity.tokens > FIRST_RUNGS_TOKENS]
+    largest, rest = ascending[-1:], ascending[:-1]
+    first = [capacity for capacity in rest if capacity.tokens <= FIRST_RUNGS_TOKENS]
+    return largest + first + [capacity for capacity in reversed(rest) if capacity.tokens > FIRST_RUNGS_TOKENS]
 
 
 def plan_of(round_: RoundPlan | HostRound) -> RoundPlan:
