@@ -18,8 +18,15 @@ import numpy as np
 import pytest
 import torch
 
-from flide_sdk.kernels.gated_delta import GATED_DELTA, GatedDeltaConfig, gated_delta_triton, level_groups
+from flide_sdk.kernels.gated_delta import (
+    GATED_DELTA,
+    GatedDeltaConfig,
+    gated_delta_triton,
+    level_groups,
+    stacked_rows,
+)
 from flide_sdk.kernels.reference import gated_delta_reference
+from flide_sdk.plan.capacity import capacity_ladder, choose
 from flide_sdk.plan.layout import (
     GDN_CHUNK,
     DeltaLevel,
@@ -99,6 +106,27 @@ def test_level_metadata_indexes_every_chunk():
             later_rows += rows[1:]
         # the first chunks are rows 0..active[0] - 1, the later ones every other row once, a segment's in order
         assert later_rows == list(range(level.active[0] if level.active else 0, len(level.chunk_tokens)))
+
+
+def test_stacked_tables_hold_every_real_row_of_a_capacity():
+    """The work tables are sized from a capacity's padded level tables and tokens (`stacked_rows`): every real row
+    of a round that fits it has its place, for rounds of many one-chunk branches and of trunks cut at chunk
+    boundaries (the most rows per token), and random ones."""
+    rng = np.random.default_rng(7)
+    ladder = capacity_ladder(4)
+    rounds = [[RequestSpec.of(rng.integers(0, 99, 64 * n + 1), [rng.integers(0, 99, 1)] * 15, [np.array([1, 2])] * 15)
+               for n in range(1, 9)],
+              [RequestSpec.of(rng.integers(0, 99, 1), [rng.integers(0, 99, 1)] * 500, [np.array([1, 2])] * 500)]]
+    rounds += [make_requests(seed, [(int(n), 0, int(n) // 2 or None) for n in rng.integers(1, 400, 6)])
+               for seed in range(20)]
+    for requests in rounds:
+        host = plan_round(requests, 4)
+        capacity = choose(ladder, host)
+        assert capacity is not None
+        rows = [int(level.sizes[0]) for level in host.levels]
+        later = [int(level.sizes[0] - level.sizes[1]) for level in host.levels]
+        bound = stacked_rows(capacity.tokens, list(capacity.chunks), list(capacity.segments))
+        assert sum(rows) <= bound.rows and sum(rows[:2]) <= bound.trunk_rows and sum(later) <= bound.later_rows
 
 
 @FUSING
