@@ -173,6 +173,8 @@ class GraphRunner:
         self._captured: dict[Capacity, _Captured] = {}
         self._compiled: set[Capacity] = set()  # capacities whose kernels were compiled (`_compile`)
         self._pool = torch.cuda.graph_pool_handle()  # shared by every graph: one runs at a time
+        # the stream of every capture's warm-up: one, since cuBLAS keeps a workspace per stream it ran on
+        self._side = torch.cuda.Stream(self.device)
         self._pending = capture_order(self.ladder)
 
     @property
@@ -227,7 +229,7 @@ class GraphRunner:
         self._copy_in(0, capacity)
         arrays, expand = self._device_rounds[capacity]
         rnd = round_tensors(placeholder, capacity.shape, arrays)
-        side = torch.cuda.Stream(self.device)
+        side = self._side
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self._compile(capacity, expand, rnd)
