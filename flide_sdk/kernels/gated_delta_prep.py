@@ -122,7 +122,8 @@ def prep_row(
     The system A goes through the program's [L, L] float32 scratch `scratch`: its lower SUB x SUB
     blocks are read back (tuples indexed b * (b + 1) // 2 + c, block row b >= block column c) so that
     T = (I + A)^-1 costs only the block products it needs; T is written over A and read back whole.
-    The barriers order the scratch's writes and reads between the program's threads.
+    The barriers order the scratch's writes and reads between the program's threads, also across the items
+    a program takes one after the other.
     """
     NSUB: tl.constexpr = L // SUB
     i = tl.arange(0, L)
@@ -164,6 +165,7 @@ def prep_row(
     if SUB == L:  # T by doubling over the whole chunk, in registers (no scratch)
         t = _unit_lower_inverse(tl.where(row > col, system, 0.0), L, LOG2_SUB, PREC)
     else:
+        tl.debug_barrier()  # the scratch is the program's: every thread has read back its previous item's T
         tl.store(scratch + row * L + col, tl.where(row > col, system, 0.0))
         tl.debug_barrier()
 
