@@ -13,6 +13,7 @@ fused with its outputs in rounds of few trunks), and the output kernel. Tuning c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -117,7 +118,8 @@ def _state_scan_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
     L: tl.constexpr, PREC: tl.constexpr, LEVEL: tl.constexpr, CHAIN: tl.constexpr, FUSED: tl.constexpr,
-    GATED: tl.constexpr, HELP: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr, LOG2_SUB: tl.constexpr, COLS: tl.constexpr,
+    GATED: tl.constexpr, HELP: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr, LOG2_SUB: tl.constexpr,
+    COLS: tl.constexpr,
 ):
     """Per (value head, V split, segment): TILES V tiles of BV columns, one after the other; a program
     takes segments pid, pid + P, ... of level LEVEL's real segments (`sizes[1]`; sorted longest first, so the
@@ -370,6 +372,22 @@ def level_groups(levels: list[DeltaLevel]) -> list[list[DeltaLevel]]:
     return groups
 
 
+TABLE_ALIGN = 256  # bytes: where each work table starts in their one allocation
+
+
+def one_allocation(device: torch.device, tables: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
+    """Empty tensors of these shapes and dtypes, views of one allocation (each TABLE_ALIGN-aligned): one block,
+    in which a smaller round's tables (a smaller graph's) fit once a larger one's are freed, where a dozen blocks
+    of other sizes would not."""
+    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in tables]
+    starts = [0]
+    for size in sizes:
+        starts.append(starts[-1] + -(-size // TABLE_ALIGN) * TABLE_ALIGN)
+    flat = torch.empty(starts[-1], dtype=torch.uint8, device=device)
+    return [flat[start : start + size].view(dtype).view(shape)
+            for (shape, dtype), start, size in zip(tables, starts, sizes)]
+
+
 def gated_delta_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -435,16 +453,6 @@ def gated_delta_triton(
         sizes = [level.sizes for level in levels]
         if chunks == 0:
             continue
-        w = torch.empty(chunks, v_heads, chunk, dk, dtype=store, device=q.device)
-        u = torch.empty(chunks, v_heads, chunk, dv, dtype=store, device=q.device)
-        a = torch.empty(chunks, v_heads, chunk, chunk, dtype=store, device=q.device)
-        k_rows = torch.empty(chunks, v_heads, chunk, dk, dtype=k.dtype, device=q.device)
-        # the query rows only a fused scan reads (unfused: the prep's masked store never writes them)
-        q_rows = (torch.empty(max(1, stacked.trunk_rows), v_heads, chunk, dk, dtype=q.dtype, device=q.device)
-                  if fusing else k_rows)
-        q_gate = torch.empty(chunks, v_heads, chunk, dtype=torch.float32, device=q.device)
-        k_gate = torch.empty_like(q_gate)
-        decay = torch.empty(chunks, v_heads, dtype=torch.float32, device=q.device)
         tokens = [level.chunk_tokens for level in levels]
         chained = levels[1].chained
         # the fused trunk scan's programs past a lone trunk's prep branch rows (`branch_rows_aside`); none unless
@@ -454,7 +462,19 @@ def gated_delta_triton(
         prep_programs = min(chunks, max(1, chunk_programs // v_heads))
         # the prep's [L, L] float32 scratch per program (whole-chunk doubling needs none), the scan's helpers' too
         scratch = max(prep_programs, split * trunk_slots if helping else 0) * v_heads if sub_block < chunk else 1
-        system = torch.empty(scratch, chunk, chunk, dtype=torch.float32, device=q.device)
+        later = max(1, stacked.later_rows)
+        f32 = torch.float32
+        w, u, a, k_rows, q_rows, q_gate, k_gate, decay, system, h, v_new = one_allocation(q.device, [
+            ((chunks, v_heads, chunk, dk), store), ((chunks, v_heads, chunk, dv), store),
+            ((chunks, v_heads, chunk, chunk), store), ((chunks, v_heads, chunk, dk), k.dtype),
+            # the query rows only a fused scan reads (unfused: the prep's masked store never writes them)
+            ((max(1, stacked.trunk_rows) if fusing else 0, v_heads, chunk, dk), q.dtype),
+            ((chunks, v_heads, chunk), f32), ((chunks, v_heads, chunk), f32), ((chunks, v_heads), f32),
+            ((scratch, chunk, chunk), f32),
+            # written by the unfused scan for every chunk of a segment past its first: the state at the chunk's
+            # start and v_new = U - W S; one level after the other (a level starts from states the previous wrote)
+            ((later, v_heads, dk, dv), store), ((later, v_heads, chunk, dv), store)])
+        q_rows = q_rows if fusing else k_rows
         prep_constants = {"GROUP": group, "SUB": sub_block, "LOG2_SUB": sub_block.bit_length() - 1,
                           "COLS": min(dk, dv, 64)}
         prep_strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -466,10 +486,6 @@ def gated_delta_triton(
             total, dk**-0.5, L2_EPS, fused_trunks, *helper_args, *prep_strides,
             DK=dk, DV=dv, L=chunk, PREC=prec, CHAIN=chained, num_warps=c.prep_warps, **prep_constants,
         )
-        # written by the unfused scan for every chunk of a segment past its first: the state at the chunk's start
-        # and v_new = U - W S; one level after the other (a level starts from states the previous ones wrote)
-        h = torch.empty(max(1, stacked.later_rows), v_heads, dk, dv, dtype=store, device=q.device)
-        v_new = torch.empty(max(1, stacked.later_rows), v_heads, chunk, dv, dtype=store, device=q.device)
         # a level all of whose segments continue the one before (`DeltaLevel.chained`: a plan's trunk
         # remainders) is scanned by the launch of the level before; any other level has a launch of its own.
         # The trunk level has two: the fused and the unfused scan, of which a round runs one (`fused_round`)

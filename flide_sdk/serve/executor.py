@@ -49,8 +49,8 @@ class Launched:
 
 
 def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes: int | None,
-                   pool_checkpoints: int | None, max_round_tokens: int, max_round_requests: int, graphs: bool, stats: Stats, name: str,
-                   startup: Startup) -> Executor:
+                   pool_checkpoints: int | None, max_round_tokens: int, max_round_requests: int, graphs: bool,
+                   stats: Stats, name: str, startup: Startup) -> Executor:
     """An engine's executor: its checkpoint pool (capped at `pool_bytes`, default `default_pool_bytes`) and, with
     `graphs`, the graph ladder up to `max_round_tokens`."""
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
