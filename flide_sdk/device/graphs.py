@@ -278,8 +278,12 @@ class GraphRunner:
         """Compile the kernels of a capacity's forward in parallel (`compile_ahead`), the first time it runs."""
         from flide_sdk.kernels.compile_ahead import compile_ahead  # a CPU install has no Triton
 
+        def forward() -> None:
+            expand()
+            self.model(rnd, self.ops, self.caches)
+
         if capacity not in self._compiled:
-            compile_ahead(lambda: (expand(), self.model(rnd, self.ops, self.caches)))
+            compile_ahead(forward)
             self._compiled.add(capacity)
 
     def _free_buffer(self) -> int:

@@ -32,12 +32,12 @@ def available() -> bool:
     return AsyncCompileMode is not None and os.environ.get("TRITON_INTERPRET") != "1"
 
 
-def compile_ahead(call: Callable[[], object], workers: int = WORKERS) -> None:
-    """Compile every Triton kernel `call` launches (with the arguments it launches them with) on `workers`
+def compile_ahead(call: Callable[[], object]) -> None:
+    """Compile every Triton kernel `call` launches (with the arguments it launches them with) on WORKERS
     threads, without running any; returns when all are compiled (a compile error is raised here)."""
     if not available():
         return
-    with ThreadPoolExecutor(workers, thread_name_prefix="flide-compile") as pool, AsyncCompileMode(pool) as mode, \
+    with ThreadPoolExecutor(WORKERS, thread_name_prefix="flide-compile") as pool, AsyncCompileMode(pool) as mode, \
             _launches_compile_only(mode):
         call()
 
