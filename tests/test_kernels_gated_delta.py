@@ -21,6 +21,7 @@ import torch
 from flide_sdk.kernels.gated_delta import (
     GATED_DELTA,
     GatedDeltaConfig,
+    delta_workspace,
     gated_delta_triton,
     level_groups,
     stacked_rows,
@@ -232,6 +233,28 @@ def test_plans_of_other_level_counts_run_in_groups_of_three():
     covered = covered[covered < host.num_tokens]  # only a plan's segments' tokens get outputs
     assert relative_error(got[covered], expected[covered]) <= TOLERANCE
     assert relative_error(states, expected_states) <= TOLERANCE
+
+
+@FUSING
+def test_layers_share_one_workspace(fusing):
+    """A forward's layers run on one workspace (`delta_workspace`, sized for every level group of the plan): each
+    call, on tables the one before left, gives the reference's outputs; a workspace too small is refused."""
+    host = plan_round(make_requests(9, [(130, 0, 100), (65, 0, None), (1, 0, None)], max_branches=3), 4)
+    plan = host.to("cpu").delta
+    four = DeltaPlan([*plan.levels, plan.levels[1]], plan.num_rows)  # two level groups
+    config = tuned(**fusing)
+    shared = delta_workspace(four, host.num_tokens, 2, 16, 16, torch.float32, torch.device("cpu"), config=config)
+    assert shared.workspace is not None and four.workspace is None
+    for seed in (9, 10):  # two layers
+        q, k, v, g, beta, states = random_inputs(seed, host.num_tokens, plan.num_rows, 1, 16, 16)
+        expected_states = states.clone()
+        expected = gated_delta_reference(q, k, v, g, beta, four, expected_states)
+        got = gated_delta_triton(q, k, v, g, beta, shared, states, config=config)
+        assert relative_error(got, expected) <= TOLERANCE
+        assert relative_error(states, expected_states) <= TOLERANCE
+    small = dataclasses.replace(shared, workspace=shared.workspace[:-1])
+    with pytest.raises(ValueError, match="workspace of"):
+        gated_delta_triton(q, k, v, g, beta, small, states, config=config)
 
 
 def test_triton_matches_reference_with_resume_and_save():

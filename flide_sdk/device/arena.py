@@ -4,9 +4,10 @@ The checkpoint pool's state, window and key/value arrays are read by captured CU
 move; yet the pool should take memory as its sessions need it and give it back when they are gone. An arena
 holds rows [0, backed) plus a fixed tail of rows (zero, scratch and sink rows), the rest of its rows being
 address space only. On CUDA the memory is the driver's virtual memory (reserve the whole range once, map
-physical chunks into it as rows are backed, unmap them when the rows are given back; the first row stays
-mapped: Triton checks a tensor's address); rows are zeroed when they are backed. Where that API is missing
-the arena allocates every row at once (`PlainArena`), as on CPU, where untouched host memory is not resident.
+physical memory into it as rows are backed, one extent a growth, and unmap an extent once none of its rows is
+held; the first row stays mapped: Triton checks a tensor's address); rows are zeroed when they are backed. Where
+that API is missing the arena allocates every row at once (`PlainArena`), as on CPU, where untouched host memory
+is not resident.
 """
 
 from __future__ import annotations
@@ -102,7 +103,9 @@ class VirtualArena:
         self.driver("cuMemAddressReserve", ctypes.byref(address), ctypes.c_size_t(self.size),
                     ctypes.c_size_t(self.chunk), ctypes.c_uint64(0), ctypes.c_uint64(0))
         self.address = address.value
-        self.handles: dict[int, int] = {}  # mapped chunk index -> its physical allocation
+        # the mapped extents: first chunk -> (chunks, their one physical allocation); a growth maps one extent,
+        # so backing a gigabyte takes three driver calls, not three per chunk
+        self.extents: dict[int, tuple[int, int]] = {}
         # and the first row: the address of a view of it (a layer's states) must be mapped memory for Triton to
         # take it as a device pointer
         self.tail = set(self._chunks(tail_from, rows)) | set(self._chunks(0, 1))
@@ -118,45 +121,60 @@ class VirtualArena:
             return range(0)
         return range(start * self.row_bytes // self.chunk, -(-stop * self.row_bytes // self.chunk))
 
+    def _mapped(self) -> set[int]:
+        return {first + i for first, (count, _) in self.extents.items() for i in range(count)}
+
     def _map(self, chunks) -> None:
-        for index in sorted(set(chunks) - set(self.handles)):
+        """Map the chunks not mapped yet, each run of consecutive ones as one extent."""
+        missing = sorted(set(chunks) - self._mapped())
+        runs = [[index] for index in missing[:1]]
+        for index in missing[1:]:
+            if index == runs[-1][-1] + 1:
+                runs[-1].append(index)
+            else:
+                runs.append([index])
+        for run in runs:
+            size = ctypes.c_size_t(len(run) * self.chunk)
             handle = ctypes.c_uint64()
-            self.driver("cuMemCreate", ctypes.byref(handle), ctypes.c_size_t(self.chunk), ctypes.byref(self.prop),
-                        ctypes.c_uint64(0))
-            at = ctypes.c_uint64(self.address + index * self.chunk)
+            self.driver("cuMemCreate", ctypes.byref(handle), size, ctypes.byref(self.prop), ctypes.c_uint64(0))
+            at = ctypes.c_uint64(self.address + run[0] * self.chunk)
             try:
-                self.driver("cuMemMap", at, ctypes.c_size_t(self.chunk), ctypes.c_size_t(0), handle, ctypes.c_uint64(0))
-                self.driver("cuMemSetAccess", at, ctypes.c_size_t(self.chunk), ctypes.byref(self.access),
-                            ctypes.c_size_t(1))
+                self.driver("cuMemMap", at, size, ctypes.c_size_t(0), handle, ctypes.c_uint64(0))
+                self.driver("cuMemSetAccess", at, size, ctypes.byref(self.access), ctypes.c_size_t(1))
             except RuntimeError:
                 self.driver("cuMemRelease", handle)
                 raise
-            self.handles[index] = handle.value
+            self.extents[run[0]] = (len(run), handle.value)
 
     def _unmap(self, chunks) -> None:
-        for index in sorted(set(chunks) & set(self.handles)):
-            self.driver("cuMemUnmap", ctypes.c_uint64(self.address + index * self.chunk), ctypes.c_size_t(self.chunk))
-            self.driver("cuMemRelease", ctypes.c_uint64(self.handles.pop(index)))
+        """Unmap the extents all of whose chunks are among `chunks` (an extent partly in use stays)."""
+        chunks = set(chunks)
+        for first, (count, handle) in sorted(self.extents.items()):
+            if all(first + i in chunks for i in range(count)):
+                self.driver("cuMemUnmap", ctypes.c_uint64(self.address + first * self.chunk),
+                            ctypes.c_size_t(count * self.chunk))
+                self.driver("cuMemRelease", ctypes.c_uint64(handle))
+                del self.extents[first]
 
     def back(self, rows: int) -> None:
-        """Hold rows [0, rows) (fewer: unmap the chunks no held row uses; call it with the device idle)."""
+        """Hold rows [0, rows) (fewer: unmap the extents no held row uses; call it with the device idle)."""
         rows = min(rows, self.tail_from)
         if rows > self.backed:
             self._map(self._chunks(self.backed, rows))
             self.tensor[self.backed : rows].zero_()
         elif rows < self.backed:
             torch.cuda.synchronize(self.device)
-            self._unmap(set(self._chunks(rows, self.backed)) - set(self._chunks(0, rows)) - self.tail)
+            self._unmap(self._mapped() - set(self._chunks(0, rows)) - self.tail)
         self.backed = rows
 
     @property
     def reserved_bytes(self) -> int:
-        return len(self.handles) * self.chunk
+        return sum(count for count, _ in self.extents.values()) * self.chunk
 
     def release(self) -> None:
         torch.cuda.synchronize(self.device)
         self.tensor = torch.zeros(0, device=self.device)
-        self._unmap(list(self.handles))
+        self._unmap(self._mapped())
         self.driver("cuMemAddressFree", ctypes.c_uint64(self.address), ctypes.c_size_t(self.size))
         self.backed = 0
 

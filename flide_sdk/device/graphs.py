@@ -1,19 +1,19 @@
-"""CUDA-graph execution of rounds: one captured forward per capacity, fed from pinned staging buffers.
+"""CUDA-graph execution of rounds: captured forwards per capacity, fed from pinned staging buffers.
 
-The model's forward is captured once per capacity of the ladder (`capacity.py`), one capacity per
+The model's forward is captured for each capacity of the ladder (`capacity.py`), one capacity per
 `capture_next` call in `capture_order`, all in one memory pool (only one graph runs at a time): the round
 thread captures between rounds while the engine already serves, rounds that fit no captured capacity yet
 running eagerly as their graph would (`run_eagerly`: the same staging and kernels). Each graph reads its round
-from views of ONE device int64 buffer, laid out per capacity (`StagingLayout`), and writes the label
-probabilities into one device tensor. A round is launched by staging its host arrays straight into a pinned
-staging buffer, one non-blocking copy of it into the device buffer, the replay, and one non-blocking copy of
-the probabilities into a pinned readback buffer; `Launch.wait()` later synchronises on an event recorded
-after it. Two staging/readback buffer pairs alternate, so the host can build round k+1 while the device still
-runs round k (docs/decisions/round-planning.md); the copies sit outside the graph, so one graph per capacity
-serves both pairs. The staging buffer holds a round's staged form (`RoundPlan.stage`): the arrays that grow
-with the stream (token rows, conv sources, chunk tables, save windows) come as a piece table, chunk spans and
-save tokens, which the graph's first kernel expands into device arrays of their own (`device_round`,
-`kernels.round_metadata`).
+from views of ONE device int64 buffer, laid out per capacity (`StagingLayout`). A round is launched by staging
+its host arrays straight into a pinned staging buffer and one replay, which copies that buffer into the device
+buffer, runs the forward and copies the label probabilities into a pinned readback buffer; `Launch.wait()`
+later synchronises on an event recorded after it. Two staging/readback buffer pairs alternate, so the host can
+build round k+1 while the device still runs round k (docs/decisions/round-planning.md): a capacity has one graph
+per pair, the copies inside it (a launch is one call; the pair's second graph takes capture time, not memory:
+it reuses the first one's blocks of the pool). The staging buffer holds a round's staged form
+(`RoundPlan.stage`): the arrays that grow with the stream (token rows, conv sources, chunk tables, save windows)
+come as a piece table, chunk spans and save tokens, which the graph's first kernel expands into device arrays
+of their own (`device_round`, `kernels.round_metadata`).
 """
 
 from __future__ import annotations
@@ -97,11 +97,9 @@ def placeholder_round(conv_kernel: int, rows: StateRows, kv_sink: int) -> HostRo
 
 @dataclass
 class _Captured:
-    graph: torch.cuda.CUDAGraph  # the forward, from the device buffer to `output`
-    output: torch.Tensor  # the graph's [questions, labels] probabilities on the device
+    graphs: list[torch.cuda.CUDAGraph]  # per buffer pair: staging buffer -> forward -> readback buffer
     host_views: list[dict[str, np.ndarray]]  # per pinned staging buffer
-    readback: list[torch.Tensor]  # per pinned readback buffer: its [questions, labels] head
-    probabilities: list[np.ndarray]  # the same memory, as arrays
+    probabilities: list[np.ndarray]  # per pinned readback buffer: its [questions, labels] head
 
 
 class Launch:
@@ -131,7 +129,7 @@ class Launch:
 
 @dataclass(frozen=True)
 class CaptureReport:
-    graphs: int
+    capacities: int  # capacities captured (each with a graph per buffer pair)
     seconds: float
     memory_bytes: int
 
@@ -210,9 +208,9 @@ class GraphRunner:
         return probabilities[: plan.num_questions].cpu().numpy()
 
     def capture_next(self) -> CaptureReport:
-        """Capture the next pending capacity's graph on a placeholder round, in the runner's one memory pool
-        (only one graph runs at a time). Call it with no round in flight; rounds that fit no captured capacity
-        meanwhile run eagerly (`launch` returns None)."""
+        """Capture the next pending capacity's graphs (one per buffer pair) on a placeholder round, in the
+        runner's one memory pool (only one graph runs at a time). Call it with no round in flight; rounds that
+        fit no captured capacity meanwhile run eagerly (`launch` returns None)."""
         capacity = self.pending[0]
         torch.cuda.synchronize(self.device)
         # the memory a graph adds is its pool's: the warm-up's blocks (and the eager rounds' before it) are
@@ -238,21 +236,24 @@ class GraphRunner:
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
         torch.cuda.empty_cache()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            expand()
-            output = self.model(rnd, self.ops, self.caches)
-        torch.cuda.synchronize(self.device)
         size = capacity.questions * capacity.labels
         readback = [buffer[:size].view(capacity.questions, capacity.labels) for buffer in self._readback]
-        self._captured[capacity] = _Captured(graph, output, host_views, readback,
-                                             [view.numpy() for view in readback])
+        graphs = []
+        for buffer in range(BUFFERS):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._copy_in(buffer, capacity)
+                expand()
+                readback[buffer].copy_(self.model(rnd, self.ops, self.caches), non_blocking=True)
+            graphs.append(graph)
+        torch.cuda.synchronize(self.device)
+        self._captured[capacity] = _Captured(graphs, host_views, [view.numpy() for view in readback])
         self._pending.remove(capacity)
         return CaptureReport(1, time.perf_counter() - started, torch.cuda.memory_reserved(self.device) - reserved)
 
     def launch(self, plan: RoundPlan) -> Launch | None:
-        """Stage, copy and replay a round on the smallest graph it fits; None if that one is not captured (or
-        there is none): run it eagerly (`run_eagerly`)."""
+        """Stage a round and replay the smallest capacity's graph it fits (its copies in and out included); None
+        if that one is not captured (or there is none): run it eagerly (`run_eagerly`)."""
         capacity = choose(self.ladder, plan)
         if capacity is None or capacity not in self._captured:
             return None
@@ -264,9 +265,7 @@ class GraphRunner:
         padded = time.perf_counter()
         events = self._events[buffer]
         events[0].record()
-        self._copy_in(buffer, capacity)
-        captured.graph.replay()
-        captured.readback[buffer].copy_(captured.output, non_blocking=True)
+        captured.graphs[buffer].replay()
         events[1].record()
         self._replayed[buffer] = events[1]
         replayed = time.perf_counter()

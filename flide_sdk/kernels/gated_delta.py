@@ -373,19 +373,120 @@ def level_groups(levels: list[DeltaLevel]) -> list[list[DeltaLevel]]:
 
 
 TABLE_ALIGN = 256  # bytes: where each work table starts in their one allocation
+Tables = list[tuple[tuple[int, ...], torch.dtype]]  # shapes and dtypes of work tables
 
 
-def one_allocation(device: torch.device, tables: list[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
-    """Empty tensors of these shapes and dtypes, views of one allocation (each TABLE_ALIGN-aligned): one block,
-    in which a smaller round's tables (a smaller graph's) fit once a larger one's are freed, where a dozen blocks
-    of other sizes would not."""
-    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in tables]
+def _table_starts(tables: Tables) -> list[int]:
+    """Each table's byte offset in one allocation (each TABLE_ALIGN-aligned), and the allocation's size last."""
     starts = [0]
-    for size in sizes:
-        starts.append(starts[-1] + -(-size // TABLE_ALIGN) * TABLE_ALIGN)
-    flat = torch.empty(starts[-1], dtype=torch.uint8, device=device)
-    return [flat[start : start + size].view(dtype).view(shape)
-            for (shape, dtype), start, size in zip(tables, starts, sizes)]
+    for shape, dtype in tables:
+        starts.append(starts[-1] + -(-math.prod(shape) * dtype.itemsize // TABLE_ALIGN) * TABLE_ALIGN)
+    return starts
+
+
+def carve(flat: torch.Tensor, tables: Tables) -> list[torch.Tensor]:
+    """Empty tensors of these shapes and dtypes, views of the uint8 buffer `flat` (at least their size)."""
+    starts = _table_starts(tables)
+    if flat.numel() < starts[-1]:
+        raise ValueError(f"a workspace of {flat.numel()} bytes is smaller than the {starts[-1]} the tables take")
+    return [flat[start : start + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+            for (shape, dtype), start in zip(tables, starts)]
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """A config resolved for a device and head dimensions (`_settings`)."""
+
+    chunk_programs: int
+    scan_programs: int
+    bv: int  # the scan's V tile and split
+    split: int
+    obv: int  # the output kernel's V tile
+    store: torch.dtype
+    fused_trunks: int  # -1: no round is fused (`fused_round`)
+    helpers: int
+
+
+def _settings(c: GatedDeltaConfig, device: torch.device, dtype: torch.dtype, v_heads: int, dk: int,
+              dv: int) -> _Settings:
+    for name, dim in (("Dk", dk), ("Dv", dv)):
+        if dim < 16 or dim & (dim - 1):
+            raise ValueError(f"{name} = {dim} must be a power of two >= 16")
+    default_programs = PROGRAMS_PER_SM * multiprocessors(device)
+    chunk_programs = default_programs if c.chunk_programs is None else c.chunk_programs
+    scan_programs = default_programs if c.scan_programs is None else c.scan_programs
+    if chunk_programs < 1 or scan_programs < 1:
+        raise ValueError("chunk_programs and scan_programs must be positive")
+    sub_block = c.sub_block
+    if sub_block < 16 or sub_block & (sub_block - 1) or GDN_CHUNK % sub_block:
+        raise ValueError(f"sub_block = {sub_block} must be a power of two in [16, {GDN_CHUNK}]")
+    min_tile = 32 if device.type == "cuda" else 16
+    bv = min(c.block_v, dv)
+    split = min(c.split_v or dv, dv // max(bv, 1))
+    if bv < min_tile or bv & (bv - 1) or split < 1 or dv % (bv * split):
+        raise ValueError(f"block_v = {bv} and split_v = {split} do not tile Dv = {dv}")
+    obv = min(c.out_block_v, dv)
+    if obv < min_tile or obv & (obv - 1):
+        raise ValueError(f"out_block_v = {obv} does not tile Dv = {dv}")
+    store = c.store_dtype or dtype
+    fused_trunks = c.fused_trunks
+    if fused_trunks is None:  # as many trunks as the fused scan runs in one wave of programs (one per multiprocessor)
+        fused_trunks = multiprocessors(device) // (v_heads * split)
+    # with 4-byte storage the fused scan's tiles pass the H200's shared memory (238 KB of 227 at 3 stages)
+    fusing = fused_trunks > 0 and (store.itemsize <= 2 or device.type != "cuda")
+    # programs of the fused trunk scan that may prep branch rows beside a lone trunk: the multiprocessors it leaves
+    helpers = max(0, multiprocessors(device) - v_heads * split) if c.scan_helpers is None else c.scan_helpers
+    if helpers < 0 or c.helper_steps < 1:
+        raise ValueError("scan_helpers must be >= 0 and helper_steps >= 1")
+    return _Settings(chunk_programs, scan_programs, bv, split, obv, store, fused_trunks if fusing else -1, helpers)
+
+
+@dataclass(frozen=True)
+class _WorkTables:
+    """The work tables of one group of levels (`level_groups`) and the launch sizes they follow from."""
+
+    stacked: StackedRows
+    prep_programs: int
+    helping: bool  # whether the fused trunk scan's spare programs prep branch rows (`branch_rows_aside`)
+    tables: Tables  # w, u, a, k_rows, q_rows, q_gate, k_gate, decay, system, h, v_new
+
+
+def _work_tables(s: _Settings, c: GatedDeltaConfig, levels: list[DeltaLevel], total: int, v_heads: int, dk: int,
+                 dv: int, dtype: torch.dtype) -> _WorkTables:
+    table_segments = [level.init_row.shape[0] for level in levels]
+    stacked = stacked_rows(total, [level.chunk_tokens.shape[0] for level in levels], table_segments)
+    chunks, chunk = stacked.rows, GDN_CHUNK
+    fusing = s.fused_trunks > 0
+    # the fused trunk scan's programs past a lone trunk's prep branch rows (`branch_rows_aside`); none unless
+    # it has some (its segment slots past the first) and the trunk leaves multiprocessors idle
+    trunk_slots = min(table_segments[0], max(1, s.scan_programs // (v_heads * s.split)))
+    helping = fusing and trunk_slots > 1 and s.helpers > 0
+    prep_programs = min(chunks, max(1, s.chunk_programs // v_heads))
+    # the prep's [L, L] float32 scratch per program (whole-chunk doubling needs none), the scan's helpers' too
+    scratch = max(prep_programs, s.split * trunk_slots if helping else 0) * v_heads if c.sub_block < chunk else 1
+    later = max(1, stacked.later_rows)
+    f32 = torch.float32
+    return _WorkTables(stacked, prep_programs, helping, [
+        ((chunks, v_heads, chunk, dk), s.store), ((chunks, v_heads, chunk, dv), s.store),
+        ((chunks, v_heads, chunk, chunk), s.store), ((chunks, v_heads, chunk, dk), dtype),
+        # the query rows only a fused scan reads (unfused: the prep's masked store never writes them)
+        ((max(1, stacked.trunk_rows) if fusing else 0, v_heads, chunk, dk), dtype),
+        ((chunks, v_heads, chunk), f32), ((chunks, v_heads, chunk), f32), ((chunks, v_heads), f32),
+        ((scratch, chunk, chunk), f32),
+        # written by the unfused scan for every chunk of a segment past its first: the state at the chunk's
+        # start and v_new = U - W S; one level after the other (a level starts from states the previous wrote)
+        ((later, v_heads, dk, dv), s.store), ((later, v_heads, chunk, dv), s.store)])
+
+
+def delta_workspace(plan: DeltaPlan, tokens: int, v_heads: int, dk: int, dv: int, dtype: torch.dtype,
+                    device: torch.device, *, config: GatedDeltaConfig = GATED_DELTA) -> DeltaPlan:
+    """The plan with the work tables of every `gated_delta_triton` call over it (a forward's layers, one after the
+    other) in one allocation, made once: a layer's tables then never take a block another layer's activations
+    were put in, so a captured graph's pool holds them once."""
+    s = _settings(config, device, dtype, v_heads, dk, dv)
+    size = max((_table_starts(_work_tables(s, config, levels, tokens, v_heads, dk, dv, dtype).tables)[-1]
+                for levels in level_groups(plan.levels)), default=0)
+    return replace(plan, workspace=torch.empty(size, dtype=torch.uint8, device=device))
 
 
 def gated_delta_triton(
@@ -409,71 +510,31 @@ def gated_delta_triton(
     c = config
     total, v_heads, dv = v.shape
     k_heads, dk = k.shape[1], k.shape[2]
-    for name, dim in (("Dk", dk), ("Dv", dv)):
-        if dim < 16 or dim & (dim - 1):
-            raise ValueError(f"{name} = {dim} must be a power of two >= 16")
     if states.dtype != torch.float32 or states.stride(-1) != 1:
         raise ValueError("the state table must be float32 with a unit last stride")
-    default_programs = PROGRAMS_PER_SM * multiprocessors(q.device)
-    chunk_programs = default_programs if c.chunk_programs is None else c.chunk_programs
-    scan_programs = default_programs if c.scan_programs is None else c.scan_programs
-    if chunk_programs < 1 or scan_programs < 1:
-        raise ValueError("chunk_programs and scan_programs must be positive")
-    sub_block = c.sub_block
-    if sub_block < 16 or sub_block & (sub_block - 1) or GDN_CHUNK % sub_block:
-        raise ValueError(f"sub_block = {sub_block} must be a power of two in [16, {GDN_CHUNK}]")
-    min_tile = 32 if q.is_cuda else 16
-    bv = min(c.block_v, dv)
-    split = min(c.split_v or dv, dv // max(bv, 1))
-    if bv < min_tile or bv & (bv - 1) or split < 1 or dv % (bv * split):
-        raise ValueError(f"block_v = {bv} and split_v = {split} do not tile Dv = {dv}")
-    obv = min(c.out_block_v, dv)
-    if obv < min_tile or obv & (obv - 1):
-        raise ValueError(f"out_block_v = {obv} does not tile Dv = {dv}")
-    store = c.store_dtype or q.dtype
-    fused_trunks = c.fused_trunks
-    if fused_trunks is None:  # as many trunks as the fused scan runs in one wave of programs (one per multiprocessor)
-        fused_trunks = multiprocessors(q.device) // (v_heads * split)
-    # with 4-byte storage the fused scan's tiles pass the H200's shared memory (238 KB of 227 at 3 stages)
-    fusing = fused_trunks > 0 and (store.itemsize <= 2 or not q.is_cuda)
-    fused_trunks = fused_trunks if fusing else -1  # -1: no round is fused (`fused_round`)
-    # programs of the fused trunk scan that may prep branch rows beside a lone trunk: the multiprocessors it leaves
-    helpers = max(0, multiprocessors(q.device) - v_heads * split) if c.scan_helpers is None else c.scan_helpers
-    if helpers < 0 or c.helper_steps < 1:
-        raise ValueError("scan_helpers must be >= 0 and helper_steps >= 1")
+    settings = _settings(c, q.device, q.dtype, v_heads, dk, dv)
+    bv, split, obv, fused_trunks = settings.bv, settings.split, settings.obv, settings.fused_trunks
+    fusing, helpers, sub_block = fused_trunks > 0, settings.helpers, c.sub_block
+    scan_programs, chunk_programs = settings.scan_programs, settings.chunk_programs
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     chunk = GDN_CHUNK
     group = v_heads // k_heads
     for levels in level_groups(plan.levels):
+        work = _work_tables(settings, c, levels, total, v_heads, dk, dv, q.dtype)
         table_segments = [level.init_row.shape[0] for level in levels]
-        stacked = stacked_rows(total, [level.chunk_tokens.shape[0] for level in levels], table_segments)
-        chunks = stacked.rows
+        chunks = work.stacked.rows
         sizes = [level.sizes for level in levels]
         if chunks == 0:
             continue
         tokens = [level.chunk_tokens for level in levels]
         chained = levels[1].chained
-        # the fused trunk scan's programs past a lone trunk's prep branch rows (`branch_rows_aside`); none unless
-        # it has some (its segment slots past the first) and the trunk leaves multiprocessors idle
-        trunk_slots = min(table_segments[0], max(1, scan_programs // (v_heads * split)))
-        helping = fusing and trunk_slots > 1 and helpers > 0
-        prep_programs = min(chunks, max(1, chunk_programs // v_heads))
-        # the prep's [L, L] float32 scratch per program (whole-chunk doubling needs none), the scan's helpers' too
-        scratch = max(prep_programs, split * trunk_slots if helping else 0) * v_heads if sub_block < chunk else 1
-        later = max(1, stacked.later_rows)
-        f32 = torch.float32
-        w, u, a, k_rows, q_rows, q_gate, k_gate, decay, system, h, v_new = one_allocation(q.device, [
-            ((chunks, v_heads, chunk, dk), store), ((chunks, v_heads, chunk, dv), store),
-            ((chunks, v_heads, chunk, chunk), store), ((chunks, v_heads, chunk, dk), k.dtype),
-            # the query rows only a fused scan reads (unfused: the prep's masked store never writes them)
-            ((max(1, stacked.trunk_rows) if fusing else 0, v_heads, chunk, dk), q.dtype),
-            ((chunks, v_heads, chunk), f32), ((chunks, v_heads, chunk), f32), ((chunks, v_heads), f32),
-            ((scratch, chunk, chunk), f32),
-            # written by the unfused scan for every chunk of a segment past its first: the state at the chunk's
-            # start and v_new = U - W S; one level after the other (a level starts from states the previous wrote)
-            ((later, v_heads, dk, dv), store), ((later, v_heads, chunk, dv), store)])
+        helping, prep_programs = work.helping, work.prep_programs
+        flat = plan.workspace
+        if flat is None:  # a call outside a forward (`delta_workspace`): tables of its own
+            flat = torch.empty(_table_starts(work.tables)[-1], dtype=torch.uint8, device=q.device)
+        w, u, a, k_rows, q_rows, q_gate, k_gate, decay, system, h, v_new = carve(flat, work.tables)
         q_rows = q_rows if fusing else k_rows
         prep_constants = {"GROUP": group, "SUB": sub_block, "LOG2_SUB": sub_block.bit_length() - 1,
                           "COLS": min(dk, dv, 64)}

@@ -93,6 +93,9 @@ class DeltaLevel:
 class DeltaPlan:
     levels: list[DeltaLevel]
     num_rows: int  # rows of the standalone state table the plan was made for (StateRows.num_rows)
+    # the Gated DeltaNet kernels' work tables, one uint8 allocation made once per forward pass by its caller
+    # (`kernels.gated_delta.delta_workspace`) and shared by its layers; None: each call allocates its own
+    workspace: torch.Tensor | None = field(default=None, repr=False)
 
 
 class RoundMetadata(NamedTuple):

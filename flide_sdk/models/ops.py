@@ -45,6 +45,10 @@ class Ops:
     gated_delta: Callable[
         [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, DeltaPlan, torch.Tensor], torch.Tensor
     ]
+    delta_workspace: Callable[[DeltaPlan, int, int, int, int, torch.dtype, torch.device], DeltaPlan]
+    """(plan, stream tokens, value heads, key dim, value dim, q/k/v dtype, device) -> the plan with what
+    `gated_delta` needs once per forward pass (the kernel's work tables in one allocation; the reference needs
+    none: the plan itself)."""
     gdn_front: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     """(qkv [T, C], a, b [T, H], conv weight [C, K], A_log, dt_bias [H], window arena [S, K-1, C], resume_slots,
     conv src [T, K], save_slots, save src [n, K-1]) -> (silu(indexed conv) [T, C], g, beta float32 [T, H]),
@@ -66,7 +70,7 @@ class Ops:
     row's label logits (float32 dot products) [R, L]."""
 
 
-def _plan_itself(plan: AttentionPlan, *_: object) -> AttentionPlan:
+def _plan_itself(plan: AttentionPlan | DeltaPlan, *_: object) -> AttentionPlan | DeltaPlan:
     return plan
 
 
@@ -74,6 +78,7 @@ reference_ops = Ops(
     fork_attention=fork_attention_reference,
     attention_tiles=_plan_itself,
     gated_delta=gated_delta_reference,
+    delta_workspace=_plan_itself,
     gdn_front=gdn_front_reference,
     attention_front=attention_front_reference,
     rms_norm=rms_norm_reference,
@@ -88,7 +93,7 @@ def kernel_ops() -> Ops:
     """The Triton kernels (used on CUDA; on CPU they run only under TRITON_INTERPRET=1, for tests)."""
     from flide_sdk.kernels.attention_front import attention_front_triton
     from flide_sdk.kernels.fork_attention import attention_tiles, fork_attention_triton
-    from flide_sdk.kernels.gated_delta import gated_delta_triton
+    from flide_sdk.kernels.gated_delta import delta_workspace, gated_delta_triton
     from flide_sdk.kernels.gdn_front import gdn_front_triton
     from flide_sdk.kernels.label_softmax import label_softmax_triton
     from flide_sdk.kernels.rms_norm import (
@@ -102,6 +107,7 @@ def kernel_ops() -> Ops:
         fork_attention=fork_attention_triton,
         attention_tiles=attention_tiles,
         gated_delta=gated_delta_triton,
+        delta_workspace=delta_workspace,
         gdn_front=gdn_front_triton,
         attention_front=attention_front_triton,
         rms_norm=rms_norm_triton,

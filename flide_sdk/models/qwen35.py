@@ -306,6 +306,11 @@ class Qwen35Model(nn.Module):
             readout = rnd.readout.rows if self.layers[-1].is_attention else None
             attention = ops.attention_tiles(rnd.attention, readout, c.num_heads, c.num_kv_heads, embedded.dtype)
             rnd = dataclasses.replace(rnd, attention=attention)
+        if not all(layer.is_attention for layer in self.layers):
+            c = self.config
+            delta = ops.delta_workspace(rnd.delta, embedded.shape[0], c.gdn_value_heads, c.gdn_key_dim,
+                                        c.gdn_value_dim, embedded.dtype, embedded.device)
+            rnd = dataclasses.replace(rnd, delta=delta)
         rope = self.rope_tables(embedded.dtype)
         x = embedded.to(self.residual_dtype)
         last = len(self.layers) - 1

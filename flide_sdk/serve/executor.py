@@ -182,7 +182,7 @@ class Executor:
                         len(graphs.ladder) - len(graphs.pending), exc_info=True)
             graphs.give_up()
         else:
-            self.stats.add(graphs_captured=report.graphs, capture_seconds=report.seconds,
+            self.stats.add(graphs_captured=report.capacities, capture_seconds=report.seconds,
                            graph_memory_bytes=report.memory_bytes)
             counts = self.stats.snapshot()
             self.startup.graph_captured(graphs.captured, len(graphs.ladder), counts["capture_seconds"],
