@@ -172,11 +172,14 @@ class VirtualArena:
         return sum(count for count, _ in self.extents.values()) * self.chunk
 
     def release(self) -> None:
+        """Unmap everything and free the address range (once: a second call does nothing)."""
+        if self.address is None:
+            return
         torch.cuda.synchronize(self.device)
         self.tensor = torch.zeros(0, device=self.device)
         self._unmap(self._mapped())
         self.driver("cuMemAddressFree", ctypes.c_uint64(self.address), ctypes.c_size_t(self.size))
-        self.backed = 0
+        self.address, self.backed = None, 0
 
 
 Arena = PlainArena | VirtualArena
