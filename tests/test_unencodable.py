@@ -12,7 +12,7 @@ import pytest
 import flide_sdk as fl
 from flide_sdk.questions import surrogate_at
 
-from .conftest import answer_probabilities
+from .conftest import TOLERANCE, answer_probabilities
 
 BAD = b"tool said \xff\xfe then".decode("utf-8", "surrogateescape")  # lone surrogates at 10 and 11
 QUESTIONS = {"q": fl.Noul("Did the tool fail?")}
@@ -70,8 +70,10 @@ def test_refused_appends_leave_the_session_answering_exactly(engine):
         again = session.ask_sync(QUESTIONS)  # the refused append left nothing behind
         state = first if isinstance(first, str) else [first]
         alone = engine.ask_sync(state, QUESTIONS)
+        # the same state: a resumed trunk and a fresh one agree to float32 rounding (bits only in issue 32's mode)
         for answers in (again, alone):
-            assert np.array_equal(answer_probabilities(answers["q"]), answer_probabilities(before["q"]))
+            gap = np.abs(answer_probabilities(answers["q"]) - answer_probabilities(before["q"])).max()
+            assert gap <= TOLERANCE
         session.append(" and they passed" if isinstance(first, str) else {"role": "tool", "content": "ok"})
         session.ask_sync(QUESTIONS)
 
