@@ -117,7 +117,7 @@ def test_stacked_tables_hold_every_real_row_of_a_capacity():
     ladder = capacity_ladder(4)
     rounds = [[RequestSpec.of(rng.integers(0, 99, 64 * n + 1), [rng.integers(0, 99, 1)] * 15, [np.array([1, 2])] * 15)
                for n in range(1, 9)],
-              [RequestSpec.of(rng.integers(0, 99, 1), [rng.integers(0, 99, 1)] * 380, [np.array([1, 2])] * 380)]]
+              [RequestSpec.of(rng.integers(0, 99, 1), [rng.integers(0, 99, 1)] * 250, [np.array([1, 2])] * 250)]]
     rounds += [make_requests(seed, [(int(n), 0, int(n) // 2 or None) for n in rng.integers(1, 400, 6)])
                for seed in range(20)]
     for requests in rounds:

@@ -31,7 +31,7 @@ TOKENS_PER_REQUEST = 64  # requests capacity = T / this (at least MIN_REQUESTS)
 TOKENS_PER_QUESTION = 16  # questions capacity = T / this, in [MIN_QUESTIONS, MAX_QUESTIONS]
 # at most MAX_QUESTIONS: a question's branch takes a Gated DeltaNet chunk row of its own, whose work tables make
 # most of a large graph's memory (docs/decisions/start-up.md)
-MIN_REQUESTS, MIN_QUESTIONS, MAX_QUESTIONS = 4, 16, 384
+MIN_REQUESTS, MIN_QUESTIONS, MAX_QUESTIONS = 4, 16, 256
 FIRST_RUNGS_TOKENS = 1024  # graphs captured smallest first up to here, then largest first (`capture_order`)
 
 
