@@ -399,6 +399,7 @@ class _Settings:
 
     chunk_programs: int
     scan_programs: int
+    sub_block: int
     bv: int  # the scan's V tile and split
     split: int
     obv: int  # the output kernel's V tile
@@ -438,7 +439,8 @@ def _settings(c: GatedDeltaConfig, device: torch.device, dtype: torch.dtype, v_h
     helpers = max(0, multiprocessors(device) - v_heads * split) if c.scan_helpers is None else c.scan_helpers
     if helpers < 0 or c.helper_steps < 1:
         raise ValueError("scan_helpers must be >= 0 and helper_steps >= 1")
-    return _Settings(chunk_programs, scan_programs, bv, split, obv, store, fused_trunks if fusing else -1, helpers)
+    return _Settings(chunk_programs, scan_programs, sub_block, bv, split, obv, store, fused_trunks if fusing else -1,
+                     helpers)
 
 
 @dataclass(frozen=True)
@@ -451,8 +453,8 @@ class _WorkTables:
     tables: Tables  # w, u, a, k_rows, q_rows, q_gate, k_gate, decay, system, h, v_new
 
 
-def _work_tables(s: _Settings, c: GatedDeltaConfig, levels: list[DeltaLevel], total: int, v_heads: int, dk: int,
-                 dv: int, dtype: torch.dtype) -> _WorkTables:
+def _work_tables(s: _Settings, levels: list[DeltaLevel], total: int, v_heads: int, dk: int, dv: int,
+                 dtype: torch.dtype) -> _WorkTables:
     table_segments = [level.init_row.shape[0] for level in levels]
     stacked = stacked_rows(total, [level.chunk_tokens.shape[0] for level in levels], table_segments)
     chunks, chunk = stacked.rows, GDN_CHUNK
@@ -463,7 +465,7 @@ def _work_tables(s: _Settings, c: GatedDeltaConfig, levels: list[DeltaLevel], to
     helping = fusing and trunk_slots > 1 and s.helpers > 0
     prep_programs = min(chunks, max(1, s.chunk_programs // v_heads))
     # the prep's [L, L] float32 scratch per program (whole-chunk doubling needs none), the scan's helpers' too
-    scratch = max(prep_programs, s.split * trunk_slots if helping else 0) * v_heads if c.sub_block < chunk else 1
+    scratch = max(prep_programs, s.split * trunk_slots if helping else 0) * v_heads if s.sub_block < chunk else 1
     later = max(1, stacked.later_rows)
     f32 = torch.float32
     return _WorkTables(stacked, prep_programs, helping, [
@@ -484,7 +486,7 @@ def delta_workspace(plan: DeltaPlan, tokens: int, v_heads: int, dk: int, dv: int
     other) in one allocation, made once: a layer's tables then never take a block another layer's activations
     were put in, so a captured graph's pool holds them once."""
     s = _settings(config, device, dtype, v_heads, dk, dv)
-    size = max((_table_starts(_work_tables(s, config, levels, tokens, v_heads, dk, dv, dtype).tables)[-1]
+    size = max((_table_starts(_work_tables(s, levels, tokens, v_heads, dk, dv, dtype).tables)[-1]
                 for levels in level_groups(plan.levels)), default=0)
     return replace(plan, workspace=torch.empty(size, dtype=torch.uint8, device=device))
 
@@ -514,7 +516,7 @@ def gated_delta_triton(
         raise ValueError("the state table must be float32 with a unit last stride")
     settings = _settings(c, q.device, q.dtype, v_heads, dk, dv)
     bv, split, obv, fused_trunks = settings.bv, settings.split, settings.obv, settings.fused_trunks
-    fusing, helpers, sub_block = fused_trunks > 0, settings.helpers, c.sub_block
+    fusing, helpers, sub_block = fused_trunks > 0, settings.helpers, settings.sub_block
     scan_programs, chunk_programs = settings.scan_programs, settings.chunk_programs
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -522,7 +524,7 @@ def gated_delta_triton(
     chunk = GDN_CHUNK
     group = v_heads // k_heads
     for levels in level_groups(plan.levels):
-        work = _work_tables(settings, c, levels, total, v_heads, dk, dv, q.dtype)
+        work = _work_tables(settings, levels, total, v_heads, dk, dv, q.dtype)
         table_segments = [level.init_row.shape[0] for level in levels]
         chunks = work.stacked.rows
         sizes = [level.sizes for level in levels]
