@@ -3,12 +3,15 @@
     PYTHONPATH=$PWD python benchmarks/ab.py --before .ab/before --after . --model-size 0.8B
     PYTHONPATH=$PWD python benchmarks/ab.py --before .ab/before --after . --tiny        (CPU smoke test)
 
-Two worker processes, one per tree (each imports `flide_sdk` from its tree and uses only the public API),
-load the same checkpoint; the driver sends them the same workloads in alternating blocks (ABBA order), one
-worker busy at a time. Workloads: W1 (a ~2,000-token unique state, Q = 1, 4, 16, 64 yes/no questions, lone
-asks), RACE lone asks, RACE with 64 concurrent clients (requests/s), and an agent session replayed to its step
-nearest 13,000 prompt tokens. Reported per workload: the median over blocks of each block's median (or rate)
-and the ratio after / before, with the median per-round stage times each tree counts (`engine.stats()`).
+Worker processes, `--replicas` per tree (each imports `flide_sdk` from its tree and uses only the public
+API), load the same checkpoint; the driver sends them the same workloads in alternating blocks (ABBA order over
+the trees, each tree's replicas in turn), one worker busy at a time. A tree's value in a block is the mean of its
+replicas' values, so what one process happens to get (its cores, its memory layout) weighs less; the spread
+between the replicas of one tree (an A/A ratio) is reported as the noise floor. Workloads: W1 (a ~2,000-token
+unique state, Q = 1, 4, 16, 64 yes/no questions, lone asks), RACE lone asks, RACE with 64 concurrent clients
+(requests/s), and an agent session replayed to its step nearest 13,000 prompt tokens. Reported per workload: the
+median over blocks and the ratio after / before, with the median per-round stage times each tree counts
+(`engine.stats()`).
 """
 
 from __future__ import annotations
@@ -182,6 +185,7 @@ def main() -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--pool-bytes", type=int, default=8 << 30)
     parser.add_argument("--blocks", type=int, default=6)
+    parser.add_argument("--replicas", type=int, default=2, help="worker processes per tree")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "ab.json")
     args = parser.parse_args()
     if args.worker:
@@ -202,41 +206,54 @@ def main() -> None:
     logs = args.out.parent
     logs.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    workers = {name: Worker(tree, checkpoint, device, args.pool_bytes, logs / f"ab-{name}.log")
-               for name, tree in sides.items()}
-    for w in workers.values():
-        w.ready()
-    print(f"[{time.perf_counter() - started:7.1f} s] both workers ready", file=sys.stderr, flush=True)
-    results: dict[str, dict[str, list[float]]] = {name: {} for name in sides}
+    workers = {name: [Worker(tree, checkpoint, device, args.pool_bytes, logs / f"ab-{name}{r}.log")
+                      for r in range(args.replicas)] for name, tree in sides.items()}
+    for replicas in workers.values():
+        for w in replicas:
+            w.ready()
+    print(f"[{time.perf_counter() - started:7.1f} s] all workers ready", file=sys.stderr, flush=True)
+    # per tree and workload, one list per replica of each block's value; stages and memory of the first replica
+    results: dict[str, dict[str, list[list[float]]]] = {name: {} for name in sides}
     stages: dict[str, dict[str, list[dict]]] = {name: {} for name in sides}  # per block, ms per round
     memory: dict[str, dict[str, dict]] = {name: {} for name in sides}  # after each workload's last block
     differences: dict[str, float] = {}  # lone workloads: max |dp| between the trees' answers (bf16 rounding)
-    for block in range(args.blocks + 1):  # block 0 warms both up (compiles, first shapes) and is not counted
+    for block in range(args.blocks + 1):  # block 0 warms every worker up (compiles, first shapes), not counted
         commands = workloads(block)
         order = list(sides) if block % 2 else list(reversed(sides))
         for key, command in commands.items():
             answers = {}
             for name in order:
-                answer = answers[name] = workers[name].run(command)
-                if block:
-                    results[name].setdefault(key, []).append(next(iter(answer.values())))
-                    stages[name].setdefault(key, []).append(answer["stages_ms"])
-                    memory[name][key] = answer.get("memory")
+                replicas = range(args.replicas) if block % 2 else reversed(range(args.replicas))
+                for r in replicas:
+                    answer = workers[name][r].run(command)
+                    answers.setdefault(name, answer)
+                    if block:
+                        per_replica = results[name].setdefault(key, [[] for _ in range(args.replicas)])
+                        per_replica[r].append(next(iter(answer.values())))
+                        if r == 0:
+                            stages[name].setdefault(key, []).append(answer["stages_ms"])
+                            memory[name][key] = answer.get("memory")
             if all("probabilities" in a for a in answers.values()):
                 gap = max(abs(x - y) for x, y in zip(*(a["probabilities"] for a in answers.values()), strict=True))
                 differences[key] = max(differences.get(key, 0.0), gap)
         print(f"[{time.perf_counter() - started:7.1f} s] block {block}", file=sys.stderr, flush=True)
-    for w in workers.values():
-        w.close()
+    for replicas in workers.values():
+        for w in replicas:
+            w.close()
     print(f"max |dp| between the trees' answers: {json.dumps(differences)}", file=sys.stderr)
     summary = {}
     for key in results["after"]:
-        before, after = (statistics.median(results[name][key]) for name in ("before", "after"))
+        before, after = (statistics.median(statistics.fmean(values) for values in zip(*results[name][key]))
+                         for name in ("before", "after"))
         slower = after / before if key.endswith("_ms") else before / after  # > 1: the after tree is slower
+        # A/A: each tree's replicas against each other (the noise a single comparison carries)
+        spread = {name: statistics.median(values[-1]) / statistics.median(values[0])
+                  for name, values in ((name, results[name][key]) for name in sides) if len(values) > 1}
         summary[key] = {"before": before, "after": after, "after_over_before": after / before,
                         "slowdown": slower, "within_3_percent": slower <= 1.03, "within_5_percent": slower <= 1.05,
-                        "memory": {name: memory[name][key] for name in sides}}
-        print(f"{key:36s} before {before:9.3f}  after {after:9.3f}  slowdown {slower:6.3f}", file=sys.stderr)
+                        "replica_ratio": spread, "memory": {name: memory[name][key] for name in sides}}
+        print(f"{key:36s} before {before:9.3f}  after {after:9.3f}  slowdown {slower:6.3f}  replicas "
+              + " ".join(f"{name} {ratio:.3f}" for name, ratio in spread.items()), file=sys.stderr)
         for name in sides:
             means = {stage: statistics.median(block[stage] for block in stages[name][key])
                      for stage in stages[name][key][0]}
@@ -245,7 +262,7 @@ def main() -> None:
                   file=sys.stderr)
     result = {**run_metadata(" ".join(sys.argv)), "benchmark": "ab", "model_size": size,
               "before_commit": commit_of(args.before), "after_commit": commit_of(args.after),
-              "blocks": args.blocks, "summary": summary, "max_abs_probability_difference": differences,
+              "blocks": args.blocks, "replicas": args.replicas, "summary": summary, "max_abs_probability_difference": differences,
               "blocks_values": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
