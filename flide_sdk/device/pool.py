@@ -146,7 +146,7 @@ class CheckpointPool:
 
     @property
     def used_bytes(self) -> int:
-        pages_used = np.count_nonzero(self._page_refs)
+        pages_used = int(np.count_nonzero(self._page_refs))
         return len(self._lru) * self.slot_bytes + pages_used * self.page_bytes
 
     @property
