@@ -11,6 +11,7 @@ import time
 import pytest
 
 import flide_sdk as fl
+from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.executor import Launched
 from flide_sdk.serve.loop import IDLE_WORK_AFTER_S, RoundLoop
 from flide_sdk.serve.scheduler import RoundBatch, RoundLimits, schedule
@@ -149,12 +150,17 @@ def test_a_deadline_waits_for_more_asks(asker):
     loop.close()
 
 
-def test_a_bug_in_scheduling_closes_the_loop_and_fails_queued_asks(asker):
-    executor = FakeExecutor()
-    executor.fail_select = RuntimeError("admission bug")
+def submit_one(asker, executor: FakeExecutor) -> tuple[RoundLoop, Ask]:
     loop = run_loop(executor)
     ask = asker("state")
     loop.submit(ask)
+    return loop, ask
+
+
+def test_a_bug_in_scheduling_closes_the_loop_and_fails_queued_asks(asker):
+    executor = FakeExecutor()
+    executor.fail_select = RuntimeError("admission bug")
+    loop, ask = submit_one(asker, executor)
     with pytest.raises(fl.EngineClosedError, match="admission bug"):
         ask.future.result(10)
     assert loop.closed
@@ -165,9 +171,7 @@ def test_a_bug_in_scheduling_closes_the_loop_and_fails_queued_asks(asker):
 def test_a_bug_in_finishing_fails_that_round_only(asker):
     executor = FakeExecutor()
     executor.fail_finish = RuntimeError("finish bug")
-    loop = run_loop(executor)
-    ask = asker("state")
-    loop.submit(ask)
+    loop, ask = submit_one(asker, executor)
     with pytest.raises(RuntimeError, match="finish bug"):
         ask.future.result(10)
     executor.fail_finish = None

@@ -118,6 +118,23 @@ class Trunk:
         return bool(np.array_equal(ours, buffer.view(0, length)))
 
 
+
+def prompt_text(value: Any, what: str) -> str:
+    """`value` as it appears in a prompt: a string as is, anything else as JSON. InvalidStateError naming `what`
+    when it is not JSON-serializable or holds a lone surrogate, which no tokenizer can encode."""
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError) as error:
+            raise InvalidStateError(f"{what} must be a string or JSON-serializable: {error}") from None
+    found = unencodable(value, text)
+    if found is not None:
+        raise InvalidStateError(f"{what} holds a lone surrogate{found}; {UNENCODABLE_HINT}")
+    return text
+
+
 class History:
     """A state that grows by appends, tokenized incrementally; `snapshot()` gives the trunk of an ask."""
 
@@ -145,9 +162,7 @@ class History:
         if isinstance(item, str):
             if self.kind == "messages":
                 raise InvalidStateError("this session holds messages; append a dict with 'role' and 'content'")
-            found = unencodable(item)
-            if found is not None:
-                raise InvalidStateError(f"the appended text holds a lone surrogate{found}; {UNENCODABLE_HINT}")
+            prompt_text(item, "the appended text")
             self.kind = "text"
             self._pending += item
             self.appended_chars += len(item)
@@ -156,13 +171,7 @@ class History:
             raise InvalidStateError("append a string, or a message dict with 'role' and 'content'")
         if self.kind == "text":
             raise InvalidStateError("this session holds text; append strings, not messages")
-        try:
-            encoded = json.dumps(item, ensure_ascii=False)
-        except (TypeError, ValueError) as error:
-            raise InvalidStateError(f"the message is not JSON-serializable: {error}") from None
-        found = unencodable(item, encoded)
-        if found is not None:
-            raise InvalidStateError(f"the message holds a lone surrogate{found}; {UNENCODABLE_HINT}")
+        encoded = prompt_text(item, "the message")
         piece = ("[" if self.kind is None else ", ") + encoded
         self.kind = "messages"
         self._closer = "]"

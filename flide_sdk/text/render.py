@@ -35,13 +35,12 @@ from tokenizers import Tokenizer
 from flide_sdk.errors import (
     CheckpointError,
     InvalidQuestionError,
-    InvalidStateError,
     StateTooLongError,
 )
 from flide_sdk.models.checkpoint import read_json
-from flide_sdk.questions import UNENCODABLE_HINT, Choice, Content, Noul, Question, Score, unencodable
+from flide_sdk.questions import Choice, Content, Noul, Question, Score
 from flide_sdk.text.cuts import BoundaryFinder
-from flide_sdk.text.history import SEPARATOR, History, Trunk
+from flide_sdk.text.history import SEPARATOR, History, Trunk, prompt_text
 from flide_sdk.text.pretokenizer import check_pretokenizer
 from flide_sdk.text.word_cache import WordEncoder
 
@@ -153,17 +152,7 @@ def content_text(value: Content) -> str:
 def state_text(state: Any) -> str:
     """A state as it appears in the prompt: a string as is, anything else as JSON; refused (InvalidStateError)
     when it holds a lone surrogate, which no tokenizer can encode."""
-    if isinstance(state, str):
-        text = state
-    else:
-        try:
-            text = json.dumps(state, ensure_ascii=False)
-        except (TypeError, ValueError) as error:
-            raise InvalidStateError(f"the state must be a string or JSON-serializable: {error}") from None
-    found = unencodable(state, text)
-    if found is not None:
-        raise InvalidStateError(f"the state holds a lone surrogate{found}; {UNENCODABLE_HINT}")
-    return text
+    return prompt_text(state, "the state")
 
 
 def question_labels(question: Question) -> tuple[str, ...]:
