@@ -182,10 +182,11 @@ class Engine:
 
         queue_timeout: seconds to wait for room before raising QueueFullError (None: wait as long as it takes).
         """
+        answered = asyncio.wrap_future(ask.future)  # before queueing: once queued, this thread only awaits
         waits = room_waits(queue_timeout, self._stats)
         while not self._loop.try_submit(ask):
             await asyncio.sleep(next(waits))
-        return await asyncio.wrap_future(ask.future)
+        return await answered
 
     async def ask(self, state: State, questions: Questions, *, queue_timeout: float | None = None) -> SystemOneResponse:
         """Answer `questions` (name -> Noul/Choice/Score, a TypeSafe question, or a dict) about `state`

@@ -16,7 +16,7 @@ its keys and its values), so kernels and captured graphs never see them move, si
 (`budget_bytes`) but holding memory only for the slots and pages in use: the pool takes more when a save
 finds none free (doubling, up to the cap; past it, least recently used checkpoints are evicted) and gives
 back what it no longer uses when the device is idle (`trim`). Slots and pages are taken lowest first, so
-the ones in use stay at the start. The host keeps the bookkeeping (slots in use, page reference counts, fill marks,
+the ones in use stay at the start. The host keeps the bookkeeping (free lists, reference counts, fill marks,
 the hash index) and hands the round planner plain integer tables. Past the checkpoint slots, the state
 arena has an always-zero row and `scratch_rows` rows where a round keeps its trunks' states
 (`layout.StateRows`), so a round reads and saves states in place; the window arena has one sink slot and
@@ -25,6 +25,7 @@ the key/value arenas one sink page, where padded saves of a fixed-shape round go
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -116,8 +117,9 @@ class CheckpointPool:
         self._windows = arena(slots + 1, (len(self.gdn_layers), c.conv_kernel - 1, c.conv_dim), dtype, device, slots)
         self._kv = [arena((pages + 1) * PAGE, (c.num_kv_heads, c.head_dim), dtype, device, pages * PAGE)
                     for _ in range(2 * len(self.attention_layers))]  # per attention layer: keys, values
-        self._slot_used = np.zeros(slots, dtype=bool)
-        self._page_refs = np.zeros(pages, dtype=np.int64)  # a page is free when no checkpoint references it
+        self._free_slots: list[int] = []  # heaps of the free slots and pages among the backed ones
+        self._free_pages: list[int] = []
+        self._page_refs = np.zeros(pages, dtype=np.int64)
         self._page_fill = np.zeros(pages, dtype=np.int64)  # entries written from the page start
         self._lru: OrderedDict[Checkpoint, None] = OrderedDict()
         self._index: dict[int, list[Checkpoint]] = {}
@@ -146,7 +148,7 @@ class CheckpointPool:
 
     @property
     def used_bytes(self) -> int:
-        pages_used = int(np.count_nonzero(self._page_refs))
+        pages_used = self.backed[1] - len(self._free_pages)
         return len(self._lru) * self.slot_bytes + pages_used * self.page_bytes
 
     @property
@@ -159,7 +161,7 @@ class CheckpointPool:
 
     def page_usage(self) -> PageUsage:
         """A copy of the page bookkeeping: references and entries written per page, and the free pages."""
-        free = np.flatnonzero(self._page_refs == 0).tolist()  # unbacked pages among them
+        free = sorted(self._free_pages) + list(range(self.backed[1], self.num_pages))  # unbacked pages are free too
         return PageUsage(self._page_refs.copy(), self._page_fill.copy(), free)
 
     def layer_caches(self) -> list[LayerCache]:
@@ -277,6 +279,7 @@ class CheckpointPool:
             memory.release()
         self._kv = []
         self.num_slots = self.num_pages = 0
+        self._free_slots, self._free_pages = [], []
 
     def clear(self) -> None:
         """Evict every checkpoint not in use by a running round."""
@@ -295,7 +298,12 @@ class CheckpointPool:
         """Give back the memory of slots and pages past twice the highest in use (call it with the device idle:
         no round in flight reads them)."""
         slots, pages = self._needed()
-        self._back(min(self.backed[0], 2 * slots), min(self.backed[1], 2 * pages))
+        keep_slots, keep_pages = min(self.backed[0], 2 * slots), min(self.backed[1], 2 * pages)
+        self._free_slots = [slot for slot in self._free_slots if slot < keep_slots]
+        self._free_pages = [page for page in self._free_pages if page < keep_pages]
+        heapq.heapify(self._free_slots)
+        heapq.heapify(self._free_pages)
+        self._back(keep_slots, keep_pages)
 
     # ------------------------------------------------------------------------------------- internals
     def _arenas(self) -> list[Arena]:
@@ -309,8 +317,11 @@ class CheckpointPool:
 
     def _needed(self) -> tuple[int, int]:
         """One past the highest slot and page in use."""
-        slots, pages = np.flatnonzero(self._slot_used), np.flatnonzero(self._page_refs)
-        return int(slots[-1]) + 1 if len(slots) else 0, int(pages[-1]) + 1 if len(pages) else 0
+        backed_slots, backed_pages = self.backed
+        free_slots = set(self._free_slots)
+        slots = next((s + 1 for s in range(backed_slots - 1, -1, -1) if s not in free_slots), 0)
+        in_use = np.flatnonzero(self._page_refs[:backed_pages])  # taken pages are referenced
+        return slots, int(in_use[-1]) + 1 if len(in_use) else 0
 
     def _grow(self, slots: int = 0, pages: int = 0) -> bool:
         """Back at least `slots` more slots / `pages` more pages (doubling, within the cap); False at the cap."""
@@ -322,25 +333,26 @@ class CheckpointPool:
         if new_slots == backed_slots and new_pages == backed_pages:
             return False
         self._back(new_slots, new_pages)
+        for slot in range(backed_slots, new_slots):
+            heapq.heappush(self._free_slots, slot)
+        for page in range(backed_pages, new_pages):
+            heapq.heappush(self._free_pages, page)
         return True
 
     def _take_slot(self) -> int | None:
-        """The lowest free slot (growing the pool, or past its cap evicting), marked used; None if none frees."""
-        while not len(free := np.flatnonzero(~self._slot_used[: self.backed[0]])):
+        while not self._free_slots:
             if not self._grow(slots=1) and not self._evict_oldest():
                 return None
-        slot = int(free[0])
-        self._slot_used[slot] = True
-        return slot
+        return heapq.heappop(self._free_slots)
 
     def _take_pages(self, count: int) -> list[int] | None:
         """`count` free pages, the lowest first (growing the pool, or past its cap evicting the least recently
         used checkpoints for room), each referenced once and empty; None, taking nothing, if evicting every
         unpinned checkpoint leaves too few."""
-        while len(free := np.flatnonzero(self._page_refs[: self.backed[1]] == 0)) < count:
-            if not self._grow(pages=count - len(free)) and not self._evict_oldest():
+        while len(self._free_pages) < count:
+            if not self._grow(pages=count - len(self._free_pages)) and not self._evict_oldest():
                 return None
-        taken = free[:count].tolist()
+        taken = [heapq.heappop(self._free_pages) for _ in range(count)]
         self._page_refs[taken] = 1
         self._page_fill[taken] = 0
         return taken
@@ -365,5 +377,8 @@ class CheckpointPool:
         """Drop one reference to each of `pages` (distinct) and free the slot; pages left unreferenced are free."""
         page_array = np.asarray(pages, dtype=np.int64)
         self._page_refs[page_array] -= 1
-        self._page_fill[page_array[self._page_refs[page_array] == 0]] = 0
-        self._slot_used[slot] = False
+        freed = page_array[self._page_refs[page_array] == 0]
+        self._page_fill[freed] = 0
+        for page in freed.tolist():
+            heapq.heappush(self._free_pages, page)
+        heapq.heappush(self._free_slots, slot)

@@ -137,13 +137,13 @@ class RoundLoop:
         """Launch a round, or finish the oldest one in flight, or (idle) do idle work; False once closed."""
         with self._cond:
             while self._idle():
-                if not self.executor.idle_work:
-                    self._cond.wait()
-                    continue
                 idle_for = time.monotonic() - self._worked_at
-                if idle_for >= IDLE_WORK_AFTER_S:
+                if idle_for < IDLE_WORK_AFTER_S:  # block at once: the answers just given reach their loops sooner
+                    self._cond.wait(IDLE_WORK_AFTER_S - idle_for)
+                elif self.executor.idle_work:
                     break
-                self._cond.wait(IDLE_WORK_AFTER_S - idle_for)
+                else:
+                    self._cond.wait()
             if self._closed:
                 return False
             if self._idle():
