@@ -25,8 +25,9 @@ class FakeExecutor:
     `device_seconds` have passed after its launch; records the thread and order of every call."""
 
     def __init__(self, limits: RoundLimits = LIMITS, device_seconds: float = 0.0, captures: int = 0,
-                 capture_seconds: float = 0.0) -> None:
+                 capture_seconds: float = 0.0, idle_after: float = 0.0) -> None:
         self.limits = limits
+        self.idle_after = idle_after
         self.device_seconds = device_seconds
         self.captures_left = captures
         self.capture_seconds = capture_seconds
@@ -43,7 +44,8 @@ class FakeExecutor:
     def capturing(self) -> bool:
         return self.captures_left > 0
 
-    idle_work = capturing
+    def idle_work_after(self) -> float | None:
+        return self.idle_after if self.capturing else None
 
     def idle_step(self) -> None:
         time.sleep(self.capture_seconds)
@@ -231,6 +233,24 @@ def test_graphs_are_captured_between_rounds_on_the_round_thread(asker):
     assert 1 <= calls.index("launch") <= 3, calls  # after the step it came during, not after all of them
     assert calls.index("finish") < calls.index("launch") + 2  # finished before the loop captured on
     assert {thread for _, thread, _ in executor.calls} == {"flide-rounds"}
+
+
+def test_idle_work_waits_as_long_as_the_executor_asks(asker):
+    """Idle work the executor puts off (a pool trim) is not done in pauses shorter than that, and is done once
+    the device has idled that long."""
+    executor = FakeExecutor(captures=1, idle_after=0.6)
+    loop = run_loop(executor)
+    for i in range(3):
+        time.sleep(0.3)  # a pause shorter than the executor's delay, then an ask
+        ask = asker(f"burst {i}")
+        loop.submit(ask)
+        ask.future.result(10)
+    assert executor.capturing
+    deadline = time.monotonic() + 10
+    while executor.capturing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loop.close()
+    assert [call for call, _, _ in executor.calls][-1] == "capture" and not executor.capturing
 
 
 def test_closing_during_capture_ends_the_loop(asker):

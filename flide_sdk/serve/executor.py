@@ -5,7 +5,7 @@ and starts the model on it: the replay of the smallest captured CUDA graph it fi
 or a round larger than every graph). It publishes the new checkpoints at once (device work is stream-ordered).
 `finish` waits for the one copy of the label probabilities to the host and resolves each ask's future.
 `idle_step` captures the next CUDA graph of the ladder (or trims the pool), which the round thread calls when
-it is idle, so the engine serves (eagerly) while its graphs are captured. A failed round fails its own asks,
+it is idle (`idle_work_after`), so the engine serves (eagerly) while its graphs are captured. A failed round fails its own asks,
 never the engine.
 """
 
@@ -35,6 +35,7 @@ from flide_sdk.text.render import Renderer
 from flide_sdk.text.word_cache import WordEncoder
 
 LOG = logging.getLogger(__name__)
+TRIM_AFTER_S = 10.0  # idle device time before unused pool memory is given back
 
 
 @dataclass(eq=False)
@@ -88,6 +89,7 @@ class Executor:
         self.answered = False  # whether a round was answered yet
         self.pool_lock = threading.Lock()  # held while the pool is read or changed
         self.captured = threading.Event()  # set once no graph is left to capture
+        self.trim_requested = False  # by clear_pool: give unused pool memory back without waiting TRIM_AFTER_S
         if not self.capturing:
             self.captured.set()
         self.device = model.embed_tokens.weight.device
@@ -154,13 +156,16 @@ class Executor:
         """Whether graphs are left to capture."""
         return self.graphs is not None and bool(self.graphs.pending)
 
-    @property
-    def idle_work(self) -> bool:
-        """Whether there is work for an idle device: graphs to capture, or pool memory to give back."""
+    def idle_work_after(self) -> float | None:
+        """After how many seconds of idle device there is idle work (None: none): a graph to capture at once;
+        pool memory to give back after TRIM_AFTER_S (at once after `clear_pool`), so that pauses between bursts
+        of asks do not give back what the next burst takes again."""
         if self.capturing:
-            return True
+            return 0.0
         with self.pool_lock:
-            return self.pool.trimmable
+            if not self.pool.trimmable:
+                return None
+        return 0.0 if self.trim_requested else TRIM_AFTER_S
 
     def idle_step(self) -> None:
         """One piece of idle work (call it with no round in flight): capture the next graph, else trim the pool."""
@@ -169,6 +174,7 @@ class Executor:
             return
         with self.pool_lock:
             self.pool.trim()
+        self.trim_requested = False
 
     def _capture_step(self) -> None:
         """Capture the next graph capacity (call it with no round in flight). A capture that fails leaves the
@@ -214,8 +220,10 @@ class Executor:
                     ask.future.set_exception(error)
 
     def clear_pool(self) -> None:
+        """Evict every checkpoint not in use; their memory is given back at the next idle step."""
         with self.pool_lock:
             self.pool.clear()
+        self.trim_requested = True
 
     def release(self) -> None:
         """Free the checkpoint pool and the captured graphs (the weights stay)."""

@@ -9,9 +9,10 @@ Rounds are pipelined: while a round runs, the thread schedules and launches the 
 rounds in flight), and finishes the oldest round when there is nothing to launch or the pipeline is full, so
 the host work of round k+1 overlaps the device work of round k. When nothing is in flight a round is
 admitted at once or, with a deadline, when the queued work reaches the round capacity or the deadline passes.
-Once the device has been idle for IDLE_WORK_AFTER_S, the thread does the executor's idle work one step at a
-time (`idle_step`: capture the next CUDA graph, or give unused pool memory back), so asks that come in a
-burst (the first ones after start among them) are not held up by it.
+Once the device has been idle for IDLE_WORK_AFTER_S, or longer where the executor says so
+(`idle_work_after`), the thread does the executor's idle work one step at a time (`idle_step`: capture the
+next CUDA graph, or give unused pool memory back), so asks that come in a burst (the first ones after start
+among them) are not held up by it.
 Closing fails every queued ask with `EngineClosedError`; rounds already launched finish.
 """
 
@@ -138,12 +139,13 @@ class RoundLoop:
         with self._cond:
             while self._idle():
                 idle_for = time.monotonic() - self._worked_at
-                if idle_for < IDLE_WORK_AFTER_S:  # block at once: the answers just given reach their loops sooner
+                if idle_for < IDLE_WORK_AFTER_S:  # block first: the answers just given reach their loops sooner
                     self._cond.wait(IDLE_WORK_AFTER_S - idle_for)
-                elif self.executor.idle_work:
+                    continue
+                after = self.executor.idle_work_after()
+                if after is not None and idle_for >= after:
                     break
-                else:
-                    self._cond.wait()
+                self._cond.wait(None if after is None else after - idle_for)
             if self._closed:
                 return False
             if self._idle():
