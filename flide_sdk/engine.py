@@ -179,9 +179,7 @@ class Engine:
 
     async def submit(self, ask: Ask, queue_timeout: float | None = None) -> SystemOneResponse:
         """Queue a prepared ask (waiting for room while the queue is full) and await its answers.
-
-        queue_timeout: seconds to wait for room before raising QueueFullError (None: wait as long as it takes).
-        """
+        queue_timeout: seconds to wait for room before raising QueueFullError (None: wait as long as it takes)."""
         answered = asyncio.wrap_future(ask.future)  # before queueing: once queued, this thread only awaits
         waits = room_waits(queue_timeout, self._stats)
         while not self._loop.try_submit(ask):

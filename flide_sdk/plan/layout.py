@@ -19,6 +19,7 @@ from flide_sdk.kernels.plans import (  # noqa: F401 (callers import the kernels'
     DISCARD_ROW,
     GDN_CHUNK,
     PAGE,
+    SEGMENT_ROWS,
     TOKEN_ROWS,
     AttentionPlan,
     DeltaLevel,
@@ -62,7 +63,8 @@ class RoundTensors:
 
 @dataclass
 class HostLevel:
-    """One Gated DeltaNet level of a host round (views of the round's single tables)."""
+    """One Gated DeltaNet level of a host round (views of the round's single tables); each of its segment rows
+    is also an attribute, by its name in SEGMENT_ROWS (`level.init_row`, `level.chunk_count`, ...)."""
 
     chunk_tokens: np.ndarray  # [chunks, GDN_CHUNK] stream index per chunk position (padding: the round's tokens)
     segment_rows: np.ndarray  # [SEGMENT_ROWS, segments]
@@ -70,25 +72,10 @@ class HostLevel:
     active: list[int]  # host: active segments at scan step j (non-increasing)
     chained: bool
 
-    @property
-    def init_row(self) -> np.ndarray:
-        return self.segment_rows[0]
-
-    @property
-    def final_row(self) -> np.ndarray:
-        return self.segment_rows[1]
-
-    @property
-    def chunk_count(self) -> np.ndarray:
-        return self.segment_rows[2]
-
-    @property
-    def step_base(self) -> np.ndarray:
-        return self.segment_rows[3]
-
-    @property
-    def chain(self) -> np.ndarray:
-        return self.segment_rows[4]
+    def __getattr__(self, name: str) -> np.ndarray:
+        if name in SEGMENT_ROWS:
+            return self.__dict__["segment_rows"][SEGMENT_ROWS.index(name)]
+        raise AttributeError(name)
 
 
 @dataclass
