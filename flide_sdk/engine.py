@@ -30,8 +30,8 @@ from flide_sdk.serve.executor import build_executor
 from flide_sdk.serve.loop import RoundLoop, room_waits
 from flide_sdk.serve.stats import Stats
 from flide_sdk.startup import Startup, load_kernels, memory_split, size, weight_bytes
-from flide_sdk.text.history import Trunk
-from flide_sdk.text.render import Rendered, Renderer, state_text
+from flide_sdk.text.history import Trunk, prompt_text
+from flide_sdk.text.render import Rendered, Renderer
 
 if TYPE_CHECKING:
     from flide_sdk.session import Session
@@ -170,7 +170,7 @@ class Engine:
         parsed = parse_questions(questions)
         rendered = self.renderer.render_questions(parsed)
         if not isinstance(trunk, Trunk):
-            trunk = self.renderer.trunk(state_text(trunk))
+            trunk = self.renderer.trunk(prompt_text(trunk))
         self.renderer.check_length(len(trunk), rendered)
         ask = Ask(trunk, parsed, rendered)
         self._stats.add(submit_seconds=time.perf_counter() - started,

@@ -5,8 +5,8 @@ and starts the model on it: the replay of the smallest captured CUDA graph it fi
 or a round larger than every graph). It publishes the new checkpoints at once (device work is stream-ordered).
 `finish` waits for the one copy of the label probabilities to the host and resolves each ask's future.
 `idle_step` captures the next CUDA graph of the ladder (or trims the pool), which the round thread calls when
-it is idle (`idle_work_after`), so the engine serves (eagerly) while its graphs are captured. A failed round fails its own asks,
-never the engine.
+it is idle (`idle_work_after`), so the engine serves (eagerly) while its graphs are captured. A failed round
+fails its own asks, never the engine.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ class Executor:
         """Evict every checkpoint not in use; their memory is given back at the next idle step."""
         with self.pool_lock:
             self.pool.clear()
-        self.trim_requested = True
+            self.trim_requested = self.pool.trimmable
 
     def release(self) -> None:
         """Free the checkpoint pool and the captured graphs (the weights stay)."""

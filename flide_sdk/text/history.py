@@ -118,8 +118,7 @@ class Trunk:
         return bool(np.array_equal(ours, buffer.view(0, length)))
 
 
-
-def prompt_text(value: Any, what: str) -> str:
+def prompt_text(value: Any, what: str = "the state") -> str:
     """`value` as it appears in a prompt: a string as is, anything else as JSON. InvalidStateError naming `what`
     when it is not JSON-serializable or holds a lone surrogate, which no tokenizer can encode."""
     if isinstance(value, str):

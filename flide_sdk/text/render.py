@@ -149,12 +149,6 @@ def content_text(value: Content) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
-def state_text(state: Any) -> str:
-    """A state as it appears in the prompt: a string as is, anything else as JSON; refused (InvalidStateError)
-    when it holds a lone surrogate, which no tokenizer can encode."""
-    return prompt_text(state, "the state")
-
-
 def question_labels(question: Question) -> tuple[str, ...]:
     """Single-token labels of a question's options: yes/no, letters, or digits (letters past ten levels)."""
     count = len(question.option_names())
@@ -309,10 +303,10 @@ class Renderer:
 
     def trunk(self, state: Any) -> Trunk:
         """The trunk of a one-off ask about `state`, with its stable boundary."""
-        return History.of_state(self.head, state_text(state), self.encode_cut, self.boundaries).snapshot()
+        return History.of_state(self.head, prompt_text(state), self.encode_cut, self.boundaries).snapshot()
 
     def trunk_text(self, state: Any) -> str:
-        return self.head + state_text(state) + SEPARATOR
+        return self.head + prompt_text(state) + SEPARATOR
 
     def prompt_text(self, state: Any, question: Question) -> str:
         """The whole standalone prompt of one question, as text."""
