@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flide_sdk.device.graphs import BUFFERS
-from flide_sdk.errors import AskTimeoutError, DeviceError, EngineClosedError
+from flide_sdk.errors import AskTimeoutError, DeviceError, EngineClosedError, InvalidOptionError
 from flide_sdk.models.checkpoint import load_model, read_config
 from flide_sdk.models.ops import Ops, ops_for
 from flide_sdk.models.qwen35 import Qwen35Model
@@ -62,6 +62,7 @@ class Engine:
         round_deadline_ms: float = 0.0,
         max_pending: int = 4096,
         graphs: bool | None = None,
+        batch_invariant: bool = False,
         name: str = "qwen3.5",
         startup: Startup | None = None,
     ) -> None:
@@ -71,10 +72,13 @@ class Engine:
                        max_pending=max_pending)
         if graphs and device.type != "cuda":
             raise DeviceError("CUDA graphs need a CUDA device (graphs=True on cpu)")
+        if batch_invariant and ops is not None:
+            raise InvalidOptionError("batch_invariant=True picks the engine's own fixed-order ops: give no `ops`")
         self.model = model
         self.renderer = renderer
         self.device = device
-        self.ops = ops_for(device) if ops is None else ops
+        self.ops = ops_for(device, batch_invariant) if ops is None else ops
+        self.batch_invariant = batch_invariant
         self.name = name
         self.max_round_tokens = max_round_tokens
         self.max_round_requests = max_round_requests
@@ -85,7 +89,7 @@ class Engine:
         self._stats = Stats()
         self._executor = build_executor(model, self.ops, renderer, pool_bytes, pool_checkpoints, max_round_tokens,
                                         max_round_requests, graphs if graphs is not None else device.type == "cuda",
-                                        self._stats, name, startup)
+                                        self._stats, name, startup, batch_invariant)
         self.pool = self._executor.pool
         # rounds in flight at once: one per staging/readback buffer pair of the graphs (reused by the round after next)
         self._loop = RoundLoop(self._executor, deadline_s=round_deadline_ms / 1000.0, max_pending=max_pending,
@@ -110,6 +114,7 @@ class Engine:
         pool_checkpoints: int | None = None,
         max_pending: int = 4096,
         graphs: bool | None = None,
+        batch_invariant: bool = False,
         progress: bool | None = None,
     ) -> Engine:
         """Load an HF-format Qwen3.5 checkpoint directory (text-only or release layout).
@@ -126,6 +131,8 @@ class Engine:
         of 32k tokens, or 40% of the free device memory if less; 512 MiB at most on CPU);
         pool_checkpoints: how many checkpoints it holds at most (default: a quarter of the budget's worth).
         max_pending: queued asks before `ask` waits for room.
+        batch_invariant: every answer keeps its bits whatever else shares its round, alone, forked or resumed
+        (fixed-order products, attention and GDN chunks from each question's fork, checkpoints every 64 tokens).
         progress: print the start-up stages and the graph capture on stderr (default: when it is a terminal).
         """
         startup = Startup(progress)
@@ -141,7 +148,8 @@ class Engine:
         return cls(model, renderer, device, pool_bytes=pool_bytes, pool_checkpoints=pool_checkpoints,
                    max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192),
                    max_round_requests=max_round_requests, round_deadline_ms=round_deadline_ms,
-                   max_pending=max_pending, graphs=graphs, name=Path(path).name, startup=startup)
+                   max_pending=max_pending, graphs=graphs, batch_invariant=batch_invariant, name=Path(path).name,
+                   startup=startup)
 
     @classmethod
     def tiny(cls, seed: int = 0, **load_options: Any) -> Engine:

@@ -108,7 +108,7 @@ def test_tile_table_partitions_rows_by_region():
     rnd, *_ = round_with_history(3, 2, 2, 16)
     rows = torch.arange(rnd.ids.shape[0])
     tile_start, num_tiles, max_tiles = plan_tiles_reference(
-        rows, rnd.attention.ctx_hi, rnd.attention.history_len.shape[0], 32, rnd.attention.num_tokens)
+        rows, rnd.attention.ctx_hi, 2 * rnd.attention.history_len.shape[0], 32, rnd.attention.num_tokens)
     starts = tile_start[: int(num_tiles) + 1].tolist()
     assert starts[0] == 0 and starts[-1] == len(rows) and int(num_tiles) <= max_tiles
     region = rnd.attention.ctx_hi
@@ -141,7 +141,7 @@ def test_attention_tiles_builds_the_stream_and_readout_tables_the_kernel_reads()
     every, readout = tiled.stream_tiles, tiled.readout_tiles
     assert every.query_rows is None and readout.query_rows is rows and readout.rows is rows
     assert readout.tile_start is not every.tile_start
-    expected = plan_tiles_reference(rows, plan.ctx_hi, plan.history_len.shape[0], 64, plan.num_tokens)
+    expected = plan_tiles_reference(rows, plan.ctx_hi, 2 * plan.history_len.shape[0], 64, plan.num_tokens)
     assert torch.equal(readout.tile_start, expected[0]) and torch.equal(readout.num_tiles, expected[1])
     assert readout.max_tiles == expected[2]
     for query_rows, picked in ((None, slice(None)), (rows, rows)):
@@ -154,10 +154,12 @@ def test_attention_tiles_builds_the_stream_and_readout_tables_the_kernel_reads()
         fork_attention_triton(q[rows], k, v, tiled, rows.clone(), k_cache, v_cache)
 
 
+@pytest.mark.parametrize("pieces", [False, True], ids=["regions", "pieces"])
 @pytest.mark.parametrize("block_tokens", [16, 64])
-def test_device_tile_table_matches_the_reference_over_row_blocks_and_padding(block_tokens):
+def test_device_tile_table_matches_the_reference_over_row_blocks_and_padding(block_tokens, pieces):
     """More query rows than the planner takes in one block (regions that cross its blocks), padded to a
-    capacity as a graph's round is: the kernel's tile table and tile count equal `plan_tiles_reference`'s."""
+    capacity as a graph's round is: the kernel's tile table and tile count equal `plan_tiles_reference`'s;
+    with piece tiles no tile crosses a branch."""
     from flide_sdk.plan.capacity import capacity_ladder, choose, pad_round
 
     rng = np.random.default_rng(3)
@@ -168,12 +170,16 @@ def test_device_tile_table_matches_the_reference_over_row_blocks_and_padding(blo
     padded = pad_round(host, capacity, 0)
     assert padded.num_tokens > PLAN_ROW_BLOCK and int(padded.num_real) < padded.num_tokens
     plan = padded.to("cpu").attention
+    requests, questions = plan.history_len.shape[0], len(padded.readout_rows)
+    region_of, regions = (plan.seg_lo, requests + questions + 1) if pieces else (plan.ctx_hi, 2 * requests)
     for query_rows in (None, torch.as_tensor(padded.readout_rows)):
-        table = tile_table(plan, query_rows, padded.num_tokens, block_tokens)
-        expected = plan_tiles_reference(table.rows, plan.ctx_hi, plan.history_len.shape[0], block_tokens,
-                                        plan.num_tokens)
+        table = tile_table(plan, query_rows, padded.num_tokens, block_tokens, questions=questions if pieces else None)
+        expected = plan_tiles_reference(table.rows, region_of, regions, block_tokens, plan.num_tokens)
         assert torch.equal(table.tile_start, expected[0]) and torch.equal(table.num_tiles, expected[1])
         assert table.max_tiles == expected[2]
+        starts = table.tile_start[: int(table.num_tiles) + 1].tolist()
+        crossing = [lo for lo, hi in itertools.pairwise(starts) if len(set(plan.seg_lo[table.rows[lo:hi]].tolist())) > 1]
+        assert not crossing if pieces else crossing, "tiles cross branches only without piece tiles"
 
 
 def tile_keys(plan, table, tile: int) -> int:

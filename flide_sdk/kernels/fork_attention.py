@@ -35,7 +35,9 @@ class ForkAttentionConfig:
     block_rows // heads_per_program tokens (at least 16), so each key block it loads serves block_rows rows,
     and keys `block_keys` at a time (a divisor of the page size: a history block never crosses a page). A tile
     with more than `min_split_keys` keys (a multiple of the page size) and more than its share of the round's
-    keys over `extra_items` (None: SLOTS_PER_SM per multiprocessor, per head block) is split."""
+    keys over `extra_items` (None: SLOTS_PER_SM per multiprocessor, per head block) is split. With
+    `piece_tiles`, tiles never cross a piece (a trunk or one branch), so a branch's masked keys start at its
+    fork whatever its siblings (`fork_attention_config`, batch-invariant)."""
 
     block_rows: int = 64
     heads_per_program: int | None = None
@@ -45,16 +47,21 @@ class ForkAttentionConfig:
     stages: int = 2
     min_split_keys: int = 512
     extra_items: int | None = None
+    piece_tiles: bool = False
 
 
+NO_SPLIT = 1 << 30  # min_split_keys of a config that never splits a tile's keys
 FORK_ATTENTION = ForkAttentionConfig()  # 16-bit inputs
 # float32 inputs (exact engine runs): one head per program, page-sized key blocks, one stage (shared memory)
 FORK_ATTENTION_FLOAT32 = ForkAttentionConfig(heads_per_program=1, block_keys=PAGE, large_head_warps=8, stages=1)
 
 
-def fork_attention_config(dtype: torch.dtype) -> ForkAttentionConfig:
-    """The production config for inputs of `dtype`."""
-    return FORK_ATTENTION_FLOAT32 if dtype == torch.float32 else FORK_ATTENTION
+def fork_attention_config(dtype: torch.dtype, batch_invariant: bool = False) -> ForkAttentionConfig:
+    """The production config for inputs of `dtype`; batch-invariant: tiles of one piece and no key splits, so a
+    row's key blocks (from position 0 for its context, from its piece's start for its own keys) and their order
+    do not depend on the round."""
+    config = FORK_ATTENTION_FLOAT32 if dtype == torch.float32 else FORK_ATTENTION
+    return dataclasses.replace(config, piece_tiles=True, min_split_keys=NO_SPLIT) if batch_invariant else config
 
 
 @dataclass(frozen=True)
@@ -84,20 +91,21 @@ def _tiling(config: ForkAttentionConfig, heads: int, kv_heads: int, device: torc
 
 
 def plan_tiles_reference(
-    rows: torch.Tensor, ctx_hi: torch.Tensor, num_requests: int, block_tokens: int, num_tokens: torch.Tensor
+    rows: torch.Tensor, region_of: torch.Tensor, regions: int, block_tokens: int, num_tokens: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The tile table of query `rows` (sorted stream indices): (tile_start, num_tiles, max_tiles), as
     `_plan_work_kernel` builds it on the device.
 
-    Tiles hold at most `block_tokens` rows and never cross a region; a region is identified by ctx_hi (a
-    request's start for its trunk rows, its trunk end for its branch rows). Tile i covers
+    Tiles hold at most `block_tokens` rows and never cross a region, of which there are at most `regions`; a
+    region is identified by `region_of` of its rows: ctx_hi (a request's start for its trunk rows, its trunk
+    end for its branch rows) or, with piece tiles, seg_lo (each trunk and each branch). Tile i covers
     rows[tile_start[i]:tile_start[i + 1]]; entries past the last tile hold len(rows). Rows at or past
     `num_tokens` ([1]) are padding (their own region, at the tail): their tiles are not counted in num_tiles.
     """
     count = rows.shape[0]
-    max_tiles = max_tiles_of(count, num_requests, block_tokens)
+    max_tiles = max_tiles_of(count, regions, block_tokens)
     index = torch.arange(count, device=rows.device)
-    region = ctx_hi[rows]
+    region = region_of[rows]
     new_region = torch.ones_like(index, dtype=torch.bool)
     new_region[1:] = region[1:] != region[:-1]
     region_first = torch.cummax(torch.where(new_region, index, 0), dim=0).values
@@ -108,26 +116,30 @@ def plan_tiles_reference(
     return tile_start[: max_tiles + 2], (is_start & (rows < num_tokens)).sum().reshape(1), max_tiles
 
 
-def max_tiles_of(rows: int, num_requests: int, block_tokens: int) -> int:
-    """A bound on the tiles of `rows` query rows: a request's trunk and branch regions add a partial tile
-    each to the full ones."""
-    return -(-rows // block_tokens) + 2 * num_requests
+def max_tiles_of(rows: int, regions: int, block_tokens: int) -> int:
+    """A bound on the tiles of `rows` query rows in at most `regions` regions (a request's trunk and its
+    branches: two; with piece tiles, one per trunk and branch): each adds a partial tile to the full ones."""
+    return -(-rows // block_tokens) + regions
 
 
 def tile_table(
     plan: AttentionPlan, query_rows: torch.Tensor | None, num_rows: int, block_tokens: int,
     min_split_keys: int = ForkAttentionConfig.min_split_keys, extra_items: int | None = None,
+    questions: int | None = None,
 ) -> TileTable:
     """The `TileTable` of `query_rows` (None: all `num_rows` stream rows) for tiles of `block_tokens` rows, built
     on the device by one launch. `extra_items` (default: the device's program slots) bounds the work items past
-    one per tile."""
+    one per tile. With `questions` (a bound on the round's branches), tiles never cross a piece."""
     device = plan.ctx_hi.device
     extra_items = SLOTS_PER_SM * multiprocessors(device) if extra_items is None else extra_items
     if min_split_keys < 1 or min_split_keys % PAGE or extra_items < 1:
         raise ValueError(f"min_split_keys={min_split_keys} must be a positive multiple of {PAGE} and "
                          f"extra_items={extra_items} positive")
     rows = torch.arange(num_rows, device=device) if query_rows is None else query_rows
-    max_tiles = max_tiles_of(rows.shape[0], plan.history_len.shape[0], block_tokens)
+    requests = plan.history_len.shape[0]
+    # piece tiles: a trunk and a branch per question, and the padding rows' region
+    max_tiles = max_tiles_of(rows.shape[0], 2 * requests if questions is None else requests + questions + 1,
+                             block_tokens)
     max_items, max_partials = max_tiles + extra_items, 2 * extra_items
     tile_start = torch.empty(max_tiles + 2, dtype=torch.int64, device=device)
     num_tiles = torch.empty(1, dtype=torch.int64, device=device)
@@ -142,9 +154,11 @@ def tile_table(
         plan.request_of, plan.history_len, plan.key_lo, plan.ctx_hi, plan.seg_lo,
         item_tile, item_split, tile_splits, tile_piece, partial_slot, num_items, max_tiles, extra_items,
         min_split_keys,
-        ROW_BLOCK=PLAN_ROW_BLOCK, BLOCK=PLAN_BLOCK, PAGE_SIZE=PAGE, num_warps=PLAN_WARPS,
+        ROW_BLOCK=PLAN_ROW_BLOCK, BLOCK=PLAN_BLOCK, PAGE_SIZE=PAGE, PIECES=questions is not None,
+        num_warps=PLAN_WARPS,
     )
-    return TileTable(query_rows, block_tokens, min_split_keys, extra_items, rows, tile_start, num_tiles, max_tiles,
+    return TileTable(query_rows, block_tokens, min_split_keys, extra_items, questions is not None, rows, tile_start,
+                     num_tiles, max_tiles,
                      item_tile, item_split, tile_splits, tile_piece, partial_slot, num_items, max_items, max_partials)
 
 
@@ -159,9 +173,12 @@ def attention_tiles(
     config = config or fork_attention_config(dtype)
     tiling = _tiling(config, heads, kv_heads, plan.ctx_hi.device)
     num_rows = plan.key_lo.shape[0]
+    # piece tiles: a round has at most one branch per readout row (with none: per stream row)
+    questions = (num_rows if readout_rows is None else readout_rows.shape[0]) if config.piece_tiles else None
 
     def table(rows: torch.Tensor | None) -> TileTable:
-        return tile_table(plan, rows, num_rows, tiling.block_tokens, config.min_split_keys, tiling.extra_items)
+        return tile_table(plan, rows, num_rows, tiling.block_tokens, config.min_split_keys, tiling.extra_items,
+                          questions)
 
     return dataclasses.replace(plan, stream_tiles=table(None),
                                readout_tiles=None if readout_rows is None else table(readout_rows))
@@ -198,12 +215,13 @@ def _plan_work_kernel(
     request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr,
     item_tile_ptr, item_split_ptr, tile_splits_ptr, tile_piece_ptr, partial_slot_ptr, num_items_ptr,
     max_tiles, extra_items, min_split_keys,
-    ROW_BLOCK: tl.constexpr, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    ROW_BLOCK: tl.constexpr, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr, PIECES: tl.constexpr,
 ):
     """One program: the tile table of the `count` query rows (`plan_tiles_reference`), ROW_BLOCK rows at a
     time; then the tiles' key counts, each tile's splits, pieces and partial slots, and the work items in tile
     order (see `TileTable`), BLOCK tiles at a time. A row starts a tile when it is a multiple of block_tokens
-    rows past the first row of its region (regions: runs of equal ctx_hi, `plan_tiles_reference`)."""
+    rows past the first row of its region (regions: runs of equal ctx_hi, or of seg_lo with PIECES)."""
+    region_ptr = seg_lo_ptr if PIECES else ctx_hi_ptr
     num_tokens = tl.load(num_tokens_ptr)
     lane_rows = tl.arange(0, ROW_BLOCK)
     tiles = tl.zeros((), dtype=tl.int64)  # tiles started so far, padding rows' included
@@ -214,8 +232,8 @@ def _plan_work_kernel(
         ok = i < count
         row = tl.load(rows_ptr + i, mask=ok, other=0)
         before = tl.load(rows_ptr + i - 1, mask=ok & (i > 0), other=0)
-        region = tl.load(ctx_hi_ptr + row, mask=ok, other=0)
-        region_before = tl.load(ctx_hi_ptr + before, mask=ok & (i > 0), other=0)
+        region = tl.load(region_ptr + row, mask=ok, other=0)
+        region_before = tl.load(region_ptr + before, mask=ok & (i > 0), other=0)
         new_region = (i == 0) | (region != region_before)
         first = tl.associative_scan(tl.where(new_region, i, region_first), 0, _later)
         starts = ok & ((i - first) % block_tokens == 0)
@@ -467,10 +485,10 @@ def fork_attention_triton(
     table = plan.stream_tiles if query_rows is None else plan.readout_tiles
     if table is None:
         table = tile_table(plan, query_rows, k.shape[0], tiling.block_tokens, config.min_split_keys,
-                           tiling.extra_items)
+                           tiling.extra_items, k.shape[0] if config.piece_tiles else None)
     elif (table.query_rows is not query_rows or table.rows.shape[0] != q.shape[0]
-          or (table.block_tokens, table.min_split_keys, table.extra_items)
-          != (tiling.block_tokens, config.min_split_keys, tiling.extra_items)):
+          or (table.block_tokens, table.min_split_keys, table.extra_items, table.piece_tiles)
+          != (tiling.block_tokens, config.min_split_keys, tiling.extra_items, config.piece_tiles)):
         raise ValueError("the plan's tile table was built for other query rows or another tiling")
     block_tokens, heads_per_program, head_blocks = tiling.block_tokens, tiling.heads_per_program, tiling.head_blocks
     warps = config.large_head_warps if config.large_head_warps is not None and head_dim >= 128 else config.warps

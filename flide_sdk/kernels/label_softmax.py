@@ -14,6 +14,9 @@ import triton
 import triton.language as tl
 
 BLOCK_HIDDEN = 256  # hidden channels a program takes at a time
+# label lanes of a program at least: a graph's label columns (`capacity.LABELS`), so a question's reductions
+# take one shape whatever the round's widest question (batch invariance)
+BLOCK_LABELS = 32
 
 
 @triton.jit
@@ -49,6 +52,7 @@ def label_softmax_triton(h: torch.Tensor, head: torch.Tensor, label_ids: torch.T
     if questions and labels:
         _label_softmax_kernel[(questions,)](
             h, head, label_ids, out, hidden, labels, h.stride(0), head.stride(0), label_ids.stride(0), out.stride(0),
-            BL=triton.next_power_of_2(labels), BH=min(BLOCK_HIDDEN, triton.next_power_of_2(hidden)),
+            BL=max(BLOCK_LABELS, triton.next_power_of_2(labels)),
+            BH=min(BLOCK_HIDDEN, triton.next_power_of_2(hidden)),
         )
     return out

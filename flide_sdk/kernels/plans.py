@@ -62,6 +62,7 @@ class TileTable:
     block_tokens: int  # the tiling it was built for: tokens per tile, fewest keys split, items past one a tile
     min_split_keys: int
     extra_items: int
+    piece_tiles: bool  # whether its tiles are of one piece each (a trunk or one branch)
     rows: torch.Tensor  # [Tq] the stream index of each query row
     tile_start: torch.Tensor  # [max_tiles + 2] tile i covers rows[tile_start[i]:tile_start[i + 1]]
     num_tiles: torch.Tensor  # [1]

@@ -6,6 +6,9 @@ here. This module imports no Triton, so a CPU install needs none.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -15,33 +18,56 @@ L2_EPS = 1e-6
 QUERY_BLOCK = 256  # query rows attended at once by `fork_attention_reference`
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+class Pointwise(NamedTuple):
+    """The pointwise functions the references call: torch's (`TORCH`), or forms of exp, log1p, sqrt and IEEE
+    arithmetic whose value does not depend on where an element sits in its tensor (`FIXED`: torch's CPU rsqrt,
+    sigmoid, silu and softplus take other code paths for a vector's tail or a lone element)."""
+
+    rsqrt: Callable[[torch.Tensor], torch.Tensor]
+    sigmoid: Callable[[torch.Tensor], torch.Tensor]
+    silu: Callable[[torch.Tensor], torch.Tensor]
+    softplus: Callable[[torch.Tensor], torch.Tensor]
+
+
+TORCH = Pointwise(torch.rsqrt, torch.sigmoid, F.silu, F.softplus)
+FIXED = Pointwise(
+    rsqrt=lambda x: 1.0 / torch.sqrt(x),
+    sigmoid=lambda x: 1.0 / (1.0 + torch.exp(-x)),
+    silu=lambda x: x / (1.0 + torch.exp(-x)),
+    softplus=lambda x: torch.where(x > 20.0, x, torch.log1p(torch.exp(x))),  # torch's threshold
+)
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, *, pointwise: Pointwise = TORCH) -> torch.Tensor:
     """Zero-centred RMSNorm of Qwen3.5: x / rms(x) * (1 + w), computed in float32, in w's dtype."""
     xf = x.float()
-    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    normed = xf * pointwise.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (normed * (1.0 + weight.float())).to(weight.dtype)
 
 
 def add_rms_norm_reference(
-    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, *, pointwise: Pointwise = TORCH
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(s, rms_norm(s)) with s = x + delta in x's dtype: a residual add and the norm that reads its result."""
     total = (x + delta).to(x.dtype)
-    return total, rms_norm_reference(total, weight, eps)
+    return total, rms_norm_reference(total, weight, eps, pointwise=pointwise)
 
 
-def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def gated_rms_norm_reference(
+    x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, *, pointwise: Pointwise = TORCH
+) -> torch.Tensor:
     """w * rmsnorm(x) * silu(gate), as the Gated DeltaNet output norm."""
     xf = x.float()
-    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (weight * normed * F.silu(gate.float())).to(x.dtype)
+    normed = (xf * pointwise.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (weight * normed * pointwise.silu(gate.float())).to(x.dtype)
 
 
 def rms_norm_rotary_reference(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
+    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, *,
+    pointwise: Pointwise = TORCH,
 ) -> torch.Tensor:
     """rms_norm(x, weight, eps) [T, H, D] with its first R channels rotated by cos/sin [T, R] (the definition)."""
-    normed = rms_norm_reference(x, weight, eps)
+    normed = rms_norm_reference(x, weight, eps, pointwise=pointwise)
     rot = cos.shape[-1]
     half = rot // 2
     x_rot, x_pass = normed[..., :rot], normed[..., rot:]
@@ -53,7 +79,7 @@ def rms_norm_rotary_reference(
 def attention_front_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
     cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor, query_rows: torch.Tensor | None,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, *, pointwise: Pointwise = TORCH,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, k normalised and rotated, v) contiguous, and k and v written into the caches at `slots`.
 
@@ -62,8 +88,9 @@ def attention_front_reference(
     positions [T] each token's; caches [pool positions, Hkv, D]; slots [T].
     """
     q_positions = positions if query_rows is None else positions[query_rows]
-    q = rms_norm_rotary_reference(q, q_weight, eps, cos_table[q_positions], sin_table[q_positions])
-    k = rms_norm_rotary_reference(k, k_weight, eps, cos_table[positions], sin_table[positions])
+    q = rms_norm_rotary_reference(q, q_weight, eps, cos_table[q_positions], sin_table[q_positions],
+                                  pointwise=pointwise)
+    k = rms_norm_rotary_reference(k, k_weight, eps, cos_table[positions], sin_table[positions], pointwise=pointwise)
     v = v.contiguous()
     k_cache[slots] = k
     v_cache[slots] = v
@@ -120,8 +147,8 @@ def fork_attention_reference(
     return out if gate is None else out * torch.sigmoid(gate)
 
 
-def l2_normalize(x: torch.Tensor, eps: float = L2_EPS) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+def l2_normalize(x: torch.Tensor, eps: float = L2_EPS, pointwise: Pointwise = TORCH) -> torch.Tensor:
+    return x * pointwise.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
 def gated_delta_reference(
@@ -132,28 +159,32 @@ def gated_delta_reference(
     beta: torch.Tensor,
     plan: DeltaPlan,
     states: torch.Tensor,
+    *,
+    matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = torch.matmul,
+    pointwise: Pointwise = TORCH,
 ) -> torch.Tensor:
     """Outputs [T, Hv, Dv] (v's dtype) of the gated delta rule over every segment of `plan`.
 
     q, k: [T, Hk, Dk] (raw: normalised here); v: [T, Hv, Dv]; g, beta: [T, Hv] (float32).
     states: [num_rows, Hv, Dk, Dv] float32 state table, read at init rows and written at final rows.
+    `matmul` computes every product and `pointwise` the L2 norms (the batch-invariant mode's: `fixed_order`).
     """
     total, v_heads = v.shape[0], v.shape[1]
     group = v_heads // k.shape[1]
     scale = q.shape[-1] ** -0.5
-    qf = (l2_normalize(q.float()) * scale).repeat_interleave(group, dim=1)
-    kf = l2_normalize(k.float()).repeat_interleave(group, dim=1)
+    qf = (l2_normalize(q.float(), pointwise=pointwise) * scale).repeat_interleave(group, dim=1)
+    kf = l2_normalize(k.float(), pointwise=pointwise).repeat_interleave(group, dim=1)
     vf, gf, bf = v.float(), g.float(), beta.float()
     # one zero row at index T absorbs chunk padding: no decay, no update, no output
     qf, kf, vf = (torch.cat([x, x.new_zeros(1, *x.shape[1:])]) for x in (qf, kf, vf))
     gf, bf = (torch.cat([x, x.new_zeros(1, x.shape[1])]) for x in (gf, bf))
     out = vf.new_zeros(total + 1, v_heads, vf.shape[-1])
     for level in plan.levels:
-        _run_level(qf, kf, vf, gf, bf, level, states, out)
+        _run_level(qf, kf, vf, gf, bf, level, states, out, matmul)
     return out[:total].to(v.dtype)
 
 
-def _run_level(qf, kf, vf, gf, bf, level, states, out) -> None:
+def _run_level(qf, kf, vf, gf, bf, level, states, out, matmul) -> None:
     idx = level.chunk_tokens  # [C, L]
     # [C, H, L, D] per chunk and head
     q, k, v = (x[idx].permute(0, 2, 1, 3) for x in (qf, kf, vf))
@@ -165,10 +196,10 @@ def _run_level(qf, kf, vf, gf, bf, level, states, out) -> None:
     gamma = diff.masked_fill(~causal, float("-inf")).exp()  # [C, H, L, L]
     k_beta = k * beta[..., None]
     # I + strictly-lower part of (diag(beta) K K^T * Gamma): the unit-triangular solve ignores the diagonal
-    system = (k_beta @ k.transpose(-1, -2)) * gamma
+    system = matmul(k_beta, k.transpose(-1, -2)) * gamma
     u = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
     w = torch.linalg.solve_triangular(system, k_beta * cum.exp()[..., None], upper=False, unitriangular=True)
-    intra = (q @ k.transpose(-1, -2)) * gamma
+    intra = matmul(q, k.transpose(-1, -2)) * gamma
     q_decayed = q * cum.exp()[..., None]
     last = cum[..., -1:]  # [C, H, 1]
     k_to_end = k * (last - cum).exp()[..., None]
@@ -180,9 +211,9 @@ def _run_level(qf, kf, vf, gf, bf, level, states, out) -> None:
         # the rows of the active segments' chunk `step`: their first chunks are rows 0.., later ones step_base + step
         c = level.step_base[:count] + step if step else torch.arange(count, device=idx.device)
         s = state[:count]
-        v_new = u[c] - w[c] @ s
-        outputs[c] = q_decayed[c] @ s + intra[c] @ v_new
-        state[:count] = s * chunk_decay[c] + k_to_end[c].transpose(-1, -2) @ v_new
+        v_new = u[c] - matmul(w[c], s)
+        outputs[c] = matmul(q_decayed[c], s) + matmul(intra[c], v_new)
+        state[:count] = s * chunk_decay[c] + matmul(k_to_end[c].transpose(-1, -2), v_new)
     keep = level.final_row >= 0
     states[level.final_row[keep]] = state[keep]
     out[idx.reshape(-1)] = outputs.permute(0, 2, 1, 3).reshape(-1, *out.shape[1:])
@@ -199,7 +230,8 @@ def conv_rows(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.T
 
 
 def indexed_conv_reference(
-    x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, weight: torch.Tensor, src: torch.Tensor
+    x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, weight: torch.Tensor, src: torch.Tensor,
+    *, pointwise: Pointwise = TORCH,
 ) -> torch.Tensor:
     """silu(sum_j weight[:, j] * table[src[t, j]]) for every token t.
 
@@ -208,8 +240,10 @@ def indexed_conv_reference(
     Returns [T, C] in x's dtype; the sum runs in weight's dtype.
     """
     gathered = conv_rows(x, window_cache, resume_slots, src).to(weight.dtype)  # [T, K, C]
-    mixed = (gathered * weight.t()[None]).sum(dim=1)
-    return F.silu(mixed).to(x.dtype)
+    mixed = gathered[:, 0] * weight[:, 0]
+    for tap in range(1, weight.shape[1]):  # tap by tap: one order of the sum, whatever the round
+        mixed = mixed + gathered[:, tap] * weight[:, tap]
+    return pointwise.silu(mixed).to(x.dtype)
 
 
 def save_windows_reference(
@@ -221,23 +255,23 @@ def save_windows_reference(
 
 
 def gdn_gates_reference(
-    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor
+    a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, *, pointwise: Pointwise = TORCH
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(g, beta), both float32 [T, H]: the definition, as transformers computes it."""
-    beta = torch.sigmoid(b).float()
-    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    beta = pointwise.sigmoid(b).float()
+    g = -A_log.float().exp() * pointwise.softplus(a.float() + dt_bias.float())
     return g, beta
 
 
 def gdn_front_reference(
     qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, conv_weight: torch.Tensor, A_log: torch.Tensor,
     dt_bias: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, conv_src: torch.Tensor,
-    save_slots: torch.Tensor, save_src: torch.Tensor,
+    save_slots: torch.Tensor, save_src: torch.Tensor, *, pointwise: Pointwise = TORCH,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(silu(indexed conv of qkv) [T, C], g [T, H], beta [T, H]), and the saved windows written into
     `window_cache` in place: `indexed_conv_reference`, `gdn_gates_reference` and `save_windows_reference`."""
-    mixed = indexed_conv_reference(qkv, window_cache, resume_slots, conv_weight, conv_src)
-    g, beta = gdn_gates_reference(a, b, A_log, dt_bias)
+    mixed = indexed_conv_reference(qkv, window_cache, resume_slots, conv_weight, conv_src, pointwise=pointwise)
+    g, beta = gdn_gates_reference(a, b, A_log, dt_bias, pointwise=pointwise)
     save_windows_reference(qkv, window_cache, resume_slots, save_slots, save_src)
     return mixed, g, beta
 
@@ -251,9 +285,9 @@ def label_softmax_reference(h: torch.Tensor, head: torch.Tensor, label_ids: torc
     return torch.softmax(logits.masked_fill(label_ids < 0, float("-inf")), dim=-1)
 
 
-def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def swiglu_reference(gate: torch.Tensor, up: torch.Tensor, *, pointwise: Pointwise = TORCH) -> torch.Tensor:
     """silu(gate) * up, as torch computes it (the definition)."""
-    return F.silu(gate) * up
+    return pointwise.silu(gate) * up
 
 
 def expand_round_reference(arrays: RoundMetadata) -> None:

@@ -6,17 +6,21 @@ embedding, the keys and values saved into the pool) read it from the round's met
 functions. The RMS norms (plain, with the residual add folded in, the Gated DeltaNet's gated one), the MLP's
 SwiGLU and the readout's label softmax go through here too, so that each is one kernel on CUDA instead of a
 chain of elementwise ops.
-`reference_ops` binds the pure-torch definitions (CPU); `kernel_ops()` the Triton kernels; another kernel
-set drops in by providing an `Ops` with the same signatures.
+The projections (`linear`) go through here as well, so the batch-invariant mode can swap in its fixed-order GEMM.
+`reference_ops` binds the pure-torch definitions (CPU); `invariant_reference_ops` their fixed-order forms
+(`kernels.fixed_order`); `kernel_ops()` the Triton kernels; another kernel set drops in by providing an `Ops`
+with the same signatures.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 
+from flide_sdk.kernels import fixed_order
 from flide_sdk.kernels.plans import AttentionPlan, DeltaPlan
 from flide_sdk.kernels.reference import (
     add_rms_norm_reference,
@@ -33,6 +37,8 @@ from flide_sdk.kernels.reference import (
 
 @dataclass(frozen=True)
 class Ops:
+    linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """(x [T, K], weight [N, K]) -> x @ weight.T [T, N] in x's dtype: every projection of the model."""
     fork_attention: Callable[
         [torch.Tensor, torch.Tensor, torch.Tensor, AttentionPlan, torch.Tensor | None, torch.Tensor, torch.Tensor,
          torch.Tensor | None],
@@ -75,6 +81,7 @@ def _plan_itself(plan: AttentionPlan | DeltaPlan, *_: object) -> AttentionPlan |
 
 
 reference_ops = Ops(
+    linear=F.linear,
     fork_attention=fork_attention_reference,
     attention_tiles=_plan_itself,
     gated_delta=gated_delta_reference,
@@ -89,13 +96,33 @@ reference_ops = Ops(
 )
 
 
-def kernel_ops() -> Ops:
-    """The Triton kernels (used on CUDA; on CPU they run only under TRITON_INTERPRET=1, for tests)."""
+# the batch-invariant mode on CPU: every reduction in a fixed order, pointwise functions independent of position
+invariant_reference_ops = replace(
+    reference_ops,
+    linear=fixed_order.linear_fixed,
+    fork_attention=fixed_order.fork_attention_fixed,
+    gated_delta=fixed_order.gated_delta_fixed,
+    gdn_front=fixed_order.gdn_front_fixed,
+    attention_front=fixed_order.attention_front_fixed,
+    rms_norm=fixed_order.rms_norm_fixed,
+    add_rms_norm=fixed_order.add_rms_norm_fixed,
+    gated_rms_norm=fixed_order.gated_rms_norm_fixed,
+    swiglu=fixed_order.swiglu_fixed,
+    label_softmax=fixed_order.label_softmax_fixed,
+)
+
+
+def kernel_ops(batch_invariant: bool = False) -> Ops:
+    """The Triton kernels (used on CUDA; on CPU they run only under TRITON_INTERPRET=1, for tests). Batch
+    invariant: the fixed-order GEMM (`kernels.matmul`) for every projection, and attention tiles of one piece
+    without key splits (`fork_attention_config`); the other kernels reduce per token or per chunk in one order
+    already."""
     from flide_sdk.kernels.attention_front import attention_front_triton
-    from flide_sdk.kernels.fork_attention import attention_tiles, fork_attention_triton
+    from flide_sdk.kernels.fork_attention import attention_tiles, fork_attention_config, fork_attention_triton
     from flide_sdk.kernels.gated_delta import delta_workspace, gated_delta_triton
     from flide_sdk.kernels.gdn_front import gdn_front_triton
     from flide_sdk.kernels.label_softmax import label_softmax_triton
+    from flide_sdk.kernels.matmul import linear_triton
     from flide_sdk.kernels.rms_norm import (
         add_rms_norm_triton,
         gated_rms_norm_triton,
@@ -103,9 +130,19 @@ def kernel_ops() -> Ops:
     )
     from flide_sdk.kernels.swiglu import swiglu_triton
 
+    tiles, attention = attention_tiles, fork_attention_triton
+    if batch_invariant:
+        def tiles(plan, readout_rows, heads, kv_heads, dtype):
+            return attention_tiles(plan, readout_rows, heads, kv_heads, dtype, fork_attention_config(dtype, True))
+
+        def attention(q, k, v, plan, query_rows, k_cache, v_cache, gate=None):
+            return fork_attention_triton(q, k, v, plan, query_rows, k_cache, v_cache, gate,
+                                         config=fork_attention_config(q.dtype, True))
+
     return Ops(
-        fork_attention=fork_attention_triton,
-        attention_tiles=attention_tiles,
+        linear=linear_triton if batch_invariant else F.linear,
+        fork_attention=attention,
+        attention_tiles=tiles,
         gated_delta=gated_delta_triton,
         delta_workspace=delta_workspace,
         gdn_front=gdn_front_triton,
@@ -118,6 +155,9 @@ def kernel_ops() -> Ops:
     )
 
 
-def ops_for(device: torch.device) -> Ops:
-    """The op set the engine uses on `device`: kernels on CUDA, the torch references elsewhere."""
-    return kernel_ops() if device.type == "cuda" else reference_ops
+def ops_for(device: torch.device, batch_invariant: bool = False) -> Ops:
+    """The op set the engine uses on `device`: kernels on CUDA, the torch references elsewhere; in the
+    batch-invariant mode, their fixed-order forms."""
+    if device.type == "cuda":
+        return kernel_ops(batch_invariant)
+    return invariant_reference_ops if batch_invariant else reference_ops

@@ -60,8 +60,8 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        return ops.linear(x, self.weight)
 
 
 class FusedProjections:
@@ -77,13 +77,15 @@ class FusedProjections:
             linear.weight.data = self.weight[offset : offset + size]
             offset += size
 
-    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return F.linear(x, self.weight).split(self.sizes, dim=-1)
+    def __call__(self, x: torch.Tensor, ops: Ops) -> tuple[torch.Tensor, ...]:
+        return ops.linear(x, self.weight).split(self.sizes, dim=-1)
 
 
-def project(fused: FusedProjections | None, linears: Sequence[Linear], x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def project(
+    fused: FusedProjections | None, linears: Sequence[Linear], x: torch.Tensor, ops: Ops
+) -> tuple[torch.Tensor, ...]:
     """The projections of x: one GEMM when fused (`Qwen35Model.fuse_projections`), else one per projection."""
-    return fused(x) if fused is not None else tuple(linear(x) for linear in linears)
+    return fused(x, ops) if fused is not None else tuple(linear(x, ops) for linear in linears)
 
 
 class Weight(nn.Module):
@@ -123,8 +125,8 @@ class MLP(nn.Module):
         self.fused = FusedProjections([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        gate, up = project(self.fused, [self.gate_proj, self.up_proj], x)
-        return self.down_proj(ops.swiglu(gate, up))
+        gate, up = project(self.fused, [self.gate_proj, self.up_proj], x, ops)
+        return self.down_proj(ops.swiglu(gate, up), ops)
 
 
 class GatedAttention(nn.Module):
@@ -151,10 +153,10 @@ class GatedAttention(nn.Module):
         c = self.config
         cos_table, sin_table = rope
         if rows is None:  # queries at every token: one GEMM for q|gate, k and v
-            q_gate, k, v = project(self.fused, [self.q_proj, self.k_proj, self.v_proj], h)
+            q_gate, k, v = project(self.fused, [self.q_proj, self.k_proj, self.v_proj], h, ops)
         else:  # selective readout: queries at the readout rows only
-            q_gate = self.q_proj(h[rows])
-            k, v = self.k_proj(h), self.v_proj(h)
+            q_gate = self.q_proj(h[rows], ops)
+            k, v = self.k_proj(h, ops), self.v_proj(h, ops)
         q, gate = q_gate.view(q_gate.shape[0], c.num_heads, 2 * c.head_dim).chunk(2, dim=-1)
         k = k.view(h.shape[0], c.num_kv_heads, c.head_dim)
         v = v.view(h.shape[0], c.num_kv_heads, c.head_dim)
@@ -165,7 +167,7 @@ class GatedAttention(nn.Module):
                                       sin_table, rnd.positions, rows, k_cache, v_cache, rnd.checkpoint.kv_slots)
         # the output gate is applied inside attention, on the view of q_gate (no copy of it)
         out = ops.fork_attention(q, k, v, rnd.attention, rows, k_cache, v_cache, gate).reshape(q_gate.shape[0], -1)
-        return self.o_proj(out)
+        return self.o_proj(out, ops)
 
 
 class GatedDeltaNet(nn.Module):
@@ -208,7 +210,7 @@ class GatedDeltaNet(nn.Module):
         key_dim = c.gdn_key_heads * c.gdn_key_dim
         state_cache, window_cache = cache
         plan = rnd.checkpoint
-        qkv, z, b, a = project(self.fused, [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a], h)
+        qkv, z, b, a = project(self.fused, [self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a], h, ops)
         # resumed trunks read their checkpoints' conv windows straight from the arena (see layout); the
         # windows this round saves are written there in the same pass
         mixed, g, beta = ops.gdn_front(qkv, a, b, self.conv_weight(), self.A_log, self.dt_bias, window_cache,
@@ -221,7 +223,7 @@ class GatedDeltaNet(nn.Module):
         if rows is not None:
             core, z = core[rows], z[rows]
         out = ops.gated_rms_norm(core, z.view(-1, c.gdn_value_heads, c.gdn_value_dim), self.norm.weight, c.rms_norm_eps)
-        return self.out_proj(out.reshape(out.shape[0], -1))
+        return self.out_proj(out.reshape(out.shape[0], -1), ops)
 
 
 class DecoderLayer(nn.Module):

@@ -21,6 +21,7 @@ import numpy as np
 
 from flide_sdk.device.graphs import GraphRunner, Launch
 from flide_sdk.device.pool import CheckpointPool, PlannedSave, token_bytes
+from flide_sdk.kernels.plans import GDN_CHUNK
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
 from flide_sdk.options import default_pool_bytes
@@ -51,9 +52,10 @@ class Launched:
 
 def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes: int | None,
                    pool_checkpoints: int | None, max_round_tokens: int, max_round_requests: int, graphs: bool,
-                   stats: Stats, name: str, startup: Startup) -> Executor:
+                   stats: Stats, name: str, startup: Startup, batch_invariant: bool = False) -> Executor:
     """An engine's executor: its checkpoint pool (capped at `pool_bytes`, default `default_pool_bytes`) and, with
-    `graphs`, the graph ladder up to `max_round_tokens`."""
+    `graphs`, the graph ladder up to `max_round_tokens`. Batch-invariant: checkpoints only at multiples of
+    GDN_CHUNK tokens, so a resumed trunk runs the chunks (and attention key blocks) of a fresh one."""
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     cap = default_pool_bytes(device, token_bytes(model.config, dtype)) if pool_bytes is None else pool_bytes
     pool = CheckpointPool(model.config, device, dtype, cap, pool_checkpoints, max_round_requests)
@@ -67,7 +69,8 @@ def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes:
                                  renderer.max_prompt_tokens)
         runner = GraphRunner(model, ops, caches, ladder, pool.state_rows, pool.window_sink, pool.kv_sink)
         limits = RoundLimits(max_round_tokens - 1, max_round_requests, ladder[-1].questions, ladder[-1].pages)
-    return Executor(model, ops, pool, caches, runner, renderer.words, stats, name, limits, startup)
+    return Executor(model, ops, pool, caches, runner, renderer.words, stats, name, limits, startup,
+                    GDN_CHUNK if batch_invariant else 1)
 
 
 class Executor:
@@ -75,7 +78,7 @@ class Executor:
 
     def __init__(self, model: Qwen35Model, ops: Ops, pool: CheckpointPool, caches: list[LayerCache],
                  graphs: GraphRunner | None, words: WordEncoder, stats: Stats, name: str, limits: RoundLimits,
-                 startup: Startup) -> None:
+                 startup: Startup, save_align: int = 1) -> None:
         self.model = model
         self.ops = ops
         self.pool = pool
@@ -86,6 +89,7 @@ class Executor:
         self.caches = caches
         self.words = words
         self.startup = startup
+        self.save_align = save_align  # a checkpoint's position is a multiple of this
         self.answered = False  # whether a round was answered yet
         self.pool_lock = threading.Lock()  # held while the pool is read or changed
         self.captured = threading.Event()  # set once no graph is left to capture
@@ -243,13 +247,14 @@ class Executor:
     def _request_spec(self, request: Request) -> tuple[RequestSpec, PlannedSave | None]:
         trunk, resume = request.lead.trunk, request.resume
         start = request.resume_length
-        save = self.pool.plan_save(trunk, resume, trunk.boundary)
+        at = trunk.boundary // self.save_align * self.save_align
+        save = self.pool.plan_save(trunk, resume, at)
         spec = RequestSpec(
             trunk=trunk.tokens(start),
             branches=Branches.join([ask.branches for ask in request.asks]),
             start=start,
             resume=None if resume is None else Resume(resume.slot, np.asarray(resume.pages, dtype=np.int64)),
-            save=None if save is None else Save(trunk.boundary, save.checkpoint.slot, save.kv_slots),
+            save=None if save is None else Save(at, save.checkpoint.slot, save.kv_slots),
         )
         return spec, save
 
