@@ -1,0 +1,125 @@
+"""The Triton kernels in the batch-invariant mode (interpreter on CPU): a row, a branch or a segment has the same
+bits alone as inside larger launches, and the default attention tiling shows it can be otherwise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from flide_sdk.kernels.fork_attention import attention_tiles, fork_attention_config, fork_attention_triton
+from flide_sdk.kernels.gated_delta import gated_delta_triton
+from flide_sdk.kernels.label_softmax import label_softmax_triton
+from flide_sdk.kernels.matmul import MATMUL, MATMUL_FLOAT32, linear_triton
+from flide_sdk.kernels.rms_norm import add_rms_norm_triton, gated_rms_norm_triton, rms_norm_triton
+from flide_sdk.kernels.swiglu import swiglu_triton
+from flide_sdk.plan.layout import PAGE, RequestSpec, Resume, plan_round
+
+from .test_kernels_gated_delta import random_inputs
+
+SLICES = [(0, 1), (5, 6), (7, 40), (100, 229), (0, 300)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_linear_rows_alone_and_in_larger_launches(dtype):
+    """Rows keep their bits whatever the launch's row count. The slices keep each row's place in its tile: the
+    interpreter's numpy product depends on it, where the GPU's MMA computes every element alike (and the
+    interpreter's bfloat16 products are wrong: bfloat16 runs on the GPU only, `benchmarks/invariance.py`)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 96, generator=gen).to(dtype)
+    weight = torch.randn(80, 96, generator=gen).to(dtype)
+    full = linear_triton(x, weight)
+    block = (MATMUL_FLOAT32 if dtype == torch.float32 else MATMUL).block_rows
+    for lo, hi in [(0, 1), (0, 37), (block, block + 1), (block, 300), (0, 300)]:
+        assert torch.equal(linear_triton(x[lo:hi], weight), full[lo:hi]), (lo, hi)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    assert torch.allclose(full.float(), F.linear(x.float(), weight.float()), rtol=tolerance, atol=tolerance * 10)
+
+
+def test_per_token_kernels_rows_alone_and_in_larger_launches():
+    gen = torch.Generator().manual_seed(1)
+    x, delta, gate = (torch.randn(300, 64, generator=gen).to(torch.bfloat16) for _ in range(3))
+    weight = torch.randn(64, generator=gen).to(torch.bfloat16)
+    head = torch.randn(50, 64, generator=gen)
+    labels = torch.randint(0, 50, (300, 5), generator=gen)
+    labels[::3, 3:] = -1  # questions of fewer labels beside wider ones
+    kernels = {
+        "rms_norm": lambda s: rms_norm_triton(x[s], weight, 1e-6),
+        "add_rms_norm": lambda s: add_rms_norm_triton(x[s].float(), delta[s], weight, 1e-6)[1],
+        "gated_rms_norm": lambda s: gated_rms_norm_triton(x[s].view(-1, 4, 16), gate[s].view(-1, 4, 16),
+                                                          weight[:16], 1e-6),
+        "swiglu": lambda s: swiglu_triton(x[s], gate[s]),
+        "label_softmax": lambda s: label_softmax_triton(x[s].float(), head, labels[s]),
+        "label_softmax_narrow": lambda s: label_softmax_triton(x[s].float(), head, labels[s, :3]),
+    }
+    for name, run in kernels.items():
+        full = run(slice(0, 300))
+        for lo, hi in SLICES:
+            assert torch.equal(run(slice(lo, hi)), full[lo:hi]), (name, lo, hi)
+    # a question's probabilities do not depend on the round's label width
+    wide = kernels["label_softmax"](slice(0, 300))[::3, :3]
+    assert (labels[::3, 3:] == -1).all() and torch.equal(label_softmax_triton(x[::3].float(), head, labels[::3, :3]), wide)
+
+
+def attention_round(branch_counts: list[int], seed: int = 0):
+    """Request 0: a trunk of 150 tokens after a 128-token history and branches of 9..33 tokens (the first
+    `branch_counts[0]`; its branch 0 always the same); further requests with other trunks."""
+    rng = np.random.default_rng(seed)
+    mine = [rng.integers(0, 50, n) for n in (17, 9, 33, 20, 12)]
+    requests = [RequestSpec.of(rng.integers(0, 50, 150), mine[: branch_counts[0]], [np.array([1])] * branch_counts[0],
+                               start=128, resume=Resume(0, np.array([3, 1])))]
+    for count in branch_counts[1:]:
+        branches = [rng.integers(0, 50, rng.integers(1, 40)) for _ in range(count)]
+        requests.append(RequestSpec.of(rng.integers(0, 50, rng.integers(1, 200)), branches, [np.array([1])] * count))
+    return plan_round(requests, 4).to("cpu")
+
+
+def attention_rows_of_first_branch(rnd, config) -> torch.Tensor:
+    """Attention of request 0's trunk and first branch, its keys and queries a function of position alone."""
+    gen = torch.Generator().manual_seed(5)
+    total = rnd.ids.shape[0]
+    table = torch.randn(4096, 3, 32, generator=gen)  # per position: q (2 heads), k, v
+    position = rnd.positions
+    q, k, v = table[position, :2], table[position, 2:], table[position + 1, 2:]
+    k_cache, v_cache = table[:PAGE * 4, 2:].clone(), table[1 : PAGE * 4 + 1, 2:].clone()
+    plan = attention_tiles(rnd.attention, None, 2, 1, torch.float32, config)
+    out = fork_attention_triton(q, k, v, plan, None, k_cache, v_cache, config=config)
+    start, end = rnd.attention.request_bounds[0]
+    first_branch_end = start + 150 + 17
+    assert end >= first_branch_end and total >= end
+    return out[start:first_branch_end]
+
+
+def test_attention_branch_alone_and_among_siblings_and_other_requests():
+    """A trunk and its first branch: the same bits asked alone and forked with siblings in a round of other
+    requests with piece tiles and unsplit keys; the default tiling (tiles across branches) differs."""
+    invariant = fork_attention_config(torch.float32, batch_invariant=True)
+    default = fork_attention_config(torch.float32)
+    alone, crowded = attention_round([1]), attention_round([5, 3, 1, 4])
+    assert torch.equal(attention_rows_of_first_branch(alone, invariant),
+                       attention_rows_of_first_branch(crowded, invariant))
+    tight = default.__class__(**{**default.__dict__, "min_split_keys": PAGE, "extra_items": 4})
+    assert not torch.equal(attention_rows_of_first_branch(alone, tight),
+                           attention_rows_of_first_branch(crowded, tight)), "guard: the default tiling differs"
+
+
+def test_gated_delta_segment_alone_and_in_larger_rounds():
+    """Request 0's trunk (two chunks and a part) and its first branch: the same output bits and final state
+    alone (a fused round) and in a round of four requests with many branches (unfused)."""
+    rng = np.random.default_rng(2)
+    trunk, branch = rng.integers(0, 100, 150), rng.integers(0, 100, 30)
+
+    def outputs(extra: int) -> torch.Tensor:
+        requests = [RequestSpec.of(trunk, [branch] + [rng.integers(0, 100, 20)] * extra, [np.array([1])] * (1 + extra))]
+        for _ in range(3 if extra else 0):
+            requests.append(RequestSpec.of(rng.integers(0, 100, 70), [rng.integers(0, 100, 9)] * 5, [np.array([1])] * 5))
+        rnd = plan_round(requests, 4).to("cpu")
+        total = rnd.ids.shape[0]
+        q, k, v, g, beta, _ = random_inputs(3, 4096, 1, 1, 16, 32)
+        position = rnd.positions + torch.where(torch.arange(total) >= 150, 1000, 0)  # the branch's own inputs
+        states = torch.zeros(rnd.delta.num_rows, 2, 16, 32)
+        out = gated_delta_triton(q[position], k[position], v[position], g[position], beta[position], rnd.delta, states)
+        return out[: 150 + 30]
+
+    assert torch.equal(outputs(0), outputs(6))
