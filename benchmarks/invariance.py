@@ -228,7 +228,7 @@ def main() -> None:
 
     result = asyncio.run(run())
     result.update(where)
-    result["meta"] = run_metadata(command_line())
+    result.update(run_metadata(command_line()))
     name = "invariance-tiny" if args.tiny else f"invariance-{args.model_size}"
     write_result(name, result)
     print(json.dumps({"targets": result["targets"], "cases": result["invariance"]["cases"]}, indent=1))

@@ -8,9 +8,11 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
 import flide_sdk as fl
 from flide_sdk.errors import InvalidOptionError
+from flide_sdk.kernels.fixed_order import fixed_matmul
 from flide_sdk.models.ops import reference_ops
 
 from .conftest import TOLERANCE, answer_probabilities, reference_probabilities, text_of_tokens
@@ -133,3 +135,18 @@ def test_custom_ops_are_refused_in_the_mode(alone):
     engine = alone.engine
     with pytest.raises(InvalidOptionError, match="batch_invariant"):
         fl.Engine(engine.model, engine.renderer, engine.device, ops=reference_ops, batch_invariant=True)
+
+
+def test_fixed_matmul_keeps_its_bits_in_any_batch_and_chunk():
+    """A product keeps its bits whatever else is in its batch or its chunk of rows, with a transposed operand
+    too (the GDN state update, K^T v_new: a broadcast product left to torch's layout summed it otherwise)."""
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(300, 4, 64, 16, generator=gen), torch.randn(300, 4, 64, 16, generator=gen)
+    full = fixed_matmul(k.transpose(-1, -2), v)
+    for lo, hi in [(0, 1), (5, 6), (0, 7), (3, 200)]:
+        assert torch.equal(fixed_matmul(k[lo:hi].transpose(-1, -2), v[lo:hi]), full[lo:hi]), (lo, hi)
+    assert torch.allclose(full, k.transpose(-1, -2) @ v, rtol=1e-5, atol=1e-4)
+    a, b = torch.randn(40, 64, generator=gen), torch.randn(64, 8192, generator=gen)  # 8 rows a chunk
+    rows = fixed_matmul(a, b)
+    for lo, hi in [(0, 1), (3, 4), (0, 9), (5, 22), (31, 40)]:
+        assert torch.equal(fixed_matmul(a[lo:hi], b), rows[lo:hi]), (lo, hi)

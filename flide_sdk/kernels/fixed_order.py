@@ -35,14 +35,20 @@ PRODUCT_ELEMENTS = 1 << 22  # products materialised at once by `fixed_matmul`
 
 def fixed_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b ([..., M, K] @ [..., K, N], batch dims broadcast) with every element summed over K in one order,
-    whatever M, N or the batch: the products [..., m, N, K] are summed over their last, contiguous axis, a few
-    rows at a time (the rows never meet)."""
+    whatever M, N or the batch: the products are written into a contiguous [..., m, N, K] buffer (a broadcast
+    product left to torch may get another memory order, and so another summation order) and summed over their
+    last axis, a few rows at a time (the rows never meet)."""
     bt = b.transpose(-1, -2).unsqueeze(-3)  # [..., 1, N, K]
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    per_row = max(1, math.prod(batch) * b.shape[-1] * a.shape[-1])
-    step = max(1, PRODUCT_ELEMENTS // per_row)
-    rows = a.shape[-2]
-    parts = [(a[..., i : i + step, None, :] * bt).sum(-1) for i in range(0, max(rows, 1), step)]
+    rows, depth, cols = a.shape[-2], a.shape[-1], b.shape[-1]
+    step = max(1, PRODUCT_ELEMENTS // max(1, math.prod(batch) * cols * depth))
+    dtype = torch.promote_types(a.dtype, b.dtype)
+    parts = []
+    for i in range(0, max(rows, 1), step):
+        chunk = a[..., i : i + step, None, :]
+        products = torch.empty(*batch, chunk.shape[-3], cols, depth, dtype=dtype, device=a.device)
+        torch.mul(chunk, bt, out=products)
+        parts.append(products.sum(-1))
     return torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0]
 
 
