@@ -199,6 +199,9 @@ def main() -> None:
         started = time.perf_counter()
         checked = await invariance(served, Reference(alone), reading, agents, args.clients, mixed_requests)
         checked["seconds"] = time.perf_counter() - started
+        linear = served.ops.linear  # on CUDA: cuBLAS for the shapes shown to sum alike at every row count
+        checked["projections"] = {"shapes": sorted(served.model.projection_shapes()),
+                                  "cublas_shapes": sorted(getattr(linear, "cublas_shapes", ()))}
         alone.close()
         race = reading["race"]
         race4 = [(state, dict(itertools.islice(q.items(), 4))) for state, q in race if len(q) >= 4]

@@ -90,6 +90,7 @@ class Engine:
         self._executor = build_executor(model, self.ops, renderer, pool_bytes, pool_checkpoints, max_round_tokens,
                                         max_round_requests, graphs if graphs is not None else device.type == "cuda",
                                         self._stats, name, startup, batch_invariant)
+        self.ops = self._executor.ops  # the invariant mode's projections are planned with the graph ladder
         self.pool = self._executor.pool
         # rounds in flight at once: one per staging/readback buffer pair of the graphs (reused by the round after next)
         self._loop = RoundLoop(self._executor, deadline_s=round_deadline_ms / 1000.0, max_pending=max_pending,

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from flide_sdk.kernels.fork_attention import attention_tiles, fork_attention_config, fork_attention_triton
 from flide_sdk.kernels.gated_delta import gated_delta_triton
 from flide_sdk.kernels.label_softmax import label_softmax_triton
-from flide_sdk.kernels.matmul import MATMUL, MATMUL_FLOAT32, linear_triton
+from flide_sdk.kernels.matmul import MATMUL, MATMUL_FLOAT32, RowCountLinear, linear_triton
 from flide_sdk.kernels.rms_norm import add_rms_norm_triton, gated_rms_norm_triton, rms_norm_triton
 from flide_sdk.kernels.swiglu import swiglu_triton
 from flide_sdk.plan.layout import PAGE, RequestSpec, Resume, plan_round
@@ -123,3 +123,24 @@ def test_gated_delta_segment_alone_and_in_larger_rounds():
         return out[: 150 + 30]
 
     assert torch.equal(outputs(0), outputs(6))
+
+
+def test_row_count_linear_runs_every_row_count_at_a_checked_one():
+    """cuBLAS (here: torch's CPU product) only at the checked row counts: others padded up to the next one or
+    cut into chunks of the largest, so a row's product is one of those; other shapes take the fixed-tile
+    kernel."""
+    gen = torch.Generator().manual_seed(4)
+    x, weight, other = torch.randn(20, 48, generator=gen), torch.randn(24, 48, generator=gen), torch.randn(8, 48)
+    linear = RowCountLinear((4, 8), frozenset({(24, 48)}))
+
+    def at(rows: int, count: int) -> torch.Tensor:
+        padded = torch.zeros(count, 48)
+        padded[:rows] = x[:rows]
+        return F.linear(padded, weight)[:rows]
+
+    assert torch.equal(linear(x[:8], weight), F.linear(x[:8], weight))
+    assert torch.equal(linear(x[:3], weight), at(3, 4)) and torch.equal(linear(x[:6], weight), at(6, 8))
+    last = F.linear(torch.cat([x[16:20], torch.zeros(4, 48)]), weight)[:4]
+    chunks = torch.cat([F.linear(x[0:8], weight), F.linear(x[8:16], weight), last])
+    assert torch.equal(linear(x, weight), chunks)
+    assert torch.equal(linear(x, other), linear_triton(x, other))

@@ -1,15 +1,19 @@
-"""A matrix product whose every output element is summed in one order whatever the number of rows: the GEMM of
+"""Matrix products whose every output element is summed in one order whatever the number of rows: the GEMMs of
 the batch-invariant mode.
 
-cuBLAS picks its kernel by shape, and for few rows it splits K across blocks (split-K) or takes other tile
-shapes, so a token's projection changes in its last bits with the round's size. This kernel has one tile shape
+cuBLAS picks its kernel by shape, and for few rows it splits K across blocks (split-K) or takes other tiles, so
+a token's projection may change in its last bits with the round's size. `linear_triton` has one tile shape
 (`MatmulConfig`, never chosen by the row count) and no split: each output element is one accumulator running
-over K in BLOCK_K steps from 0, its rows loaded (masked) wherever they sit in the launch. `F.linear` is the
-definition (`linear_reference`).
+over K in BLOCK_K steps from 0. It is slower than cuBLAS, so `RowCountLinear` keeps cuBLAS for a weight shape
+where it is shown, at load, to give every row the same bits at each row count a round can have (the graph
+capacities), runs every other row count at one of those (padded up, or in chunks of the largest), and falls
+back to `linear_triton` for a shape that fails. `F.linear` is the definition (`linear_reference`).
 """
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -90,3 +94,46 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, *, config: MatmulConfig
             IEEE=x.dtype == torch.float32, num_warps=config.warps, num_stages=config.stages,
         )
     return out
+
+
+@dataclass(frozen=True)
+class RowCountLinear:
+    """The batch-invariant mode's projection (`plan_linear`): cuBLAS at `row_counts` for the weight shapes in
+    `cublas_shapes`, other row counts padded to the next of them or cut into chunks of the largest; the
+    fixed-tile kernel for any other shape."""
+
+    row_counts: tuple[int, ...]  # sorted
+    cublas_shapes: frozenset[tuple[int, int]]
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if tuple(weight.shape) not in self.cublas_shapes:
+            return linear_triton(x, weight)
+        rows = x.shape[0]
+        index = bisect.bisect_left(self.row_counts, rows)
+        if index < len(self.row_counts) and self.row_counts[index] == rows:
+            return F.linear(x, weight)
+        step = self.row_counts[min(index, len(self.row_counts) - 1)]
+        parts = []
+        for start in range(0, rows, step):  # one part unless past the largest count
+            part = x[start : start + step]
+            padded = part.new_zeros(step, x.shape[1])
+            padded[: part.shape[0]] = part
+            parts.append(F.linear(padded, weight)[: part.shape[0]])
+        return torch.cat(parts) if len(parts) != 1 else parts[0]
+
+
+def plan_linear(shapes: Iterable[tuple[int, int]], row_counts: Iterable[int], device: torch.device,
+                dtype: torch.dtype) -> RowCountLinear:
+    """Which weight shapes ([N, K]) keep cuBLAS: those for which random rows multiplied at each of `row_counts`
+    rows have the bits they have among the most rows (cuBLAS picks its kernel by shape alone, and a kernel of
+    another summation order would change some of the products' bits)."""
+    counts = tuple(sorted(set(row_counts)))
+    generator = torch.Generator(device=device).manual_seed(0)
+    kept = set()
+    for n, k in sorted(set(shapes)):
+        weight = torch.randn(n, k, generator=generator, device=device).to(dtype)
+        x = torch.randn(counts[-1], k, generator=generator, device=device).to(dtype)
+        full = F.linear(x, weight)
+        if all(torch.equal(F.linear(x[:m], weight), full[:m]) for m in counts):
+            kept.add((n, k))
+    return RowCountLinear(counts, frozenset(kept))

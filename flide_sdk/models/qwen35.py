@@ -285,6 +285,17 @@ class Qwen35Model(nn.Module):
             (layer.self_attn if layer.is_attention else layer.linear_attn).fuse()
             layer.mlp.fuse()
 
+    def projection_shapes(self) -> set[tuple[int, int]]:
+        """The weight shapes the forward passes to `ops.linear`: every projection's, fused or not (not the head's:
+        the label softmax reads its rows)."""
+        head = getattr(self, "lm_head", None)
+        shapes = {tuple(m.weight.shape) for m in self.modules() if isinstance(m, Linear) and m is not head}
+        for layer in self.layers:
+            for part in (layer.self_attn if layer.is_attention else layer.linear_attn, layer.mlp):
+                if part.fused is not None:
+                    shapes.add(tuple(part.fused.weight.shape))
+        return shapes
+
     def rope_tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [max positions, rotary_dim] of every position (`rotary_tables`), in `dtype` on the weights'
         device; made on the first call (a pass outside a graph: capture warms up first) and kept."""

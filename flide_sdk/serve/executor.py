@@ -11,6 +11,7 @@ fails its own asks, never the engine.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -64,9 +65,14 @@ def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes:
     # one padding token past its real tokens, and the history pages of its resumed asks
     limits = RoundLimits(max_round_tokens, max_round_requests, max_round_tokens)
     runner = None
+    ladder = capacity_ladder(model.config.conv_kernel, max_round_tokens, max_round_requests,
+                             renderer.max_prompt_tokens)
+    if batch_invariant and device.type == "cuda":  # cuBLAS where it sums alike at every row count of the ladder
+        from flide_sdk.kernels.matmul import plan_linear
+
+        row_counts = {c.tokens for c in ladder} | {c.questions for c in ladder}
+        ops = dataclasses.replace(ops, linear=plan_linear(model.projection_shapes(), row_counts, device, dtype))
     if graphs:
-        ladder = capacity_ladder(model.config.conv_kernel, max_round_tokens, max_round_requests,
-                                 renderer.max_prompt_tokens)
         runner = GraphRunner(model, ops, caches, ladder, pool.state_rows, pool.window_sink, pool.kv_sink)
         limits = RoundLimits(max_round_tokens - 1, max_round_requests, ladder[-1].questions, ladder[-1].pages)
     return Executor(model, ops, pool, caches, runner, renderer.words, stats, name, limits, startup,
