@@ -67,10 +67,12 @@ def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes:
     runner = None
     ladder = capacity_ladder(model.config.conv_kernel, max_round_tokens, max_round_requests,
                              renderer.max_prompt_tokens)
-    if batch_invariant and device.type == "cuda":  # cuBLAS where it sums alike at every row count of the ladder
+    if batch_invariant and device.type == "cuda":
+        # cuBLAS where it sums alike at every stream capacity; the readout's few rows are padded up to one (a
+        # capacity of fewer than 128 rows is where cuBLAS splits K)
         from flide_sdk.kernels.matmul import plan_linear
 
-        row_counts = {c.tokens for c in ladder} | {c.questions for c in ladder}
+        row_counts = {capacity.tokens for capacity in ladder}
         ops = dataclasses.replace(ops, linear=plan_linear(model.projection_shapes(), row_counts, device, dtype))
     if graphs:
         runner = GraphRunner(model, ops, caches, ladder, pool.state_rows, pool.window_sink, pool.kv_sink)
