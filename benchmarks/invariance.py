@@ -201,7 +201,7 @@ def main() -> None:
         checked["seconds"] = time.perf_counter() - started
         linear = served.ops.linear  # on CUDA: cuBLAS for the shapes shown to sum alike at every row count
         checked["projections"] = {"shapes": sorted(served.model.projection_shapes()),
-                                  "cublas_shapes": sorted(getattr(linear, "cublas_shapes", ()))}
+                                  "cublas_floors": {str(k): v for k, v in getattr(linear, "floors", {}).items()}}
         alone.close()
         race = reading["race"]
         race4 = [(state, dict(itertools.islice(q.items(), 4))) for state, q in race if len(q) >= 4]

@@ -131,7 +131,7 @@ def test_row_count_linear_runs_every_row_count_at_a_checked_one():
     kernel."""
     gen = torch.Generator().manual_seed(4)
     x, weight, other = torch.randn(20, 48, generator=gen), torch.randn(24, 48, generator=gen), torch.randn(8, 48)
-    linear = RowCountLinear((4, 8), frozenset({(24, 48)}))
+    linear = RowCountLinear((2, 4, 8), {(24, 48): 4})  # row counts from 4 only
 
     def at(rows: int, count: int) -> torch.Tensor:
         padded = torch.zeros(count, 48)
@@ -139,6 +139,7 @@ def test_row_count_linear_runs_every_row_count_at_a_checked_one():
         return F.linear(padded, weight)[:rows]
 
     assert torch.equal(linear(x[:8], weight), F.linear(x[:8], weight))
+    assert torch.equal(linear(x[:1], weight), at(1, 4)) and torch.equal(linear(x[:2], weight), at(2, 4))
     assert torch.equal(linear(x[:3], weight), at(3, 4)) and torch.equal(linear(x[:6], weight), at(6, 8))
     last = F.linear(torch.cat([x[16:20], torch.zeros(4, 48)]), weight)[:4]
     chunks = torch.cat([F.linear(x[0:8], weight), F.linear(x[8:16], weight), last])

@@ -96,23 +96,28 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, *, config: MatmulConfig
     return out
 
 
+MAX_FLOOR = 1024  # a shape whose cuBLAS sums agree only from more rows than this takes the fixed-tile kernel
+
+
 @dataclass(frozen=True)
 class RowCountLinear:
-    """The batch-invariant mode's projection (`plan_linear`): cuBLAS at `row_counts` for the weight shapes in
-    `cublas_shapes`, other row counts padded to the next of them or cut into chunks of the largest; the
-    fixed-tile kernel for any other shape."""
+    """The batch-invariant mode's projection (`plan_linear`): for a weight shape in `floors`, cuBLAS at the row
+    counts from its floor up (`row_counts`), any other count padded up to the next of them or cut into chunks
+    of the largest; the fixed-tile kernel for any other shape."""
 
     row_counts: tuple[int, ...]  # sorted
-    cublas_shapes: frozenset[tuple[int, int]]
+    floors: dict[tuple[int, int], int]
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if tuple(weight.shape) not in self.cublas_shapes:
+        floor = self.floors.get(tuple(weight.shape))
+        if floor is None:
             return linear_triton(x, weight)
         rows = x.shape[0]
-        index = bisect.bisect_left(self.row_counts, rows)
-        if index < len(self.row_counts) and self.row_counts[index] == rows:
+        counts = self.row_counts[bisect.bisect_left(self.row_counts, floor):]
+        index = bisect.bisect_left(counts, rows)
+        if index < len(counts) and counts[index] == rows:
             return F.linear(x, weight)
-        step = self.row_counts[min(index, len(self.row_counts) - 1)]
+        step = counts[min(index, len(counts) - 1)]
         parts = []
         for start in range(0, rows, step):  # one part unless past the largest count
             part = x[start : start + step]
@@ -124,16 +129,22 @@ class RowCountLinear:
 
 def plan_linear(shapes: Iterable[tuple[int, int]], row_counts: Iterable[int], device: torch.device,
                 dtype: torch.dtype) -> RowCountLinear:
-    """Which weight shapes ([N, K]) keep cuBLAS: those for which random rows multiplied at each of `row_counts`
-    rows have the bits they have among the most rows (cuBLAS picks its kernel by shape alone, and a kernel of
-    another summation order would change some of the products' bits)."""
+    """Each weight shape's floor ([N, K]): the fewest of `row_counts` from which, at every count up to the
+    largest, random rows multiplied by cuBLAS have the bits they have among the most rows (cuBLAS picks its
+    kernel by shape alone; one of another summation order would change some products' bits). Few rows are
+    where it splits K; a shape whose floor passes MAX_FLOOR (or the largest count) is left out."""
     counts = tuple(sorted(set(row_counts)))
     generator = torch.Generator(device=device).manual_seed(0)
-    kept = set()
+    floors = {}
     for n, k in sorted(set(shapes)):
         weight = torch.randn(n, k, generator=generator, device=device).to(dtype)
         x = torch.randn(counts[-1], k, generator=generator, device=device).to(dtype)
         full = F.linear(x, weight)
-        if all(torch.equal(F.linear(x[:m], weight), full[:m]) for m in counts):
-            kept.add((n, k))
-    return RowCountLinear(counts, frozenset(kept))
+        floor = counts[-1]
+        for m in reversed(counts[:-1]):
+            if not torch.equal(F.linear(x[:m], weight), full[:m]):
+                break
+            floor = m
+        if floor <= min(MAX_FLOOR, counts[-1]) and (floor < counts[-1] or len(counts) == 1):
+            floors[(n, k)] = floor
+    return RowCountLinear(counts, floors)

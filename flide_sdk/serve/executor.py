@@ -68,8 +68,8 @@ def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes:
     ladder = capacity_ladder(model.config.conv_kernel, max_round_tokens, max_round_requests,
                              renderer.max_prompt_tokens)
     if batch_invariant and device.type == "cuda":
-        # cuBLAS where it sums alike at every stream capacity; the readout's few rows are padded up to one (a
-        # capacity of fewer than 128 rows is where cuBLAS splits K)
+        # cuBLAS where it sums alike at every stream capacity from a floor up; fewer rows (the readout's) are
+        # padded up to one
         from flide_sdk.kernels.matmul import plan_linear
 
         row_counts = {capacity.tokens for capacity in ladder}
