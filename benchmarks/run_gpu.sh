@@ -2,7 +2,7 @@
 # Every GPU check and benchmark in one device call (the lent H200 has no internet and a bare image).
 # Usage on the device, from the repository root with .whl/ and .bench-data/ carried:
 #   [SIZES="0.8B 4B"] bash benchmarks/run_gpu.sh [step ...]
-#   scoreboard steps: qps passages agent fidelity startup attention gdn gdn-options conv graphs
+#   scoreboard steps: qps passages agent fidelity startup invariance attention gdn gdn-options conv graphs
 #   investigation steps (benchmarks/investigations/): check profile qps-threads host-wake
 #   (default: attention gdn fidelity)
 # JSON results land in $OUT (one <benchmark>-<size>.json per benchmark and size) with a combined log; on the
@@ -60,6 +60,7 @@ for step in $steps; do
     passages) for size in $sizes; do engine_bench short_passages $size; done ;;
     agent) for size in $sizes; do engine_bench agent_replay $size; done ;;
     startup) for size in $sizes; do engine_bench startup $size; done ;;
+    invariance) for size in $sizes; do engine_bench invariance $size; done ;;
     host-wake) python3 benchmarks/investigations/host_wake.py | tail -c 600 ;;  # the host's idle and thread wake-up costs
     *) echo "unknown step $step" ;;
   esac >> "$OUT/log.txt" 2>&1

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flide_sdk.device.graphs import BUFFERS
-from flide_sdk.errors import AskTimeoutError, DeviceError, EngineClosedError, InvalidOptionError
+from flide_sdk.errors import AskTimeoutError, EngineClosedError
 from flide_sdk.models.checkpoint import load_model, read_config
 from flide_sdk.models.ops import Ops, ops_for
 from flide_sdk.models.qwen35 import Qwen35Model
-from flide_sdk.options import check_options, resolve_device, resolve_dtype
+from flide_sdk.options import check_modes, check_options, resolve_device, resolve_dtype
 from flide_sdk.questions import Questions, State, SystemOneResponse, parse_questions
 from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.executor import build_executor
@@ -70,14 +70,10 @@ class Engine:
                        pool_bytes=pool_bytes, pool_checkpoints=pool_checkpoints, max_round_tokens=max_round_tokens,
                        max_round_requests=max_round_requests, round_deadline_ms=round_deadline_ms,
                        max_pending=max_pending)
-        if graphs and device.type != "cuda":
-            raise DeviceError("CUDA graphs need a CUDA device (graphs=True on cpu)")
-        if batch_invariant and ops is not None:
-            raise InvalidOptionError("batch_invariant=True picks the engine's own fixed-order ops: give no `ops`")
+        check_modes(device, graphs, batch_invariant, custom_ops=ops is not None)
         self.model = model
         self.renderer = renderer
         self.device = device
-        self.ops = ops_for(device, batch_invariant) if ops is None else ops
         self.batch_invariant = batch_invariant
         self.name = name
         self.max_round_tokens = max_round_tokens
@@ -87,18 +83,18 @@ class Engine:
         startup.stage("weights", f"{size(self.weights_bytes)} on {device}")
         self.kernel_bundle = load_kernels(device, startup)
         self._stats = Stats()
-        self._executor = build_executor(model, self.ops, renderer, pool_bytes, pool_checkpoints, max_round_tokens,
-                                        max_round_requests, graphs if graphs is not None else device.type == "cuda",
-                                        self._stats, name, startup, batch_invariant)
-        self.ops = self._executor.ops  # the invariant mode's projections are planned with the graph ladder
-        self.pool = self._executor.pool
+        self._executor = build_executor(model, ops_for(device, batch_invariant) if ops is None else ops, renderer,
+                                        pool_bytes, pool_checkpoints, max_round_tokens, max_round_requests,
+                                        graphs if graphs is not None else device.type == "cuda", self._stats, name,
+                                        startup, batch_invariant)
+        self.ops, self.pool = self._executor.ops, self._executor.pool  # ops: invariant projections need the ladder
         # rounds in flight at once: one per staging/readback buffer pair of the graphs (reused by the round after next)
         self._loop = RoundLoop(self._executor, deadline_s=round_deadline_ms / 1000.0, max_pending=max_pending,
                                depth=BUFFERS)
         OPEN_ENGINES.add(self)
         self._stats.set(load_seconds=startup.elapsed())
-        runner = self._executor.graphs
-        startup.stage("serving", f"{len(runner.ladder)} CUDA graphs to capture in the background" if runner else "")
+        ladder = self._executor.graphs.ladder if self._executor.graphs else ()
+        startup.stage("serving", f"{len(ladder)} CUDA graphs to capture in the background" if ladder else "")
 
     @classmethod
     def load(
@@ -140,17 +136,14 @@ class Engine:
         device = resolve_device(device)
         dtype = resolve_dtype(dtype, device)
         config, _ = read_config(path)  # config, tokenizer and template are checked before any weight is read
-        check_options(config.max_position_embeddings, max_prompt_tokens=max_prompt_tokens, pool_bytes=pool_bytes,
-                       pool_checkpoints=pool_checkpoints, max_round_tokens=max_round_tokens,
-                       max_round_requests=max_round_requests, round_deadline_ms=round_deadline_ms,
-                       max_pending=max_pending)
+        options = {"pool_bytes": pool_bytes, "pool_checkpoints": pool_checkpoints, "max_pending": max_pending,
+                   "max_round_requests": max_round_requests, "round_deadline_ms": round_deadline_ms}
+        check_options(config.max_position_embeddings, max_prompt_tokens=max_prompt_tokens,
+                      max_round_tokens=max_round_tokens, **options)
         renderer = Renderer.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size)
-        model = load_model(path, device, dtype)
-        return cls(model, renderer, device, pool_bytes=pool_bytes, pool_checkpoints=pool_checkpoints,
+        return cls(load_model(path, device, dtype), renderer, device, graphs=graphs, batch_invariant=batch_invariant,
                    max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192),
-                   max_round_requests=max_round_requests, round_deadline_ms=round_deadline_ms,
-                   max_pending=max_pending, graphs=graphs, batch_invariant=batch_invariant, name=Path(path).name,
-                   startup=startup)
+                   name=Path(path).name, startup=startup, **options)
 
     @classmethod
     def tiny(cls, seed: int = 0, **load_options: Any) -> Engine:
@@ -210,9 +203,7 @@ class Engine:
         self, ask: Ask, timeout: float | None = None, queue_timeout: float | None = None
     ) -> SystemOneResponse:
         """Queue a prepared ask (waiting for room, at most `queue_timeout` s) and block until its answers arrive.
-
-        After `timeout` s, AskTimeoutError; an ask no round has taken yet is withdrawn then, as a cancelled
-        async ask is."""
+        After `timeout` s, AskTimeoutError; an ask no round has taken yet is withdrawn then (as when cancelled)."""
         if queue_timeout is None:
             self._loop.submit(ask)
         else:
@@ -272,6 +263,7 @@ class Engine:
             "max_prompt_tokens": self.renderer.max_prompt_tokens,
             "max_round_tokens": self.max_round_tokens,
             "max_round_requests": self.max_round_requests,
+            "batch_invariant": self.batch_invariant,
             "capacities": [] if self._executor.graphs is None else [c.tokens for c in self._executor.graphs.ladder],
             "kernel_bundle": None if self.kernel_bundle is None else str(self.kernel_bundle.bundle),
             "memory_bytes": self._memory(self._stats.snapshot()),

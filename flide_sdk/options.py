@@ -42,6 +42,15 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     raise DeviceError(f"dtype must be one of {sorted(DTYPES)} (a name or the torch.dtype), got {dtype!r}")
 
 
+def check_modes(device: torch.device, graphs: bool | None, batch_invariant: bool, custom_ops: bool) -> None:
+    """Refuse a combination of modes the engine cannot run: CUDA graphs off CUDA, or the batch-invariant mode
+    with ops of the caller's (its guarantee rests on the engine's own fixed-order ops)."""
+    if graphs and device.type != "cuda":
+        raise DeviceError("CUDA graphs need a CUDA device (graphs=True on cpu)")
+    if batch_invariant and custom_ops:
+        raise InvalidOptionError("batch_invariant=True picks the engine's own fixed-order ops: give no `ops`")
+
+
 def check_options(positions: int, **options: float | None) -> None:
     """Refuse an engine option out of range (None: its default). Sizes are positive integers (pool budgets may
     be 0: no checkpoints), the deadline a finite number of milliseconds, prompts within the model's positions."""
