@@ -89,6 +89,10 @@ async def test_random_mixed_rounds_have_the_bits_of_questions_asked_alone(tiny_p
                 alone.assert_same_bits(state, response.answers)
         stats = engine.stats()
         assert stats["checkpoint_hits"] >= 10 and stats["tokens_resumed"] > 0
+    with fl.Engine.load(tiny_path, device="cpu", batch_invariant=True) as fresh:  # a brand-new engine too
+        state, text = states[-1], sessions[0][1][0]
+        for asked in (state, text):
+            alone.assert_same_bits(asked, fresh.ask_sync(asked, {"tool": QUESTIONS["tool"]}).answers)
 
 
 def test_resumed_from_any_earlier_checkpoint_has_the_bits_of_a_fresh_trunk(tiny_path, alone):

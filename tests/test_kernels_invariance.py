@@ -8,12 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from flide_sdk.kernels.attention_front import attention_front_triton
 from flide_sdk.kernels.fork_attention import attention_tiles, fork_attention_config, fork_attention_triton
 from flide_sdk.kernels.gated_delta import gated_delta_triton
+from flide_sdk.kernels.gdn_front import gdn_front_triton
 from flide_sdk.kernels.label_softmax import label_softmax_triton
 from flide_sdk.kernels.matmul import MATMUL, MATMUL_FLOAT32, RowCountLinear, linear_triton
 from flide_sdk.kernels.rms_norm import add_rms_norm_triton, gated_rms_norm_triton, rms_norm_triton
 from flide_sdk.kernels.swiglu import swiglu_triton
+from flide_sdk.models.qwen35 import rotary_tables
 from flide_sdk.plan.layout import PAGE, RequestSpec, Resume, plan_round
 
 from .test_kernels_gated_delta import random_inputs
@@ -145,3 +148,47 @@ def test_row_count_linear_runs_every_row_count_at_a_checked_one():
     chunks = torch.cat([F.linear(x[0:8], weight), F.linear(x[8:16], weight), last])
     assert torch.equal(linear(x, weight), chunks)
     assert torch.equal(linear(x, other), linear_triton(x, other))
+
+
+def rounds_with_and_without_others() -> tuple:
+    """The same request (a 150-token trunk and two branches) alone and after three other requests."""
+    rng = np.random.default_rng(6)
+    mine = RequestSpec.of(rng.integers(0, 100, 150), [rng.integers(0, 100, 30), rng.integers(0, 100, 9)],
+                          [np.array([1])] * 2)
+    others = [RequestSpec.of(rng.integers(0, 100, n), [rng.integers(0, 100, 12)] * 3, [np.array([1])] * 3)
+              for n in (70, 5, 130)]
+    return plan_round([mine], 4).to("cpu"), plan_round(others + [mine], 4).to("cpu")
+
+
+def per_token(rnd, width: int, seed: int) -> torch.Tensor:
+    """Rows that depend only on each token's id and position (the request's rows are the same in both rounds)."""
+    gen = torch.Generator().manual_seed(seed)
+    by_id, by_position = torch.randn(100, width, generator=gen), torch.randn(4096, width, generator=gen)
+    return by_id[rnd.ids] + by_position[rnd.positions]
+
+
+def test_front_kernels_rows_of_a_request_alone_and_after_others():
+    """The Gated DeltaNet front (conv, gates) and attention's front (norms, rotary) give the request's tokens
+    the same bits alone and behind other requests."""
+    alone, crowded = rounds_with_and_without_others()
+    span = [slice(*rnd.attention.request_bounds[-1]) for rnd in (alone, crowded)]
+    gen = torch.Generator().manual_seed(8)
+    weight, A_log, dt_bias = torch.randn(64, 4, generator=gen), torch.randn(2, generator=gen), torch.randn(2)
+    cos, sin = rotary_tables(torch.arange(4096), 8, 10000.0, torch.float32)
+    norms = [torch.randn(32, generator=gen) * 0.1 for _ in range(2)]
+    outputs = []
+    for rnd in (alone, crowded):
+        rows = per_token(rnd, 196, seed=9)  # conv inputs, a, b, then q (two heads), k and v (one head)
+        tokens = rows.shape[0]
+        qkv, a, b = rows[:, :64], rows[:, 64:66], rows[:, 66:68]
+        q, k, v = rows[:, 68:132].view(tokens, 2, 32), rows[:, 132:164].view(tokens, 1, 32), rows[:, 164:].view(tokens, 1, 32)
+        windows = torch.zeros(4, 3, 64)
+        plan = rnd.checkpoint
+        front = gdn_front_triton(qkv, a, b, weight, A_log, dt_bias, windows, plan.resume_slots, rnd.conv_src,
+                                 plan.save_slots, plan.save_window_src)
+        caches = torch.zeros(tokens + 1, 1, 32), torch.zeros(tokens + 1, 1, 32)  # every token to the sink row
+        attention = attention_front_triton(q, k, v, *norms, 1e-6, cos, sin, rnd.positions, None, *caches,
+                                           torch.full((tokens,), tokens))
+        outputs.append([*front, *attention])
+    for mine, theirs in zip(*outputs):
+        assert torch.equal(mine[span[0]], theirs[span[1]])

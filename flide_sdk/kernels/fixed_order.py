@@ -42,14 +42,16 @@ def fixed_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     rows, depth, cols = a.shape[-2], a.shape[-1], b.shape[-1]
     step = max(1, PRODUCT_ELEMENTS // max(1, math.prod(batch) * cols * depth))
-    dtype = torch.promote_types(a.dtype, b.dtype)
+    result = torch.promote_types(a.dtype, b.dtype)
+    dtype = torch.promote_types(result, torch.float32)  # 16-bit inputs: float32 products and sums, as a GEMM
+    a, bt = a.to(dtype), bt.to(dtype)
     parts = []
     for i in range(0, max(rows, 1), step):
         chunk = a[..., i : i + step, None, :]
         products = torch.empty(*batch, chunk.shape[-3], cols, depth, dtype=dtype, device=a.device)
         torch.mul(chunk, bt, out=products)
         parts.append(products.sum(-1))
-    return torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0]
+    return (torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0]).to(result)
 
 
 def linear_fixed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
