@@ -22,7 +22,7 @@ from flide_sdk.errors import FlideError, InvalidQuestionError, InvalidStateError
 
 
 def _engine(args: argparse.Namespace) -> Engine:
-    options: dict[str, Any] = {"device": args.device, "dtype": args.dtype}
+    options: dict[str, Any] = {"device": args.device, "dtype": args.dtype, "batch_invariant": args.batch_invariant}
     if args.path == "tiny":
         return Engine.tiny(**options)
     return Engine.load(args.path, **options)
@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("path", help="checkpoint directory, or 'tiny' for the embedded model")
         command.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
         command.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: per device)")
+        command.add_argument("--batch-invariant", action="store_true",
+                             help="the same bits whatever shares a round (Engine.load(batch_invariant=True))")
         if name == "ask":
             command.add_argument("--state", required=True, help="a file with the state, or - for stdin")
             command.add_argument("--json-state", action="store_true", help="parse the state file as JSON data")

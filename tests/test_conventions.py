@@ -156,6 +156,11 @@ def test_cli_ask_prints_the_answers_as_json(tiny_path, engine, monkeypatch, caps
                 "--questions", f"@{tmp_path / 'questions.json'}"]) == 0
     assert json.loads(capsys.readouterr().out) == engine.ask_sync({"ticket": state}, QUESTIONS).to_dict()
 
+    with fl.Engine.tiny(batch_invariant=True) as invariant:  # the flag loads the batch-invariant mode
+        monkeypatch.setattr(sys, "stdin", io.StringIO(state))
+        assert cli(["ask", "tiny", "--batch-invariant", "--state", "-", "--questions", json.dumps(questions)]) == 0
+        assert json.loads(capsys.readouterr().out) == invariant.ask_sync(state, QUESTIONS).to_dict()
+
 
 @pytest.mark.parametrize(
     ("arguments", "error"),
