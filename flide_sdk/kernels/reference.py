@@ -219,6 +219,60 @@ def _run_level(qf, kf, vf, gf, bf, level, states, out, matmul) -> None:
     out[idx.reshape(-1)] = outputs.permute(0, 2, 1, 3).reshape(-1, *out.shape[1:])
 
 
+def tree_paths(parent: torch.Tensor) -> torch.Tensor:
+    """[N, N] bool: row t marks t and its ancestors, for tokens in DFS pre-order (parent[t] < t; -1: none)."""
+    n = parent.shape[0]
+    step = torch.zeros(n, n, dtype=torch.float64, device=parent.device)
+    has = parent >= 0
+    step[torch.arange(n, device=parent.device)[has], parent[has]] = 1.0
+    reach = torch.eye(n, dtype=torch.float64, device=parent.device) + step
+    for _ in range(max(1, n.bit_length())):  # doubling: paths of up to 2^j steps
+        reach = ((reach + reach @ reach) > 0).to(torch.float64)
+    return reach > 0
+
+
+def tree_delta_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, parent: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gated delta rule over one chunk whose tokens form a tree (the tree WY transform), every token from
+    the chunk's start state `state` along its own path: (outputs [N, H, Dv], pseudo-values [N, H, Dv]).
+
+    Tokens in DFS pre-order, parent[t] < t the token before t on its path (-1: the start state). With c_t the
+    log decay summed along the path to t, the pseudo-values V~ solve (I + diag(beta) G) V~ = R, G[t, i] =
+    exp(c_t - c_i) k_t.k_i for strict ancestors i of t, R[t] = beta_t (v_t - exp(c_t) S0^T k_t); then
+    o_t = exp(c_t) S0^T q_t + sum over i on the path to t (t included) of exp(c_t - c_i) (q_t.k_i) v~_i.
+    q, k [N, H, Dk] (normalised and scaled as the kernel takes them), v [N, H, Dv], g, beta [N, H],
+    parent [N] int64, state [H, Dk, Dv]; computed in the dtype of v.
+    """
+    path = tree_paths(parent)  # [N, N]
+    strict = path & ~torch.eye(path.shape[0], dtype=torch.bool, device=path.device)
+    qh, kh, vh = (x.transpose(0, 1) for x in (q, k, v))  # [H, N, D]
+    gh, bh = g.transpose(0, 1).to(v.dtype), beta.transpose(0, 1).to(v.dtype)  # [H, N]
+    cum = gh @ path.to(v.dtype).T  # [H, N]: c_t
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(~path, float("-inf")).exp()  # [H, N, N]
+    system = (kh @ kh.transpose(-1, -2)) * decay * strict * bh[..., None]
+    start = cum.exp()[..., None]  # [H, N, 1]
+    rhs = bh[..., None] * (vh - start * (kh @ state))
+    eye = torch.eye(path.shape[0], dtype=v.dtype, device=v.device)
+    pseudo = torch.linalg.solve_triangular(eye + system, rhs, upper=False)
+    out = start * (qh @ state) + ((qh @ kh.transpose(-1, -2)) * decay) @ pseudo
+    return out.transpose(0, 1), pseudo.transpose(0, 1)
+
+
+def tree_state_reference(
+    k: torch.Tensor, g: torch.Tensor, parent: torch.Tensor, pseudo: torch.Tensor, state: torch.Tensor, node: int
+) -> torch.Tensor:
+    """The state after token `node` rebuilt from the pseudo-values (`tree_delta_reference`): exp(c_a) S0 plus,
+    over the path to a, exp(c_a - c_i) k_i v~_i^T ([H, Dk, Dv])."""
+    on_path = tree_paths(parent)[node]
+    gh = g.transpose(0, 1).to(state.dtype)[:, on_path]  # [H, n]
+    cum = gh.sum(-1)  # c_a
+    weights = (cum[:, None] - gh.cumsum(-1)).exp()  # exp(c_a - c_i), i on the path
+    kh, vh = k.transpose(0, 1)[:, on_path], pseudo.transpose(0, 1)[:, on_path]  # [H, n, D]
+    return cum.exp()[:, None, None] * state + (kh * weights[..., None]).transpose(-1, -2) @ vh
+
+
 def conv_rows(x: torch.Tensor, window_cache: torch.Tensor, resume_slots: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """Rows of the virtual table [zero row, x, resumed windows] at `index` (any shape), as [*index.shape, C]."""
     total = x.shape[0]
