@@ -114,9 +114,9 @@ invariant_reference_ops = replace(
 
 def kernel_ops(batch_invariant: bool = False) -> Ops:
     """The Triton kernels (used on CUDA; on CPU they run only under TRITON_INTERPRET=1, for tests). Batch
-    invariant: the fixed-order GEMM (`kernels.matmul`) for every projection, and attention tiles of one piece
-    without key splits (`fork_attention_config`); the other kernels reduce per token or per chunk in one order
-    already."""
+    invariant: the fixed-tile GEMM (`kernels.matmul`) for every projection (an engine keeps cuBLAS for the
+    shapes `matmul.plan_linear` shows to sum alike), and attention tiles of one piece without key splits
+    (`fork_attention_config`); the other kernels reduce per token or per chunk in one order already."""
     from flide_sdk.kernels.attention_front import attention_front_triton
     from flide_sdk.kernels.fork_attention import attention_tiles, fork_attention_config, fork_attention_triton
     from flide_sdk.kernels.gated_delta import delta_workspace, gated_delta_triton
