@@ -329,7 +329,7 @@ def _scan_schedule(pending: list, lookup, limits: RoundLimits) -> tuple[list, li
         return 0 if resumes[id(ask)] is None else resumes[id(ask)].length
 
     def waits(ask, producer) -> bool:
-        at = producer.trunk.boundary
+        at = producer.trunk.boundary // limits.save_align * limits.save_align
         if not resumed(ask) + DEFER_MIN_TOKENS <= at < len(ask.trunk) or at <= resumed(producer):
             return False
         return ask.trunk.prefix_equals(producer.trunk.buffer, at) and not same(ask, producer)
@@ -380,7 +380,7 @@ def test_indexed_admission_matches_the_scan_over_every_selected_ask(engine):
     assert len(resumed.trunk().stable) >= 64  # its asks resume with history pages
     paged_out = 0
     for limits in (RoundLimits(100_000, 64, 100_000), RoundLimits(400, 64, 100_000), RoundLimits(100_000, 3, 100_000),
-                   RoundLimits(100_000, 64, 100_000, 3)):
+                   RoundLimits(100_000, 64, 100_000, 3), RoundLimits(100_000, 64, 100_000, save_align=64)):
         for _ in range(5):
             rng.shuffle(trunks)
             asks = [engine.prepare(trunk, {"q": QUESTIONS["stuck"]} if i % 3 else QUESTIONS)

@@ -63,7 +63,8 @@ def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes:
     caches = pool.layer_caches()
     # every question has at least one branch token; with graphs a round must fit the largest capacity:
     # one padding token past its real tokens, and the history pages of its resumed asks
-    limits = RoundLimits(max_round_tokens, max_round_requests, max_round_tokens)
+    save_align = GDN_CHUNK if batch_invariant else 1
+    limits = RoundLimits(max_round_tokens, max_round_requests, max_round_tokens, save_align=save_align)
     runner = None
     ladder = capacity_ladder(model.config.conv_kernel, max_round_tokens, max_round_requests,
                              renderer.max_prompt_tokens)
@@ -76,9 +77,9 @@ def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes:
         ops = dataclasses.replace(ops, linear=plan_linear(model.projection_shapes(), row_counts, device, dtype))
     if graphs:
         runner = GraphRunner(model, ops, caches, ladder, pool.state_rows, pool.window_sink, pool.kv_sink)
-        limits = RoundLimits(max_round_tokens - 1, max_round_requests, ladder[-1].questions, ladder[-1].pages)
-    return Executor(model, ops, pool, caches, runner, renderer.words, stats, name, limits, startup,
-                    GDN_CHUNK if batch_invariant else 1)
+        limits = RoundLimits(max_round_tokens - 1, max_round_requests, ladder[-1].questions, ladder[-1].pages,
+                             save_align)
+    return Executor(model, ops, pool, caches, runner, renderer.words, stats, name, limits, startup)
 
 
 class Executor:
@@ -86,7 +87,7 @@ class Executor:
 
     def __init__(self, model: Qwen35Model, ops: Ops, pool: CheckpointPool, caches: list[LayerCache],
                  graphs: GraphRunner | None, words: WordEncoder, stats: Stats, name: str, limits: RoundLimits,
-                 startup: Startup, save_align: int = 1) -> None:
+                 startup: Startup) -> None:
         self.model = model
         self.ops = ops
         self.pool = pool
@@ -97,7 +98,6 @@ class Executor:
         self.caches = caches
         self.words = words
         self.startup = startup
-        self.save_align = save_align  # a checkpoint's position is a multiple of this
         self.answered = False  # whether a round was answered yet
         self.pool_lock = threading.Lock()  # held while the pool is read or changed
         self.captured = threading.Event()  # set once no graph is left to capture
@@ -255,7 +255,7 @@ class Executor:
     def _request_spec(self, request: Request) -> tuple[RequestSpec, PlannedSave | None]:
         trunk, resume = request.lead.trunk, request.resume
         start = request.resume_length
-        at = trunk.boundary // self.save_align * self.save_align
+        at = self.limits.save_point(trunk)
         save = self.pool.plan_save(trunk, resume, at)
         spec = RequestSpec(
             trunk=trunk.tokens(start),

@@ -25,12 +25,18 @@ DEFER_MIN_TOKENS = 64
 @dataclass(frozen=True)
 class RoundLimits:
     """What one round holds at most: stream tokens, requests (distinct trunks, each a scratch state row),
-    questions, and history pages its resumed requests read (None: no limit)."""
+    questions, and history pages its resumed requests read (None: no limit); and where a round saves its
+    checkpoints: at the stable boundary rounded down to a multiple of `save_align` (the batch-invariant mode:
+    the GDN chunk)."""
 
     tokens: int
     requests: int
     questions: int
     pages: int | None = None
+    save_align: int = 1
+
+    def save_point(self, trunk: Trunk) -> int:
+        return trunk.boundary // self.save_align * self.save_align
 
 
 @dataclass(eq=False)
@@ -63,11 +69,10 @@ class RoundBatch:
         return [ask for request in self.requests for ask in request.asks]
 
 
-def waits_for(ask: Ask, resume_length: int, producer: Request) -> bool:
+def waits_for(ask: Ask, resume_length: int, producer: Request, at: int) -> bool:
     """Whether `ask` (resuming `resume_length` tokens) should rather resume from the checkpoint `producer`
-    saves in this round: worth a round's wait only when it saves DEFER_MIN_TOKENS more."""
+    saves in this round at `at`: worth a round's wait only when it saves DEFER_MIN_TOKENS more."""
     trunk, theirs = ask.trunk, producer.lead.trunk
-    at = theirs.boundary
     if not resume_length + DEFER_MIN_TOKENS <= at < len(trunk) or at <= producer.resume_length:
         return False
     blocks = at // BLOCK  # when both hashes are stored, they give a quick no before comparing tokens
@@ -89,7 +94,8 @@ def schedule(queue: Iterable[Ask], lookup: Callable[[Trunk], Checkpoint | None],
         resume = lookup(ask.trunk)
         resume_length = 0 if resume is None else resume.length
         first_block = ask.first_block
-        if any(waits_for(ask, resume_length, producer) for producer in by_first_block.get(first_block, ())):
+        if any(waits_for(ask, resume_length, producer, limits.save_point(producer.lead.trunk))
+               for producer in by_first_block.get(first_block, ())):
             batch.kept.append(ask)
             batch.deferred += 1
             continue
