@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from flide_sdk.kernels.plans import PAGE, AttentionPlan
+from flide_sdk.kernels.plans import AttentionPlan
 from flide_sdk.kernels.reference import (
     FIXED,
     add_rms_norm_reference,
@@ -25,6 +25,7 @@ from flide_sdk.kernels.reference import (
     gated_delta_reference,
     gated_rms_norm_reference,
     gdn_front_reference,
+    history_slots,
     rms_norm_reference,
     swiglu_reference,
 )
@@ -104,8 +105,7 @@ def fork_attention_fixed(
             continue
         history_k = history_v = k.new_zeros(0, kv_heads, head_dim)
         if cached:
-            pages = torch.as_tensor(pages, device=q.device)
-            slots = (pages[:, None] * PAGE + torch.arange(PAGE, device=q.device)).reshape(-1)[:cached]
+            slots = history_slots(pages, cached, q.device)
             history_k, history_v = k_cache[slots], v_cache[slots]
         for piece_start in torch.unique(seg_lo[mine]).tolist():
             index = mine[seg_lo[mine] == piece_start]

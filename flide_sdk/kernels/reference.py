@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -97,6 +98,12 @@ def attention_front_reference(
     return q, k, v
 
 
+def history_slots(pages: np.ndarray, cached: int, device: torch.device) -> torch.Tensor:
+    """The pool positions of a request's cached keys/values [0, cached), from its pages."""
+    pages = torch.as_tensor(pages, device=device)
+    return (pages[:, None] * PAGE + torch.arange(PAGE, device=device)).reshape(-1)[:cached]
+
+
 def fork_attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -125,8 +132,7 @@ def fork_attention_reference(
             continue
         k_req, v_req = k[start:end], v[start:end]
         if cached:
-            pages = torch.as_tensor(pages, device=q.device)
-            slots = (pages[:, None] * PAGE + torch.arange(PAGE, device=q.device)).reshape(-1)[:cached]
+            slots = history_slots(pages, cached, q.device)
             k_req, v_req = torch.cat([k_cache[slots], k_req]), torch.cat([v_cache[slots], v_req])
         kh = k_req.transpose(0, 1).repeat_interleave(group, dim=0)
         vh = v_req.transpose(0, 1).repeat_interleave(group, dim=0)
