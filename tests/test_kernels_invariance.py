@@ -3,6 +3,8 @@ bits alone as inside larger launches, and the default attention tiling shows it 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -102,7 +104,7 @@ def test_attention_branch_alone_and_among_siblings_and_other_requests():
     alone, crowded = attention_round([1]), attention_round([5, 3, 1, 4])
     assert torch.equal(attention_rows_of_first_branch(alone, invariant),
                        attention_rows_of_first_branch(crowded, invariant))
-    tight = default.__class__(**{**default.__dict__, "min_split_keys": PAGE, "extra_items": 4})
+    tight = dataclasses.replace(default, min_split_keys=PAGE, extra_items=4)
     assert not torch.equal(attention_rows_of_first_branch(alone, tight),
                            attention_rows_of_first_branch(crowded, tight)), "guard: the default tiling differs"
 
