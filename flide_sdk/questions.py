@@ -22,6 +22,8 @@ Content = Union[str, dict, list]
 """Instructions and option descriptions: text, or a JSON object / array rendered with json.dumps."""
 
 NOUL_OUTCOMES = ("true", "false")
+SCORINGS = ("label", "text")
+"""How a Choice's options are read: one label token each (A, B, ...), or each option's own text as the reply."""
 
 
 class Tagged(msgspec.Struct, frozen=True, tag_field="type"):
@@ -127,12 +129,17 @@ class Noul(Tagged, tag="noul", frozen=True, forbid_unknown_fields=True):
 
 
 class Choice(Tagged, tag="choice", frozen=True, forbid_unknown_fields=True):
-    """A multiple-choice question: `criteria` maps each option name to a description (or None)."""
+    """A multiple-choice question: `criteria` maps each option name to a description (or None). `scoring`:
+    "label" reads one label token per option; "text" scores each option name as the whole reply (the sum of
+    its tokens' log-probabilities, then a softmax over the options)."""
 
     instructions: Content | None = None
     criteria: dict[str, Content | None] = msgspec.field(default_factory=dict)
+    scoring: str = "label"
 
     def __post_init__(self) -> None:
+        if self.scoring not in SCORINGS:
+            raise InvalidQuestionError(f"Choice scoring must be 'label' or 'text', got {self.scoring!r}")
         _check_content("Choice instructions", self.instructions, optional=True)
         if not isinstance(self.criteria, Mapping):
             raise InvalidQuestionError("Choice criteria must be a mapping of option name -> description or None")
@@ -148,6 +155,13 @@ class Choice(Tagged, tag="choice", frozen=True, forbid_unknown_fields=True):
 
     def option_names(self) -> list[str]:
         return list(self.criteria)
+
+    def to_dict(self) -> dict[str, Any]:
+        """As `Tagged.to_dict`, without `scoring` when it is the default (the TypeSafe wire form has none)."""
+        data = super().to_dict()
+        if self.scoring == "label":
+            del data["scoring"]
+        return data
 
     def option_descriptions(self) -> list[Content | None]:
         return list(self.criteria.values())
@@ -294,8 +308,9 @@ def parse_question(name: str, question: Any) -> Question:
 
 
 class Usage(msgspec.Struct, frozen=True):
-    """Token counts of one request: every prompt token of its questions (trunk + branches, however much was
-    resumed from checkpoints), and one output token read per question."""
+    """Token counts of one request: every prompt token of its questions (trunk + each question's text, however
+    much was resumed from checkpoints), and the reply tokens read: one label per question, or every token of a
+    text-scored question's option replies."""
 
     input_tokens: int
     output_tokens: int

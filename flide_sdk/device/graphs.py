@@ -204,7 +204,7 @@ class GraphRunner:
         rnd = round_tensors(plan, capacity.shape, arrays)
         self._compile(capacity, expand, rnd)
         expand()
-        probabilities = self.model(rnd, self.ops, self.caches)
+        probabilities = self.model(rnd, self.ops, self.caches).probabilities
         return probabilities[: plan.num_questions].cpu().numpy()
 
     def capture_next(self) -> CaptureReport:
@@ -244,7 +244,7 @@ class GraphRunner:
             with torch.cuda.graph(graph, pool=self._pool):
                 self._copy_in(buffer, capacity)
                 expand()
-                readback[buffer].copy_(self.model(rnd, self.ops, self.caches), non_blocking=True)
+                readback[buffer].copy_(self.model(rnd, self.ops, self.caches).probabilities, non_blocking=True)
             graphs.append(graph)
         torch.cuda.synchronize(self.device)
         self._captured[capacity] = _Captured(graphs, host_views, [view.numpy() for view in readback])

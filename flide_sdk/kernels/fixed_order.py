@@ -28,6 +28,7 @@ from flide_sdk.kernels.reference import (
     history_slots,
     rms_norm_reference,
     swiglu_reference,
+    token_logprobs_reference,
 )
 
 KEY_BLOCK = 64  # keys per online-softmax block
@@ -158,3 +159,7 @@ def label_softmax_fixed(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Te
         rows = (counts == count).nonzero().squeeze(1)
         out[rows, :count] = torch.softmax(logits[rows, :count], dim=-1)
     return out
+
+
+token_logprobs_fixed = functools.partial(token_logprobs_reference, linear=linear_fixed)
+"""`token_logprobs_reference` with its products in a fixed order."""

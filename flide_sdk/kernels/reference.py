@@ -345,6 +345,40 @@ def label_softmax_reference(h: torch.Tensor, head: torch.Tensor, label_ids: torc
     return torch.softmax(logits.masked_fill(label_ids < 0, float("-inf")), dim=-1)
 
 
+TEXT_ROW_BLOCK = 64  # rows whose logits one product computes (the last block padded)
+VOCAB_BLOCK = 16384  # vocabulary rows per product
+
+
+def token_logprobs_reference(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
+                             linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear) -> torch.Tensor:
+    """log_softmax(h[r] . head.T)[targets[r]] per row over the whole vocabulary, float32 logits ([X] float32).
+
+    The logits come a vocabulary block at a time (`linear` of float32 operands) for TEXT_ROW_BLOCK rows at a
+    time, the last block padded, with a running log-sum-exp: every product has one shape whatever the number of
+    rows, so a row's value does not depend on the others, and no [X, vocab] tensor is ever held."""
+    rows = h.shape[0]
+    padded = -(-rows // TEXT_ROW_BLOCK) * TEXT_ROW_BLOCK
+    x = torch.zeros(padded, h.shape[1], dtype=torch.float32, device=h.device)
+    x[:rows] = h
+    target = torch.zeros(padded, dtype=torch.long, device=h.device)
+    target[:rows] = targets
+    peak = torch.full((padded,), float("-inf"), device=h.device)
+    total = torch.zeros(padded, device=h.device)
+    picked = torch.zeros(padded, device=h.device)
+    for first in range(0, head.shape[0], VOCAB_BLOCK):
+        block = head[first : first + VOCAB_BLOCK].float()
+        inside = (target >= first) & (target < first + block.shape[0])
+        column = (target - first).clamp(0, block.shape[0] - 1)
+        for at in range(0, padded, TEXT_ROW_BLOCK):
+            logits = linear(x[at : at + TEXT_ROW_BLOCK], block)  # [TEXT_ROW_BLOCK, block]
+            part = slice(at, at + TEXT_ROW_BLOCK)
+            picked[part] = torch.where(inside[part], logits.gather(1, column[part, None])[:, 0], picked[part])
+            top = torch.maximum(peak[part], logits.amax(-1))
+            total[part] = total[part] * torch.exp(peak[part] - top) + torch.exp(logits - top[:, None]).sum(-1)
+            peak[part] = top
+    return (picked - peak - torch.log(total))[:rows]
+
+
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor, *, pointwise: Pointwise = TORCH) -> torch.Tensor:
     """silu(gate) * up, as torch computes it (the definition)."""
     return pointwise.silu(gate) * up

@@ -4,7 +4,7 @@ The model never touches request structure itself: attention, the gated delta rul
 front (short convolution, gates, saved conv windows) and attention's front (q/k norms with the rotary
 embedding, the keys and values saved into the pool) read it from the round's metadata through the first four
 functions. The RMS norms (plain, with the residual add folded in, the Gated DeltaNet's gated one), the MLP's
-SwiGLU and the readout's label softmax go through here too, so that each is one kernel on CUDA instead of a
+SwiGLU, the readout's label softmax and its token log-probabilities go through here too, so that each is one kernel on CUDA instead of a
 chain of elementwise ops.
 The projections (`linear`) go through here as well, so the batch-invariant mode can swap in its fixed-order GEMM.
 `reference_ops` binds the pure-torch definitions (CPU); `invariant_reference_ops` their fixed-order forms
@@ -32,6 +32,7 @@ from flide_sdk.kernels.reference import (
     label_softmax_reference,
     rms_norm_reference,
     swiglu_reference,
+    token_logprobs_reference,
 )
 
 
@@ -74,6 +75,9 @@ class Ops:
     label_softmax: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     """(h [R, hidden], head weight [vocab, hidden], label ids [R, L], -1 for none) -> float32 softmax over each
     row's label logits (float32 dot products) [R, L]."""
+    token_logprobs: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    """(h [X, hidden], head weight [vocab, hidden], target ids [X]) -> float32 log-probability of each row's target
+    under the softmax over the whole vocabulary (float32 logits) [X]; a row's value independent of the others."""
 
 
 def _plan_itself(plan: AttentionPlan | DeltaPlan, *_: object) -> AttentionPlan | DeltaPlan:
@@ -93,6 +97,7 @@ reference_ops = Ops(
     gated_rms_norm=gated_rms_norm_reference,
     swiglu=swiglu_reference,
     label_softmax=label_softmax_reference,
+    token_logprobs=token_logprobs_reference,
 )
 
 
@@ -109,6 +114,7 @@ invariant_reference_ops = replace(
     gated_rms_norm=fixed_order.gated_rms_norm_fixed,
     swiglu=fixed_order.swiglu_fixed,
     label_softmax=fixed_order.label_softmax_fixed,
+    token_logprobs=fixed_order.token_logprobs_fixed,
 )
 
 
@@ -152,6 +158,7 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
         gated_rms_norm=gated_rms_norm_triton,
         swiglu=swiglu_triton,
         label_softmax=label_softmax_triton,
+        token_logprobs=token_logprobs_reference,  # fixed-shape float32 products: cuBLAS sums each row alike
     )
 
 

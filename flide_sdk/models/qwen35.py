@@ -13,7 +13,8 @@ RMSNorm scales by (1 + w); attention queries carry an output gate (sigmoid) and 
 head before a partial rotary embedding; Gated DeltaNet runs a SiLU short convolution over q|k|v, decay
 g = -exp(A_log) * softplus(a + dt_bias), rate beta = sigmoid(b), and a gated RMSNorm (w * norm(o) * silu(z)).
 Selective readout: the last layer runs its token mixer's keys/values for every token but everything after
-it only at the readout rows, and the head computes only the label rows.
+it only at the readout rows, and the head computes only the label rows (and, for options scored by their
+text, the whole vocabulary at the rows that read their tokens).
 Precision beyond the weights' dtype where it is cheap: the residual stream (the running sum of every
 sublayer's output, one [T, hidden] tensor) is kept in `residual_dtype`, float32 by default, instead of being
 rounded to bf16 at every add as transformers does; and the label logits are float32 dot products (a bf16
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +40,14 @@ from flide_sdk.models.ops import Ops
 from flide_sdk.plan.layout import RoundTensors
 
 LayerCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class Readout(NamedTuple):
+    """What a forward returns: each question's label probabilities [R, L] (float32; a text-scored question's
+    row holds no answer) and the log-probability of each text read's token [X] (float32)."""
+
+    probabilities: torch.Tensor
+    text_logprobs: torch.Tensor
 """A layer's pool arenas: (keys, values) [pages * PAGE, Hkv, D], or (states [rows, Hv, Dk, Dv], windows [S, K-1, C]).
 The state arena's rows are the pool's slots plus a zero row and scratch rows (`layout.StateRows`)."""
 
@@ -261,7 +271,8 @@ class DecoderLayer(nn.Module):
 
 
 class Qwen35Model(nn.Module):
-    """The decoder; `forward(rnd, ops, caches)` returns each question's option probabilities [R, L] (float32).
+    """The decoder; `forward(rnd, ops, caches)` returns each question's option probabilities [R, L] (float32) and
+    the log-probabilities of its text reads (`Readout`).
 
     `caches[i]` is layer i's view of the checkpoint pool: (keys, values) arenas for an attention layer,
     (recurrent states, conv windows) arenas for a Gated DeltaNet layer.
@@ -310,14 +321,16 @@ class Qwen35Model(nn.Module):
         return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
     @torch.inference_mode()
-    def forward(self, rnd: RoundTensors, ops: Ops, caches: Sequence[LayerCache]) -> torch.Tensor:
+    def forward(self, rnd: RoundTensors, ops: Ops, caches: Sequence[LayerCache]) -> Readout:
         embedded = F.embedding(rnd.ids, self.embed_tokens.weight)
+        readout, questions = rnd.readout, rnd.readout.rows.shape[0]
+        rows = torch.cat([readout.rows, readout.text_rows]) if readout.text_rows.numel() else readout.rows
         # what attention derives from the round's metadata is built once per pass, inside it: a graph captured
         # after a warm-up pass on the same round tensors must contain its build
         if any(layer.is_attention for layer in self.layers):
             c = self.config
-            readout = rnd.readout.rows if self.layers[-1].is_attention else None
-            attention = ops.attention_tiles(rnd.attention, readout, c.num_heads, c.num_kv_heads, embedded.dtype)
+            attention = ops.attention_tiles(rnd.attention, rows if self.layers[-1].is_attention else None,
+                                            c.num_heads, c.num_kv_heads, embedded.dtype)
             rnd = dataclasses.replace(rnd, attention=attention)
         if not all(layer.is_attention for layer in self.layers):
             c = self.config
@@ -329,7 +342,10 @@ class Qwen35Model(nn.Module):
         last = len(self.layers) - 1
         delta = None  # each layer's MLP output, added to the stream by the next norm
         for index, (layer, cache) in enumerate(zip(self.layers, caches)):
-            x, delta = layer(x, delta, rnd, ops, rope, rnd.readout.rows if index == last else None, cache)
-        _, h = self.norm.add(x, delta, ops)  # [R, hidden]
+            x, delta = layer(x, delta, rnd, ops, rope, rows if index == last else None, cache)
+        _, h = self.norm.add(x, delta, ops)  # [R + X, hidden]
         # [R, L]; label ids -1 where a question has fewer labels
-        return ops.label_softmax(h, self.head_weight(), rnd.readout.label_ids)
+        probabilities = ops.label_softmax(h[:questions], self.head_weight(), readout.label_ids)
+        if not readout.text_rows.numel():
+            return Readout(probabilities, h.new_zeros(0, dtype=torch.float32))
+        return Readout(probabilities, ops.token_logprobs(h[questions:], self.head_weight(), readout.text_targets))

@@ -77,6 +77,7 @@ class Capacity:
             and plan.num_questions <= self.questions
             and plan.label_width <= self.labels
             and plan.num_pages <= self.pages
+            and not plan.text_reads  # text-scored options read the whole vocabulary: such rounds run eagerly
             and all(level.segments <= s and level.chunks <= c
                     for level, s, c in zip(plan.levels, self.segments, self.chunks, strict=True))
         )

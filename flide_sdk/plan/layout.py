@@ -46,6 +46,8 @@ class CheckpointPlan:
 class ReadoutPlan:
     rows: torch.Tensor  # [R] stream index of each question's last token
     label_ids: torch.Tensor  # [R, L] label token ids, padded with -1
+    text_rows: torch.Tensor  # [X] stream index of each token read of a text-scored option
+    text_targets: torch.Tensor  # [X] the token it reads
 
 
 @dataclass
@@ -152,7 +154,7 @@ def round_tensors(plan: RoundPlan, shape: RoundShape, t: dict[str, torch.Tensor]
         delta=DeltaPlan(levels, plan.rows.num_rows),
         conv_src=t["conv_src"],
         checkpoint=CheckpointPlan(t["resume_slots"], t["save_slots"], t["save_window_src"], t["kv_slots"]),
-        readout=ReadoutPlan(t["readout_rows"], t["label_ids"]),
+        readout=ReadoutPlan(t["readout_rows"], t["label_ids"], t["text_rows"], t["text_targets"]),
     )
 
 

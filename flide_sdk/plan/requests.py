@@ -56,31 +56,108 @@ class Save:
 
 
 @dataclass(frozen=True)
+class TextReads:
+    """The token reads of text-scored questions: the log-probability of token `target` at stream offset
+    `offset` (from the first branch token of its `Branches`), summed into option `option` of question
+    `question` (an index into its `Branches`' questions)."""
+
+    offset: np.ndarray
+    target: np.ndarray
+    question: np.ndarray
+    option: np.ndarray
+
+    @classmethod
+    def empty(cls) -> TextReads:
+        return cls(*(np.zeros(0, np.int64) for _ in range(4)))
+
+    @classmethod
+    def join(cls, parts: Sequence[TextReads], offsets: Sequence[int], questions: Sequence[int]) -> TextReads:
+        """Reads of consecutive `Branches`, each shifted by its first token's offset and first question."""
+        return cls(np.concatenate([p.offset + at for p, at in zip(parts, offsets)]),
+                   np.concatenate([p.target for p in parts]),
+                   np.concatenate([p.question + first for p, first in zip(parts, questions)]),
+                   np.concatenate([p.option for p in parts]))
+
+    def __len__(self) -> int:
+        return len(self.offset)
+
+    def scores(self, probabilities: np.ndarray, logprobs: np.ndarray) -> np.ndarray:
+        """`probabilities` [questions, L] (float64) with each text-scored question's row the softmax over its
+        options of their reads' log-probabilities `logprobs` [X], each option's summed in read order."""
+        out = probabilities.astype(np.float64)
+        if not len(self):
+            return out
+        sums = np.zeros(out.shape)
+        np.add.at(sums, (self.question, self.option), logprobs.astype(np.float64))
+        for question in np.unique(self.question).tolist():
+            options = int(self.option[self.question == question].max()) + 1
+            row = sums[question, :options]
+            weights = np.exp(row - row.max())
+            out[question] = 0.0
+            out[question, :options] = weights / weights.sum()
+        return out
+
+
+@dataclass(frozen=True)
 class Branches:
-    """The branches of one or more questions, concatenated: ids, each branch's length, its label ids
-    (one row per branch, padded with -1). Built once per ask, when it is submitted."""
+    """The branches of one or more questions, concatenated: ids, each branch's length, each question's label ids
+    (one row per question, padded with -1), its number of branches (`counts`) and the reads of its text-scored
+    options (`reads`). A label question has one branch, read at its last token; a text-scored question has one
+    branch per option, its question text followed by that option's reply. Built once per ask, when it is
+    submitted."""
 
     ids: np.ndarray
     lengths: np.ndarray
     labels: np.ndarray
+    counts: np.ndarray
+    reads: TextReads
 
     @classmethod
-    def of(cls, branches: Sequence[np.ndarray], labels: Sequence[np.ndarray]) -> Branches:
-        if len(branches) != len(labels):
-            raise ValueError("one label array per branch")
-        lengths = np.array([len(branch) for branch in branches], dtype=np.int64)
-        if (lengths == 0).any():
+    def of(cls, branches: Sequence[np.ndarray], labels: Sequence[np.ndarray],
+           replies: Sequence[Sequence[np.ndarray]] | None = None) -> Branches:
+        """One question per branch (`labels`: its label ids), or, where `replies[i]` is not empty, question i
+        scored by the text of its options: one branch per reply (option tokens and the end of the turn), whose
+        last len(reply) positions read the reply's tokens; its label row holds one label (any finite row)."""
+        if len(branches) != len(labels) or replies is not None and len(replies) != len(branches):
+            raise ValueError("one label array (and one reply list) per question")
+        if any(len(branch) == 0 for branch in branches):
             raise ValueError("a branch must have at least one token")
-        widths = [len(label) for label in labels]
+        parts, lengths, counts, rows = [], [], [], []
+        reads = [[], [], [], []]
+        at = 0
+        for index, (branch, label) in enumerate(zip(branches, labels)):
+            options = () if replies is None else replies[index]
+            if not len(options):
+                parts.append(branch)
+                lengths.append(len(branch))
+                counts.append(1)
+                rows.append(label)
+                at += len(branch)
+                continue
+            for option, reply in enumerate(options):
+                if len(reply) == 0:
+                    raise ValueError("a reply must have at least one token")
+                parts.extend((branch, reply))
+                lengths.append(len(branch) + len(reply))
+                first = at + len(branch) - 1  # the question's last token predicts the reply's first
+                reads[0].append(np.arange(first, first + len(reply)))
+                reads[1].append(np.asarray(reply))
+                reads[2].append(np.full(len(reply), index))
+                reads[3].append(np.full(len(reply), option))
+                at += len(branch) + len(reply)
+            counts.append(len(options))
+            rows.append(np.zeros(len(options), np.int64) - np.arange(len(options)).clip(max=1))  # [0, -1, ...]
+        widths = [len(row) for row in rows]
         width = max(widths, default=1)
         if widths and min(widths) == width:  # as many labels in every row (questions of one kind)
-            table = np.array(labels, dtype=np.int64).reshape(len(labels), width)
+            table = np.array(rows, dtype=np.int64).reshape(len(rows), width)
         else:
-            table = np.full((len(labels), width), -1, dtype=np.int64)
-            for row, label in enumerate(labels):
+            table = np.full((len(rows), width), -1, dtype=np.int64)
+            for row, label in enumerate(rows):
                 table[row, : len(label)] = label
-        ids = np.concatenate(branches, dtype=np.int64, casting="unsafe") if branches else np.zeros(0, np.int64)
-        return cls(ids, lengths, table)
+        ids = np.concatenate(parts, dtype=np.int64, casting="unsafe") if parts else np.zeros(0, np.int64)
+        text = TextReads(*(np.concatenate(r).astype(np.int64) for r in reads)) if reads[0] else TextReads.empty()
+        return cls(ids, np.array(lengths, dtype=np.int64), table, np.array(counts, dtype=np.int64), text)
 
     @classmethod
     def join(cls, parts: Sequence[Branches]) -> Branches:
@@ -92,10 +169,15 @@ class Branches:
         for part in parts:
             labels[row : row + len(part), : part.labels.shape[1]] = part.labels
             row += len(part)
-        return cls(np.concatenate([p.ids for p in parts]), np.concatenate([p.lengths for p in parts]), labels)
+        sizes = [len(part.ids) for part in parts]
+        reads = TextReads.join([p.reads for p in parts], np.cumsum([0, *sizes[:-1]]),
+                               np.cumsum([0, *[len(p) for p in parts[:-1]]]))
+        return cls(np.concatenate([p.ids for p in parts]), np.concatenate([p.lengths for p in parts]), labels,
+                   np.concatenate([p.counts for p in parts]), reads)
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        """Questions (readout rows)."""
+        return len(self.labels)
 
 
 @dataclass(frozen=True)

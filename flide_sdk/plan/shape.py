@@ -35,13 +35,15 @@ class RoundShape:
     conv_kernel: int
     segments: tuple[int, ...]  # per level
     chunks: tuple[int, ...]  # per level
+    text_reads: int = 0  # token reads of text-scored options (a graph capacity has none)
 
     @classmethod
     def of(cls, plan: RoundPlan) -> RoundShape:
         """A round's own shape, unpadded."""
         return cls(plan.num_real, plan.num_requests, plan.num_resumes, len(plan.saves), plan.num_questions,
                    plan.label_width, plan.num_pages, len(plan.pieces), plan.conv_kernel,
-                   tuple(level.segments for level in plan.levels), tuple(level.chunks for level in plan.levels))
+                   tuple(level.segments for level in plan.levels), tuple(level.chunks for level in plan.levels),
+                   len(plan.text_reads))
 
     @functools.cached_property
     def segment_offsets(self) -> list[int]:
@@ -58,6 +60,7 @@ class RoundShape:
             "ids": (t,), "pieces": (len(PIECE_ROWS), self.pieces), "piece_counts": (2,), "num_tokens": (1,),
             "kv_slots": (t,), "save_tokens": (self.saves,), "save_slots": (self.saves,),
             "resume_slots": (self.resumes,), "readout_rows": (q,), "label_ids": (q, self.labels),
+            "text_rows": (self.text_reads,), "text_targets": (self.text_reads,),
             "history_len": (r,), "page_offset": (r,), "pages": (self.pages,),
             "segment_rows": (len(SEGMENT_ROWS), sum(self.segments)), "level_sizes": (LEVELS, 2),
             "chunk_spans": (2, sum(self.chunks)),

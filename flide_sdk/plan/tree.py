@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from flide_sdk.kernels.plans import DISCARD_ROW, GDN_CHUNK, PAGE, PIECE_ROWS
-from flide_sdk.plan.requests import Branches, RequestSpec, StateRows
+from flide_sdk.plan.requests import Branches, RequestSpec, StateRows, TextReads
 from flide_sdk.plan.shape import LEVELS, RoundShape
 
 
@@ -125,6 +125,7 @@ class RoundPlan:
         self.saves: list[TrunkSave] = []
         self.resume_index: list[int] = []  # per request: its index among the resumed requests (-1: none)
         self.readout: list[int] = []  # stream index of each question's last token
+        text: list[TextReads] = []  # the reads of text-scored options: stream rows, round question indices
         self.request_bounds: list[tuple[int, int]] = []
         self.label_width = 1
         self.num_pages = 0
@@ -159,15 +160,22 @@ class RoundPlan:
                     trunk_final = save_row
                 self.saves.append(TrunkSave(start, split, request.save.slot, request.save.kv_slots))
             at, position = start + computed, first + computed
-            for length in request.branches.lengths.tolist():
+            branches, ends = request.branches, []
+            for length in branches.lengths.tolist():
                 self.pieces.append(Piece(at, length, position, trunk, 1, index))
                 segments[2].append(Segment(at, length, trunk_final, DISCARD_ROW))
                 at += length
-                self.readout.append(at - 1)
+                ends.append(at - 1)
+            if len(branches.reads):
+                reads = branches.reads
+                text.append(TextReads(reads.offset + start + computed, reads.target,
+                                      reads.question + len(self.readout), reads.option))
+            self.readout.extend(ends[end - 1] for end in np.cumsum(branches.counts).tolist())  # a question's last branch
             self.label_width = max(self.label_width, request.branches.labels.shape[1])
             self.request_bounds.append((start, at))
             cursor = at
         self.num_real = cursor
+        self.text_reads = TextReads.join(text, [0] * len(text), [0] * len(text)) if text else TextReads.empty()
         self.num_resumes = resumes
         self.levels = [LevelPlan(level) for level in segments]
         # a trunk's remainder starts from its first part's final row: the scan runs both in one program
@@ -241,6 +249,11 @@ class RoundPlan:
             labels[:questions, table.shape[1] :] = -1
         labels[questions:] = -1
         labels[questions:, 0] = 0
+        reads, count_reads = self.text_reads, len(self.text_reads)
+        out["text_rows"][:count_reads] = reads.offset
+        out["text_rows"][count_reads:] = real
+        out["text_targets"][:count_reads] = reads.target
+        out["text_targets"][count_reads:] = 0
 
         history_len, page_offset, pages = out["history_len"], out["page_offset"], out["pages"]
         history_len[:count] = [request.start for request in self.requests]

@@ -35,8 +35,10 @@ class Ask:
     questions: dict[str, Question]
     rendered: dict[str, RenderedQuestion]
     branches: Branches = field(init=False)
-    branch_tokens: int = field(init=False)
-    label_counts: list[int] = field(init=False)  # each question's number of labels, in question order
+    branch_tokens: int = field(init=False)  # stream tokens of its branches
+    label_counts: list[int] = field(init=False)  # each question's number of options, in question order
+    prompt_tokens: int = field(init=False)  # the prompts' tokens: the trunk, and each question's text once
+    output_tokens: int = field(init=False)  # the reply tokens read: one label per question, or its options' replies
     trunk_key: TrunkKey = field(init=False)
     first_block: int | None = field(init=False)  # hash of the first BLOCK tokens (None if shorter)
     future: Future = field(default_factory=Future)
@@ -44,10 +46,13 @@ class Ask:
 
     def __post_init__(self) -> None:
         """Everything the round thread reads about the ask, computed once here on the asking thread."""
-        self.branches = Branches.of([q.ids for q in self.rendered.values()],
-                                    [q.label_ids for q in self.rendered.values()])
+        rendered = [self.rendered[name] for name in self.questions]
+        self.branches = Branches.of([q.ids for q in rendered], [q.label_ids for q in rendered],
+                                    [q.replies for q in rendered])
         self.branch_tokens = int(self.branches.lengths.sum())
-        self.label_counts = [len(self.rendered[name].label_ids) for name in self.questions]
+        self.label_counts = [q.options for q in rendered]
+        self.prompt_tokens = len(self.trunk) + sum(len(q.ids) for q in rendered)
+        self.output_tokens = sum(sum(len(reply) for reply in q.replies) or 1 for q in rendered)
         trunk = self.trunk
         self.trunk_key = TrunkKey(len(trunk), trunk.boundary, trunk.block_hash(trunk.boundary // BLOCK))
         self.first_block = trunk.block_hash(1) if len(trunk) >= BLOCK else None

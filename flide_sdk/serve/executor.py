@@ -3,7 +3,8 @@
 `launch` plans each request's checkpoint save at its stable boundary, lays the round out as one flat stream
 and starts the model on it: the replay of the smallest captured CUDA graph it fits, or an eager forward (CPU,
 or a round larger than every graph). It publishes the new checkpoints at once (device work is stream-ordered).
-`finish` waits for the one copy of the label probabilities to the host and resolves each ask's future.
+`finish` waits for the one copy of the label probabilities to the host and resolves each ask's future (a
+text-scored question's option probabilities come from its reads' log-probabilities, summed on the host).
 `idle_step` captures the next CUDA graph of the ladder (or trims the pool), which the round thread calls when
 it is idle (`idle_work_after`), so the engine serves (eagerly) while its graphs are captured. A failed round
 fails its own asks, never the engine.
@@ -250,7 +251,8 @@ class Executor:
         probabilities = None if self.graphs is None else self.graphs.run_eagerly(plan)
         if probabilities is not None:
             return probabilities
-        return self.model(HostRound.of(plan).to(self.device), self.ops, self.caches).cpu().numpy()
+        readout = self.model(HostRound.of(plan).to(self.device), self.ops, self.caches)
+        return plan.text_reads.scores(readout.probabilities.cpu().numpy(), readout.text_logprobs.cpu().numpy())
 
     def _request_spec(self, request: Request) -> tuple[RequestSpec, PlannedSave | None]:
         trunk, resume = request.lead.trunk, request.resume
@@ -281,7 +283,7 @@ class Executor:
         for ask in asks:
             answers: dict[str, Answer] = {name: question.answer(next(rows)[:count]) for (name, question), count
                                           in zip(ask.questions.items(), ask.label_counts)}
-            usage = Usage(input_tokens=len(ask.trunk) + ask.branch_tokens, output_tokens=len(answers))
+            usage = Usage(input_tokens=ask.prompt_tokens, output_tokens=ask.output_tokens)
             results.append((ask, SystemOneResponse(answers, model=self.name, usage=usage)))
         return results
 

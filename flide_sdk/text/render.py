@@ -3,7 +3,8 @@
 A question is one user turn of the model's own chat template (thinking off, generation prompt on) holding
 the state (a string as is, anything else as `json.dumps(state, ensure_ascii=False)`), a blank line, then
 `Question: <instructions>`, one line per option and a reply instruction. Each option's label is read as
-one token, the first of the reply. The trunk of a request is the template head + state + blank line; each
+one token, the first of the reply; a Choice scored by text (`scoring="text"`) lists its options as written and
+reads each option's own tokens as the whole reply, up to the end of the turn. The trunk of a request is the template head + state + blank line; each
 branch is the question text + template tail, so `trunk + branch` is exactly the tokenizer's ids of the
 whole prompt. That holds because the split falls where the Qwen3.5 pre-tokenizer always splits (after a
 newline, before a letter or digit, see `history`); `Renderer` refuses any other pre-tokenizer.
@@ -56,17 +57,26 @@ REPLY_CHOICE = "Answer with the letter of one option only."
 REPLY_NOUL = "Answer with yes or no only."
 REPLY_SCORE = "Answer with the number of one level only."
 REPLY_LETTERED_SCORE = "Answer with the letter of one level only."  # scores past ten levels use letters
+REPLY_TEXT = "Answer with one option exactly as written."
+END_OF_TURN = "<|im_end|>"  # what closes a text-scored option's reply
+MAX_REPLY_TOKENS = 1024  # tokens of a text-scored question's replies, summed over its options
 _SENTINELS = ("\x00flide-content-a\x00", "\x00flide-content-b\x00")
 
 
 @dataclass(frozen=True)
 class RenderedQuestion:
-    """One question's branch: its token ids (after the trunk), its label tokens and labels, its text."""
+    """One question's branch: its token ids (after the trunk), its label tokens and labels, its text; scored by
+    text: no labels, and each option's reply (its tokens and the end of the turn) in `replies`."""
 
     ids: np.ndarray
     label_ids: np.ndarray
     labels: tuple[str, ...]
     text: str
+    replies: tuple[np.ndarray, ...] = ()
+
+    @property
+    def options(self) -> int:
+        return len(self.replies) or len(self.label_ids)
 
 
 @dataclass(frozen=True)
@@ -149,9 +159,16 @@ def content_text(value: Content) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def scored_by_text(question: Question) -> bool:
+    return isinstance(question, Choice) and question.scoring == "text"
+
+
 def question_labels(question: Question) -> tuple[str, ...]:
-    """Single-token labels of a question's options: yes/no, letters, or digits (letters past ten levels)."""
+    """Single-token labels of a question's options: yes/no, letters, or digits (letters past ten levels); none
+    for a Choice scored by text."""
     count = len(question.option_names())
+    if scored_by_text(question):
+        return ()
     if isinstance(question, Noul):
         return ("yes", "no")
     alphabet = DIGITS if isinstance(question, Score) and count <= len(DIGITS) else LETTERS
@@ -164,6 +181,11 @@ def question_labels(question: Question) -> tuple[str, ...]:
 def question_text(question: Question) -> str:
     """The question block of a prompt: `Question: ...`, one line per option, the reply instruction."""
     lines = [] if question.instructions is None else [f"Question: {content_text(question.instructions)}"]
+    if scored_by_text(question):
+        for name, description in zip(question.option_names(), question.option_descriptions()):
+            lines.append(f"- {name}" if description is None else f"- {name}: {content_text(description)}")
+        lines.append(REPLY_TEXT)
+        return "\n".join(lines)
     labels = question_labels(question)
     for label, name, description in zip(labels, question.option_names(), question.option_descriptions()):
         if isinstance(question, Choice):
@@ -193,7 +215,7 @@ def content_key(question: Question) -> tuple | None:
         options = tuple(criteria.items())
         if not all(type(name) is str and (value is None or type(value) is str) for name, value in options):
             return None
-    return type(question), instructions, options
+    return type(question), getattr(question, "scoring", "label"), instructions, options
 
 
 def _trim(cache: OrderedDict) -> None:
@@ -332,16 +354,34 @@ class Renderer:
             text, labels = question_text(questions[name]), question_labels(questions[name])
             label_ids = np.array([self.label_id(label) for label in labels], dtype=np.int64)
             label_ids.flags.writeable = False  # shared through the cache
-            parts[name] = text, labels, label_ids
+            replies = self.replies(name, questions[name]) if scored_by_text(questions[name]) else ()
+            parts[name] = text, labels, label_ids, replies
         branch_ids = self._branch_ids([parts[name][0] + self.tail for name in missing])
         with self._cache_lock:
             for name, ids in zip(missing, branch_ids):
-                text, labels, label_ids = parts[name]
-                rendered[name] = RenderedQuestion(ids, label_ids, labels, text)
+                text, labels, label_ids, replies = parts[name]
+                rendered[name] = RenderedQuestion(ids, label_ids, labels, text, replies)
                 if keys[name] is not None:
                     self._questions[keys[name]] = rendered[name]
             _trim(self._questions)
         return {name: rendered[name] for name in questions}
+
+    def replies(self, name: str, question: Choice) -> tuple[np.ndarray, ...]:
+        """Each option's reply (read-only): the tokenizer's ids of its name, then the end of the turn; at most
+        MAX_REPLY_TOKENS over all options."""
+        end = self.tokenizer.token_to_id(END_OF_TURN)
+        if end is None:
+            raise InvalidQuestionError(f"question {name!r}: scoring='text' needs the tokenizer's {END_OF_TURN} token")
+        replies = []
+        for option in question.option_names():
+            reply = np.append(self.encode(option), end)
+            reply.flags.writeable = False
+            replies.append(reply)
+        total = sum(len(reply) for reply in replies)
+        if total > MAX_REPLY_TOKENS:
+            raise InvalidQuestionError(f"question {name!r}: its options' replies are {total} tokens together; "
+                                       f"scoring='text' reads at most {MAX_REPLY_TOKENS} per question")
+        return tuple(replies)
 
     def _branch_ids(self, texts: list[str]) -> list[np.ndarray]:
         """Token ids of branch texts (read-only, shared): from the cache by text, the rest from the word encoder
@@ -374,7 +414,9 @@ class Renderer:
             return CacheSizes(len(self._questions), len(self._branches))
 
     def check_length(self, trunk_tokens: int, questions: Mapping[str, RenderedQuestion]) -> None:
-        longest = trunk_tokens + max(len(q.ids) for q in questions.values())
+        """StateTooLongError when a question's whole prompt (its longest reply included) passes max_prompt_tokens."""
+        longest = trunk_tokens + max(len(q.ids) + max((len(r) for r in q.replies), default=0)
+                                     for q in questions.values())
         if longest > self.max_prompt_tokens:
             raise StateTooLongError(longest, self.max_prompt_tokens)
 
