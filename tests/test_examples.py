@@ -75,3 +75,14 @@ def test_ci_runs_the_readme_test_command():
     match = re.search(r"<!-- test-command -->\s*```(?:bash|sh)?\n(.+?)\n```", readme, flags=re.DOTALL)
     assert match, "README must mark its test command with <!-- test-command -->"
     assert match.group(1).strip() in (ROOT / ".ci" / "run").read_text()
+
+
+def test_next_command_scores_each_candidate_by_its_text_and_resumes():
+    out = run_example("next_command.py")
+    steps = re.findall(r"^step (\d+): +[\d.]+ ms \| runs (.+) \(conf ([\d.]+)\) \| (.+)$", out, flags=re.MULTILINE)
+    assert [int(s[0]) for s in steps] == [1, 2, 3, 4]
+    for _, chosen, confidence, ranked in steps:
+        probabilities = [float(p) for p in re.findall(r"['\"] ([\d.]+)(?:,|$)", ranked)]  # after each quoted command
+        assert ranked.startswith(chosen) and 0.0 <= float(confidence) <= 1.0
+        assert abs(sum(probabilities) - 1.0) < 0.02 and probabilities == sorted(probabilities, reverse=True)
+    assert re.search(r"^done: 4 rounds, \d+ tokens resumed from 3 checkpoint hits", out, flags=re.MULTILINE)
