@@ -68,3 +68,19 @@ async def test_kernel_engine_mixed_round_and_resumed_session(small_tiny_path, hf
         assert engine.stats()["rounds"] == 2
         assert_exact(hf_small_tiny, engine, state + " and then the agent ran the tests again",
                      pick(["action", "severity"]), resumed)
+
+
+@pytest.mark.asyncio
+async def test_kernel_engine_scores_options_by_their_text(small_tiny_path, hf_small_tiny):
+    """A text-scored Choice and a label question in one round on the kernels (the readout rows of both kinds
+    through the last layer's attention tiles, the reads' log-probabilities through their own kernels)."""
+    from .test_text_scoring import text_choice, worst_error
+
+    base = fl.Engine.load(small_tiny_path, device="cpu")
+    base.close()
+    async with Engine(base.model, base.renderer, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
+        state = text_of_tokens(engine.renderer, 90, seed=8)
+        questions = {"next": text_choice(["a", "b c", "the test failed", "the test"]), **pick(["urgent"])}
+        response = await engine.ask(state, questions)
+        assert worst_error(hf_small_tiny, engine, state, questions, response) <= 1e-4
+        assert_exact(hf_small_tiny, engine, state, pick(["urgent"]), response)

@@ -135,6 +135,7 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
         rms_norm_triton,
     )
     from flide_sdk.kernels.swiglu import swiglu_triton
+    from flide_sdk.kernels.token_logprobs import token_logprobs_triton
 
     tiles, attention = attention_tiles, fork_attention_triton
     if batch_invariant:
@@ -158,7 +159,7 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
         gated_rms_norm=gated_rms_norm_triton,
         swiglu=swiglu_triton,
         label_softmax=label_softmax_triton,
-        token_logprobs=token_logprobs_reference,  # fixed-shape float32 products: cuBLAS sums each row alike
+        token_logprobs=token_logprobs_triton,
     )
 
 

@@ -323,8 +323,11 @@ class Qwen35Model(nn.Module):
     @torch.inference_mode()
     def forward(self, rnd: RoundTensors, ops: Ops, caches: Sequence[LayerCache]) -> Readout:
         embedded = F.embedding(rnd.ids, self.embed_tokens.weight)
-        readout, questions = rnd.readout, rnd.readout.rows.shape[0]
-        rows = torch.cat([readout.rows, readout.text_rows]) if readout.text_rows.numel() else readout.rows
+        readout, rows = rnd.readout, rnd.readout.rows
+        if readout.text_rows.numel():  # the label rows and the text reads' rows, in stream order (query rows are)
+            rows, order = torch.sort(torch.cat([readout.rows, readout.text_rows]))
+            place = torch.empty_like(order)
+            place[order] = torch.arange(order.shape[0], device=order.device)
         # what attention derives from the round's metadata is built once per pass, inside it: a graph captured
         # after a warm-up pass on the same round tensors must contain its build
         if any(layer.is_attention for layer in self.layers):
@@ -343,9 +346,11 @@ class Qwen35Model(nn.Module):
         delta = None  # each layer's MLP output, added to the stream by the next norm
         for index, (layer, cache) in enumerate(zip(self.layers, caches)):
             x, delta = layer(x, delta, rnd, ops, rope, rows if index == last else None, cache)
-        _, h = self.norm.add(x, delta, ops)  # [R + X, hidden]
-        # [R, L]; label ids -1 where a question has fewer labels
-        probabilities = ops.label_softmax(h[:questions], self.head_weight(), readout.label_ids)
+        _, h = self.norm.add(x, delta, ops)  # [R (+ X), hidden]
         if not readout.text_rows.numel():
+            # [R, L]; label ids -1 where a question has fewer labels
+            probabilities = ops.label_softmax(h, self.head_weight(), readout.label_ids)
             return Readout(probabilities, h.new_zeros(0, dtype=torch.float32))
-        return Readout(probabilities, ops.token_logprobs(h[questions:], self.head_weight(), readout.text_targets))
+        questions = readout.rows.shape[0]
+        probabilities = ops.label_softmax(h[place[:questions]], self.head_weight(), readout.label_ids)
+        return Readout(probabilities, ops.token_logprobs(h[place[questions:]], self.head_weight(), readout.text_targets))
