@@ -71,12 +71,13 @@ class TextReads:
         return cls(*(np.zeros(0, np.int64) for _ in range(4)))
 
     @classmethod
-    def join(cls, parts: Sequence[TextReads], offsets: Sequence[int], questions: Sequence[int]) -> TextReads:
-        """Reads of consecutive `Branches`, each shifted by its first token's offset and first question."""
-        return cls(np.concatenate([p.offset + at for p, at in zip(parts, offsets)]),
-                   np.concatenate([p.target for p in parts]),
-                   np.concatenate([p.question + first for p, first in zip(parts, questions)]),
-                   np.concatenate([p.option for p in parts]))
+    def concat(cls, parts: Sequence[TextReads]) -> TextReads:
+        return cls(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("offset", "target", "question",
+                                                                                      "option")))
+
+    def shifted(self, offset: int, question: int) -> TextReads:
+        """The reads with offsets from `offset` tokens earlier and question indices from `question` earlier."""
+        return TextReads(self.offset + offset, self.target, self.question + question, self.option)
 
     def __len__(self) -> int:
         return len(self.offset)
@@ -146,7 +147,7 @@ class Branches:
                 reads[3].append(np.full(len(reply), option))
                 at += len(branch) + len(reply)
             counts.append(len(options))
-            rows.append(np.zeros(len(options), np.int64) - np.arange(len(options)).clip(max=1))  # [0, -1, ...]
+            rows.append(np.array([0] + [-1] * (len(options) - 1)))  # one label: a finite softmax, not read
         widths = [len(row) for row in rows]
         width = max(widths, default=1)
         if widths and min(widths) == width:  # as many labels in every row (questions of one kind)
@@ -169,9 +170,8 @@ class Branches:
         for part in parts:
             labels[row : row + len(part), : part.labels.shape[1]] = part.labels
             row += len(part)
-        sizes = [len(part.ids) for part in parts]
-        reads = TextReads.join([p.reads for p in parts], np.cumsum([0, *sizes[:-1]]),
-                               np.cumsum([0, *[len(p) for p in parts[:-1]]]))
+        offsets, firsts = np.cumsum([0, *[len(p.ids) for p in parts]]), np.cumsum([0, *[len(p) for p in parts]])
+        reads = TextReads.concat([p.reads.shifted(int(at), int(first)) for p, at, first in zip(parts, offsets, firsts)])
         return cls(np.concatenate([p.ids for p in parts]), np.concatenate([p.lengths for p in parts]), labels,
                    np.concatenate([p.counts for p in parts]), reads)
 

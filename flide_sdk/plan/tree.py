@@ -1,7 +1,8 @@
 """A round as a tree of pieces laid out as one flat stream, and the one writer of its staged form.
 
 A piece is a run of stream tokens with a parent: a request's trunk (depth 0) continues its cached history,
-each question's branch (depth 1) continues its trunk. The stream packs each request's trunk, then its
+each question's branch (depth 1) continues its trunk (a text-scored question has a branch per option, read at
+its reply's rows: `text_reads`). The stream packs each request's trunk, then its
 branches, with no padding between requests. Visibility follows the tree: a token sees its request's cached
 history, its ancestors' tokens and its own piece up to itself; in stream coordinates, the keys
 [key_lo, ctx_hi) (the ancestors) and [seg_lo, t] (its piece).
@@ -167,15 +168,13 @@ class RoundPlan:
                 at += length
                 ends.append(at - 1)
             if len(branches.reads):
-                reads = branches.reads
-                text.append(TextReads(reads.offset + start + computed, reads.target,
-                                      reads.question + len(self.readout), reads.option))
+                text.append(branches.reads.shifted(start + computed, len(self.readout)))
             self.readout.extend(ends[end - 1] for end in np.cumsum(branches.counts).tolist())  # a question's last branch
             self.label_width = max(self.label_width, request.branches.labels.shape[1])
             self.request_bounds.append((start, at))
             cursor = at
         self.num_real = cursor
-        self.text_reads = TextReads.join(text, [0] * len(text), [0] * len(text)) if text else TextReads.empty()
+        self.text_reads = TextReads.concat(text) if text else TextReads.empty()
         self.num_resumes = resumes
         self.levels = [LevelPlan(level) for level in segments]
         # a trunk's remainder starts from its first part's final row: the scan runs both in one program
