@@ -170,8 +170,13 @@ class Branches:
         for part in parts:
             labels[row : row + len(part), : part.labels.shape[1]] = part.labels
             row += len(part)
-        offsets, firsts = np.cumsum([0, *[len(p.ids) for p in parts]]), np.cumsum([0, *[len(p) for p in parts]])
-        reads = TextReads.concat([p.reads.shifted(int(at), int(first)) for p, at, first in zip(parts, offsets, firsts)])
+        reads, at, first, text = TextReads.empty(), 0, 0, []
+        for part in parts:  # most asks have no text-scored question: no arrays made for them
+            if len(part.reads):
+                text.append(part.reads.shifted(at, first))
+            at, first = at + len(part.ids), first + len(part)
+        if text:
+            reads = TextReads.concat(text)
         return cls(np.concatenate([p.ids for p in parts]), np.concatenate([p.lengths for p in parts]), labels,
                    np.concatenate([p.counts for p in parts]), reads)
 

@@ -167,9 +167,11 @@ class RoundPlan:
                 segments[2].append(Segment(at, length, trunk_final, DISCARD_ROW))
                 at += length
                 ends.append(at - 1)
-            if len(branches.reads):
+            if len(branches.reads):  # a text-scored question is read at its last branch
                 text.append(branches.reads.shifted(start + computed, len(self.readout)))
-            self.readout.extend(ends[end - 1] for end in np.cumsum(branches.counts).tolist())  # a question's last branch
+                self.readout.extend(ends[end - 1] for end in np.cumsum(branches.counts).tolist())
+            else:
+                self.readout.extend(ends)
             self.label_width = max(self.label_width, request.branches.labels.shape[1])
             self.request_bounds.append((start, at))
             cursor = at
