@@ -212,3 +212,13 @@ def test_importing_flide_sdk_imports_neither_typesafe_sdk_nor_pydantic():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_text_scoring_passes_through_the_typesafe_client_as_a_dict_field(engine):
+    question = {"type": "choice", "instructions": "Which?", "criteria": {"a": None, "b c": None}, "scoring": "text"}
+    with ts.TypeSafeClient(api_key="local", transport=transport(engine), retry=NO_RETRY) as client:
+        through = client.system_one(state="the agent", questions={"q": question})
+    native = engine.ask_sync("the agent", {"q": fl.Choice("Which?", {"a": None, "b c": None}, scoring="text")})
+    assert through.answers["q"].probabilities == native["q"].probabilities
+    labelled = engine.ask_sync("the agent", {"q": {**question, "scoring": "label"}})
+    assert labelled["q"].probabilities != native["q"].probabilities  # the field is read, not dropped
