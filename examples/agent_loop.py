@@ -11,11 +11,9 @@ from the second step on the history resumes from the checkpoint the previous ste
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import time
 
-from example_engine import engine_from_args
+from example_engine import run_steps
 
 import flide_sdk as fl
 
@@ -70,16 +68,8 @@ async def run(engine: fl.Engine, steps: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=len(SCRIPT) // 2, help="agent steps to run (at most 4)")
-    engine, args = engine_from_args(parser)
-    steps = max(1, min(args.steps, len(SCRIPT) // 2))
+    run_steps(__doc__.splitlines()[0], len(SCRIPT) // 2, run)
 
-    async def session() -> None:
-        async with engine:
-            await run(engine, steps)
-
-    asyncio.run(session())
 
 if __name__ == "__main__":
     main()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+from collections.abc import Awaitable, Callable
 
 import flide_sdk as fl
 
@@ -20,3 +22,16 @@ def engine_from_args(parser: argparse.ArgumentParser) -> tuple[fl.Engine, argpar
         engine = fl.Engine.tiny(device=args.device or "cpu", dtype=args.dtype)
         print("model: embedded tiny Qwen3.5 with RANDOM weights - the answers show the machinery, not judgement")
     return engine, args
+
+
+def run_steps(description: str, steps: int, run: Callable[[fl.Engine, int], Awaitable[None]]) -> None:
+    """Parse --steps (at most `steps`) and the shared options, then await `run(engine, steps)` inside the engine."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=steps, help=f"agent steps to run (at most {steps})")
+    engine, args = engine_from_args(parser)
+
+    async def session() -> None:
+        async with engine:
+            await run(engine, max(1, min(args.steps, steps)))
+
+    asyncio.run(session())

@@ -11,11 +11,9 @@ agent runs the most probable one; its session resumes from the previous step's c
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import time
 
-from example_engine import engine_from_args
+from example_engine import run_steps
 
 import flide_sdk as fl
 
@@ -50,16 +48,7 @@ async def run(engine: fl.Engine, steps: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=len(STEPS), help=f"agent steps to run (at most {len(STEPS)})")
-    engine, args = engine_from_args(parser)
-    steps = max(1, min(args.steps, len(STEPS)))
-
-    async def session() -> None:
-        async with engine:
-            await run(engine, steps)
-
-    asyncio.run(session())
+    run_steps(__doc__.splitlines()[0], len(STEPS), run)
 
 
 if __name__ == "__main__":
