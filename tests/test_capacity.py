@@ -28,7 +28,6 @@ from flide_sdk.plan.capacity import (
 from flide_sdk.plan.layout import (
     DISCARD_ROW,
     PAGE,
-    Branches,
     RequestSpec,
     Resume,
     Save,
@@ -237,10 +236,7 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
         trunk = rng.integers(0, 200, 72)
         first = [RequestSpec.of(trunk, [rng.integers(0, 200, 9), rng.integers(0, 200, 15)],
                                 [np.array([5, 6, 7]), np.array([5])], save=Save(66, 0, np.arange(66))),
-                 # a label question and a question scored by the text of two options (one branch each)
-                 RequestSpec(rng.integers(0, 200, 20), Branches.of(
-                     [rng.integers(0, 200, 3), rng.integers(0, 200, 4)], [np.array([5, 6]), np.zeros(0, np.int64)],
-                     [[], [np.array([7, 8, 9]), np.array([7, 11])]]))]
+                 RequestSpec.of(rng.integers(0, 200, 20), [rng.integers(0, 200, 3)], [np.array([5, 6])])]
         second = [RequestSpec.of(trunk[66:], [np.array([1, 2, 3])], [np.array([5, 6])], start=66,
                                  resume=Resume(0, np.arange(2)), save=Save(72, 1, np.arange(192, 198)))]
         ladder = capacity_ladder(model.config.conv_kernel, 1024, 8, 4096)
@@ -260,9 +256,8 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
                         host_run = pad_round(host, capacity, pool.window_sink)
                     else:
                         host_run = host
-                    readout = model(host_run.to("cpu"), ops, engine.pool.layer_caches())
-                    outputs.append(readout.probabilities[: host.num_questions, : host.label_ids.shape[1]])
-                    outputs.append(readout.text_logprobs[: len(host.plan.text_reads)])
+                    probabilities = model(host_run.to("cpu"), ops, engine.pool.layer_caches()).probabilities
+                    outputs.append(probabilities[: host.num_questions, : host.label_ids.shape[1]])
                 outputs += [tensor[: 4 * PAGE if kind == "full_attention" else 2].clone()
                             for tensor, kind in caches]  # keys and values of 4 pages, states and windows of 2 slots
                 results.append(outputs)
@@ -273,10 +268,9 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
             # AVX-512 CPU), so its padded and unpadded rounds are compared to float32 rounding at each tensor's
             # scale (8 units in the last place of its largest value)
             for unpadded, padded_out in zip(*results):
-                scale = float(padded_out.abs().max()) if ops is reference_ops and padded_out.numel() else 1.0
+                scale = float(padded_out.abs().max()) if ops is reference_ops else 1.0
                 assert torch.allclose(unpadded, padded_out, atol=1e-6 * max(1.0, scale), rtol=0)
-            assert results[0][4].abs().sum() > 0, "the first round saved a state"
-            assert len(results[0][1]) == 5 and len(results[0][3]) == 0, "the first round reads 5 text tokens"
+            assert results[0][2].abs().sum() > 0, "the first round saved a state"
     finally:
         engine.close()
 

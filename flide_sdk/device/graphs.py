@@ -38,7 +38,6 @@ from flide_sdk.plan.layout import (
     RoundPlan,
     RoundTensors,
     StateRows,
-    TextReads,
     plan_round,
     round_tensors,
 )
@@ -101,17 +100,14 @@ class _Captured:
     graphs: list[torch.cuda.CUDAGraph]  # per buffer pair: staging buffer -> forward -> readback buffer
     host_views: list[dict[str, np.ndarray]]  # per pinned staging buffer
     probabilities: list[np.ndarray]  # per pinned readback buffer: its [questions, labels] head
-    text_logprobs: list[np.ndarray]  # per pinned readback buffer: the text reads' log-probabilities after it
 
 
 class Launch:
-    """A round on its way through the device; `wait()` returns its probabilities [questions, labels] (a
-    text-scored question's row from its reads, `TextReads.scores`)."""
+    """A round on its way through the device; `wait()` returns its probabilities [questions, labels]."""
 
-    def __init__(self, probabilities: np.ndarray, text_logprobs: np.ndarray, reads: TextReads,
-                 events: Sequence[torch.cuda.Event], capacity: Capacity, host_seconds: dict[str, float],
-                 started_at: float) -> None:
-        self._probabilities, self._text_logprobs, self._reads = probabilities, text_logprobs, reads
+    def __init__(self, probabilities: np.ndarray, events: Sequence[torch.cuda.Event], capacity: Capacity,
+                 host_seconds: dict[str, float], started_at: float) -> None:
+        self._probabilities = probabilities
         self._events = events  # before and after the replay (copies in and out included)
         self.capacity = capacity
         self.host_seconds = host_seconds  # host time of the launch's parts (`GraphRunner.launch`)
@@ -123,7 +119,7 @@ class Launch:
 
     def wait(self) -> np.ndarray:
         self._events[-1].synchronize()
-        return self._reads.scores(self._probabilities, self._text_logprobs)
+        return self._probabilities
 
     def device_seconds(self) -> dict[str, float]:
         """GPU time of the replay, its copy in and its readback included (call after `wait`)."""
@@ -157,7 +153,7 @@ class GraphRunner:
         self.device = model.embed_tokens.weight.device
         self._layouts = {capacity: StagingLayout(capacity) for capacity in self.ladder}
         elements = max(layout.elements for layout in self._layouts.values())
-        readback = max(c.questions * c.labels + c.text_reads for c in self.ladder)
+        readback = max(c.questions * c.labels for c in self.ladder)
         self._device_buffer = torch.zeros(elements, dtype=torch.int64, device=self.device)
         expanded_layouts = {c: FlatLayout(c.shape.expanded_shapes()) for c in self.ladder}
         expanded_buffer = torch.zeros(max(layout.elements for layout in expanded_layouts.values()),
@@ -208,9 +204,8 @@ class GraphRunner:
         rnd = round_tensors(plan, capacity.shape, arrays)
         self._compile(capacity, expand, rnd)
         expand()
-        readout = self.model(rnd, self.ops, self.caches)
-        return plan.text_reads.scores(readout.probabilities[: plan.num_questions].cpu().numpy(),
-                                      readout.text_logprobs.cpu().numpy())
+        probabilities = self.model(rnd, self.ops, self.caches).probabilities
+        return probabilities[: plan.num_questions].cpu().numpy()
 
     def capture_next(self) -> CaptureReport:
         """Capture the next pending capacity's graphs (one per buffer pair) on a placeholder round, in the
@@ -243,20 +238,16 @@ class GraphRunner:
         torch.cuda.empty_cache()
         size = capacity.questions * capacity.labels
         readback = [buffer[:size].view(capacity.questions, capacity.labels) for buffer in self._readback]
-        text_readback = [buffer[size : size + capacity.text_reads] for buffer in self._readback]
         graphs = []
         for buffer in range(BUFFERS):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
                 self._copy_in(buffer, capacity)
                 expand()
-                readout = self.model(rnd, self.ops, self.caches)
-                readback[buffer].copy_(readout.probabilities, non_blocking=True)
-                text_readback[buffer].copy_(readout.text_logprobs, non_blocking=True)
+                readback[buffer].copy_(self.model(rnd, self.ops, self.caches).probabilities, non_blocking=True)
             graphs.append(graph)
         torch.cuda.synchronize(self.device)
-        self._captured[capacity] = _Captured(graphs, host_views, [view.numpy() for view in readback],
-                                             [view.numpy() for view in text_readback])
+        self._captured[capacity] = _Captured(graphs, host_views, [view.numpy() for view in readback])
         self._pending.remove(capacity)
         return CaptureReport(1, time.perf_counter() - started, torch.cuda.memory_reserved(self.device) - reserved)
 
@@ -280,8 +271,7 @@ class GraphRunner:
         replayed = time.perf_counter()
         host_seconds = {"buffer_wait_seconds": freed - started, "pad_seconds": padded - freed,
                         "replay_call_seconds": replayed - padded}
-        return Launch(captured.probabilities[buffer][: plan.num_questions], captured.text_logprobs[buffer],
-                      plan.text_reads, events, capacity, host_seconds, padded)
+        return Launch(captured.probabilities[buffer][: plan.num_questions], events, capacity, host_seconds, padded)
 
     def _compile(self, capacity: Capacity, expand: Callable[[], None], rnd: RoundTensors) -> None:
         """Compile the kernels of a capacity's forward in parallel (`compile_ahead`), the first time it runs."""

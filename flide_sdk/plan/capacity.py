@@ -1,8 +1,8 @@
 """Fixed round shapes for CUDA graphs: the capacity ladder and the choice of graph.
 
 A captured graph reads fixed-size buffers, so every round quantity has a capacity: stream tokens T (the
-ladder, 128 to 16,384 by default), requests, questions, label columns, history pages, token reads of
-text-scored options, and per Gated DeltaNet level its chunks and segments. Requests and questions scale with T (a request needs tokens; a
+ladder, 128 to 16,384 by default), requests, questions, label columns, history pages, and per Gated
+DeltaNet level its chunks and segments. Requests and questions scale with T (a request needs tokens; a
 question's branch needs some too), so a small graph also has small tables. `choose` picks the smallest
 capacity a round fits; the round is then staged at the capacity's `shape` (`RoundPlan.stage`, padded at the
 tail). Everything here is host code, tested on CPU against the unpadded layout.
@@ -32,9 +32,6 @@ TOKENS_PER_QUESTION = 16  # questions capacity = T / this, in [MIN_QUESTIONS, MA
 # at most MAX_QUESTIONS: a question's branch takes a Gated DeltaNet chunk row of its own, whose work tables make
 # most of a large graph's memory (docs/decisions/start-up.md)
 MIN_REQUESTS, MIN_QUESTIONS, MAX_QUESTIONS = 4, 16, 256
-# token reads of text-scored options = T / this, at most MAX_TEXT_READS (a read row is a stream token of an
-# option's branch, which also holds its question's text: a quarter of the stream is more than rounds read)
-TOKENS_PER_TEXT_READ, MAX_TEXT_READS = 4, 2048
 FIRST_RUNGS_TOKENS = 1024  # graphs captured smallest first up to here, then largest first (`capture_order`)
 
 
@@ -48,7 +45,6 @@ class Capacity:
     labels: int
     pages: int
     conv_kernel: int
-    text_reads: int = 0
 
     @property
     def segments(self) -> tuple[int, ...]:
@@ -65,7 +61,7 @@ class Capacity:
         """The arrays of a round of this capacity (one more request row: the padding tokens')."""
         r = self.requests
         return RoundShape(self.tokens, r + 1, r, r, self.questions, self.labels, self.pages, r + self.questions,
-                          self.conv_kernel, self.segments, self.chunks, self.text_reads)
+                          self.conv_kernel, self.segments, self.chunks)
 
     @property
     def elements(self) -> int:
@@ -81,7 +77,7 @@ class Capacity:
             and plan.num_questions <= self.questions
             and plan.label_width <= self.labels
             and plan.num_pages <= self.pages
-            and len(plan.text_reads) <= self.text_reads
+            and not plan.text_reads  # text-scored options read the whole vocabulary: such rounds run eagerly
             and all(level.segments <= s and level.chunks <= c
                     for level, s, c in zip(plan.levels, self.segments, self.chunks, strict=True))
         )
@@ -121,7 +117,6 @@ def capacity_ladder(
             labels=LABELS,
             pages=max(history_pages, t // 2),
             conv_kernel=conv_kernel,
-            text_reads=min(MAX_TEXT_READS, t // TOKENS_PER_TEXT_READ),
         )
         for t in rungs
     ]
