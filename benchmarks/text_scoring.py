@@ -10,7 +10,8 @@ of that length, from all its questions). Reported, same run:
   scored as labels against transformers' label softmax on the same device;
 - fidelity: the bfloat16 engine's answers against the float32 engine's (total variation);
 - cost: lone latency of the Choice scored by text and of the same options scored as labels (an engine without
-  checkpoints, so every ask computes its passage), with the stream tokens and eager rounds of each.
+  checkpoints, so every ask computes its passage; after a pass over every request and the capture of the graphs
+  it asked for), with the stream tokens, graph replays and eager rounds of each.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ async def answers(engine: fl.Engine, requests: list, scoring: str) -> list[np.nd
 
 
 async def lone(engine: fl.Engine, requests: list, scoring: str, repeat: int) -> dict:
-    await answers(engine, requests[:2], scoring)  # warm-up
+    await answers(engine, requests, scoring)  # warm-up: every capacity the asks need, then its graph
+    await asyncio.to_thread(engine.wait_for_graphs)
     before, times = engine.stats(), []
     for index in range(repeat):
         state, options, instructions = requests[index % len(requests)]

@@ -226,7 +226,7 @@ class Engine:
             yield
 
     def wait_for_graphs(self, timeout: float | None = None) -> bool:
-        """Block until every CUDA graph is captured (or capturing gave up); False after `timeout` s."""
+        """Block until no CUDA graph is left to capture (or capturing gave up); False after `timeout` s."""
         return self._executor.captured.wait(timeout)
 
     def clear_pool(self) -> None:

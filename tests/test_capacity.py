@@ -24,10 +24,12 @@ from flide_sdk.plan.capacity import (
     capture_order,
     choose,
     pad_round,
+    text_capacity,
 )
 from flide_sdk.plan.layout import (
     DISCARD_ROW,
     PAGE,
+    Branches,
     RequestSpec,
     Resume,
     Save,
@@ -236,10 +238,14 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
         trunk = rng.integers(0, 200, 72)
         first = [RequestSpec.of(trunk, [rng.integers(0, 200, 9), rng.integers(0, 200, 15)],
                                 [np.array([5, 6, 7]), np.array([5])], save=Save(66, 0, np.arange(66))),
-                 RequestSpec.of(rng.integers(0, 200, 20), [rng.integers(0, 200, 3)], [np.array([5, 6])])]
+                 # a label question and a question scored by the text of two options (one branch each)
+                 RequestSpec(rng.integers(0, 200, 20), Branches.of(
+                     [rng.integers(0, 200, 3), rng.integers(0, 200, 4)], [np.array([5, 6]), np.zeros(0, np.int64)],
+                     [[], [np.array([7, 8, 9]), np.array([7, 11])]]))]
         second = [RequestSpec.of(trunk[66:], [np.array([1, 2, 3])], [np.array([5, 6])], start=66,
                                  resume=Resume(0, np.arange(2)), save=Save(72, 1, np.arange(192, 198)))]
-        ladder = capacity_ladder(model.config.conv_kernel, 1024, 8, 4096)
+        rungs = capacity_ladder(model.config.conv_kernel, 1024, 8, 4096)
+        ladder = sorted(rungs + [text_capacity(c) for c in rungs], key=lambda c: (c.tokens, c.text_reads))
         for ops in (reference_ops, kernel_ops()):
             results = []
             for padded in (False, True):
@@ -256,8 +262,9 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
                         host_run = pad_round(host, capacity, pool.window_sink)
                     else:
                         host_run = host
-                    probabilities = model(host_run.to("cpu"), ops, engine.pool.layer_caches()).probabilities
-                    outputs.append(probabilities[: host.num_questions, : host.label_ids.shape[1]])
+                    readout = model(host_run.to("cpu"), ops, engine.pool.layer_caches())
+                    outputs.append(readout.probabilities[: host.num_questions, : host.label_ids.shape[1]])
+                    outputs.append(readout.text_logprobs[: len(host.plan.text_reads)])
                 outputs += [tensor[: 4 * PAGE if kind == "full_attention" else 2].clone()
                             for tensor, kind in caches]  # keys and values of 4 pages, states and windows of 2 slots
                 results.append(outputs)
@@ -268,9 +275,10 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
             # AVX-512 CPU), so its padded and unpadded rounds are compared to float32 rounding at each tensor's
             # scale (8 units in the last place of its largest value)
             for unpadded, padded_out in zip(*results):
-                scale = float(padded_out.abs().max()) if ops is reference_ops else 1.0
+                scale = float(padded_out.abs().max()) if ops is reference_ops and padded_out.numel() else 1.0
                 assert torch.allclose(unpadded, padded_out, atol=1e-6 * max(1.0, scale), rtol=0)
-            assert results[0][2].abs().sum() > 0, "the first round saved a state"
+            assert results[0][4].abs().sum() > 0, "the first round saved a state"
+            assert len(results[0][1]) == 5 and len(results[0][3]) == 0, "the first round reads 5 text tokens"
     finally:
         engine.close()
 
@@ -391,3 +399,21 @@ def test_graphs_are_captured_small_rungs_first_then_largest_first():
     assert order[1 : len(small) + 1] == sorted(small) and small[0] == TOKEN_LADDER[0]
     rest = order[len(small) + 1 :]
     assert rest == sorted(rest, reverse=True) and rest[0] == TOKEN_LADDER[-2]
+
+
+def test_label_rounds_take_the_ladder_and_text_rounds_its_twin_with_read_rows():
+    """A round with text-scored options fits only a capacity with read rows; a label-only round of the same
+    size takes the rung without them (whose forward has no read path)."""
+    rungs = capacity_ladder(4, 2048, 8, 4096)
+    ladder = sorted(rungs + [text_capacity(c) for c in rungs], key=lambda c: (c.tokens, c.text_reads))
+    assert all(c.text_reads == 0 for c in rungs) and all(text_capacity(c).text_reads >= 32 for c in rungs)
+    rng = np.random.default_rng(2)
+    question, replies = rng.integers(0, 99, 40), [rng.integers(0, 99, n) for n in (3, 7, 2)]
+    text = RequestSpec(rng.integers(0, 99, 300), Branches.of([question], [np.zeros(0, np.int64)], [replies]))
+    label = RequestSpec(text.trunk, Branches.of([question] * 3, [np.array([1, 2])] * 3))
+    for spec, reads in ((label, 0), (text, 12)):
+        host = plan_round([spec], 4)
+        assert len(host.plan.text_reads) == reads
+        chosen = choose(ladder, host)
+        assert chosen.tokens == min(c.tokens for c in rungs if c.tokens > host.num_real)
+        assert (chosen.text_reads > 0) == bool(reads) and choose(rungs, host) is (None if reads else chosen)

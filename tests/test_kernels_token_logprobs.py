@@ -33,3 +33,15 @@ def test_a_rows_value_does_not_depend_on_the_other_rows():
         assert torch.equal(alone[0], together[row])
     with pytest.raises(ValueError, match="token_logprobs"):
         token_logprobs_triton(h, head.double(), targets)
+
+
+def test_padded_reads_leave_the_real_ones_alone():
+    """A graph's read rows past the round's are padding (target -1): the real rows keep their values."""
+    g = torch.Generator().manual_seed(2)
+    h, head = torch.randn(40, 32, generator=g), torch.randn(6000, 32, generator=g)
+    targets = torch.randint(0, 6000, (40,), generator=g)
+    padded = targets.clone()
+    padded[5:] = -1  # two blocks of 16 rows hold no real read at all
+    real = token_logprobs_triton(h[:5].contiguous(), head, targets[:5])
+    assert torch.equal(token_logprobs_triton(h, head, padded)[:5], real)
+    assert torch.allclose(real, token_logprobs_reference(h, head, padded)[:5], atol=2e-5, rtol=1e-6)

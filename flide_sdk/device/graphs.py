@@ -1,19 +1,20 @@
 """CUDA-graph execution of rounds: captured forwards per capacity, fed from pinned staging buffers.
 
-The model's forward is captured for each capacity of the ladder (`capacity.py`), one capacity per
-`capture_next` call in `capture_order`, all in one memory pool (only one graph runs at a time): the round
-thread captures between rounds while the engine already serves, rounds that fit no captured capacity yet
-running eagerly as their graph would (`run_eagerly`: the same staging and kernels). Each graph reads its round
-from views of ONE device int64 buffer, laid out per capacity (`StagingLayout`). A round is launched by staging
-its host arrays straight into a pinned staging buffer and one replay, which copies that buffer into the device
-buffer, runs the forward and copies the label probabilities into a pinned readback buffer; `Launch.wait()`
-later synchronises on an event recorded after it. Two staging/readback buffer pairs alternate, so the host can
-build round k+1 while the device still runs round k (docs/decisions/round-planning.md): a capacity has one graph
-per pair, the copies inside it (a launch is one call; the pair's second graph takes capture time, not memory:
-it reuses the first one's blocks of the pool). The staging buffer holds a round's staged form
-(`RoundPlan.stage`): the arrays that grow with the stream (token rows, conv sources, chunk tables, save windows)
-come as a piece table, chunk spans and save tokens, which the graph's first kernel expands into device arrays
-of their own (`device_round`, `kernels.round_metadata`).
+The model's forward is captured for each capacity of the ladder (`capacity.py`), one capacity per `capture_next`
+call in `capture_order`, all in one memory pool (only one graph runs at a time): the round thread captures between
+rounds while the engine already serves, rounds that fit no captured capacity yet running eagerly as their graph
+would (`run_eagerly`: the same staging and kernels). Each graph reads its round from views of ONE device int64
+buffer, laid out per capacity (`StagingLayout`). A round is launched by staging its host arrays straight into a
+pinned staging buffer and one replay, which copies that buffer into the device buffer, runs the forward and copies
+the label probabilities (and the text reads' log-probabilities) into a pinned readback buffer; `Launch.wait()`
+later synchronises on an event recorded after it. A round with text-scored options replays its capacity's twin with
+read rows (`capacity.text_capacity`), captured the first time a round needs it, so label-only rounds never run the
+read path. Two staging/readback buffer pairs alternate, so the host can build round k+1 while the device still runs
+round k (docs/decisions/round-planning.md): a capacity has one graph per pair, the copies inside it (a launch is
+one call; the pair's second graph takes capture time, not memory: it reuses the first one's blocks of the pool).
+The staging buffer holds a round's staged form (`RoundPlan.stage`): the arrays that grow with the stream (token
+rows, conv sources, chunk tables, save windows) come as a piece table, chunk spans and save tokens, which the
+graph's first kernel expands into device arrays of their own (`device_round`, `kernels.round_metadata`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 from flide_sdk.kernels.plans import RoundMetadata
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
-from flide_sdk.plan.capacity import Capacity, capture_order, choose
+from flide_sdk.plan.capacity import Capacity, capture_order, choose, text_capacity
 from flide_sdk.plan.layout import (
     Branches,
     HostRound,
@@ -38,6 +39,7 @@ from flide_sdk.plan.layout import (
     RoundPlan,
     RoundTensors,
     StateRows,
+    TextReads,
     plan_round,
     round_tensors,
 )
@@ -100,14 +102,17 @@ class _Captured:
     graphs: list[torch.cuda.CUDAGraph]  # per buffer pair: staging buffer -> forward -> readback buffer
     host_views: list[dict[str, np.ndarray]]  # per pinned staging buffer
     probabilities: list[np.ndarray]  # per pinned readback buffer: its [questions, labels] head
+    text_logprobs: list[np.ndarray]  # per pinned readback buffer: the text reads' log-probabilities after it
 
 
 class Launch:
-    """A round on its way through the device; `wait()` returns its probabilities [questions, labels]."""
+    """A round on its way through the device; `wait()` returns its probabilities [questions, labels] (a
+    text-scored question's row from its reads, `TextReads.scores`)."""
 
-    def __init__(self, probabilities: np.ndarray, events: Sequence[torch.cuda.Event], capacity: Capacity,
-                 host_seconds: dict[str, float], started_at: float) -> None:
-        self._probabilities = probabilities
+    def __init__(self, probabilities: np.ndarray, text_logprobs: np.ndarray, reads: TextReads,
+                 events: Sequence[torch.cuda.Event], capacity: Capacity, host_seconds: dict[str, float],
+                 started_at: float) -> None:
+        self._probabilities, self._text_logprobs, self._reads = probabilities, text_logprobs, reads
         self._events = events  # before and after the replay (copies in and out included)
         self.capacity = capacity
         self.host_seconds = host_seconds  # host time of the launch's parts (`GraphRunner.launch`)
@@ -119,7 +124,7 @@ class Launch:
 
     def wait(self) -> np.ndarray:
         self._events[-1].synchronize()
-        return self._probabilities
+        return self._reads.scores(self._probabilities, self._text_logprobs)
 
     def device_seconds(self) -> dict[str, float]:
         """GPU time of the replay, its copy in and its readback included (call after `wait`)."""
@@ -132,6 +137,7 @@ class CaptureReport:
     capacities: int  # capacities captured (each with a graph per buffer pair)
     seconds: float
     memory_bytes: int
+    text: bool  # a capacity with text reads (captured on need, not a rung of the ladder)
 
 
 class GraphRunner:
@@ -149,18 +155,21 @@ class GraphRunner:
     ) -> None:
         self.model, self.ops, self.caches = model, ops, caches
         self.ladder = sorted(ladder, key=lambda c: c.tokens)
+        # what a round may replay: the ladder, and each rung's twin with text reads, captured on first need
+        self._choices = sorted(self.ladder + [text_capacity(c) for c in self.ladder],
+                               key=lambda c: (c.tokens, c.text_reads))
         self.rows, self.window_sink, self.kv_sink = rows, window_sink, kv_sink
         self.device = model.embed_tokens.weight.device
-        self._layouts = {capacity: StagingLayout(capacity) for capacity in self.ladder}
+        self._layouts = {capacity: StagingLayout(capacity) for capacity in self._choices}
         elements = max(layout.elements for layout in self._layouts.values())
-        readback = max(c.questions * c.labels for c in self.ladder)
+        readback = max(c.questions * c.labels + c.text_reads for c in self._choices)
         self._device_buffer = torch.zeros(elements, dtype=torch.int64, device=self.device)
-        expanded_layouts = {c: FlatLayout(c.shape.expanded_shapes()) for c in self.ladder}
+        expanded_layouts = {c: FlatLayout(c.shape.expanded_shapes()) for c in self._choices}
         expanded_buffer = torch.zeros(max(layout.elements for layout in expanded_layouts.values()),
                                       dtype=torch.int64, device=self.device)
         # per capacity: the device arrays its forward reads and the call expanding them (graph or eager)
         self._device_rounds = {c: device_round(c, self._layouts[c].views(self._device_buffer),
-                                               expanded_layouts[c].views(expanded_buffer)) for c in self.ladder}
+                                               expanded_layouts[c].views(expanded_buffer)) for c in self._choices}
         self._staging = [torch.zeros(elements, dtype=torch.int64).pin_memory() for _ in range(BUFFERS)]
         self._readback = [torch.zeros(readback, dtype=torch.float32).pin_memory() for _ in range(BUFFERS)]
         self._replayed: list[torch.cuda.Event | None] = [None] * BUFFERS
@@ -174,6 +183,7 @@ class GraphRunner:
         # the stream of every capture's warm-up: one, since cuBLAS keeps a workspace per stream it ran on
         self._side = torch.cuda.Stream(self.device)
         self._pending = capture_order(self.ladder)
+        self._gave_up = False
 
     @property
     def pending(self) -> list[Capacity]:
@@ -183,18 +193,19 @@ class GraphRunner:
 
     @property
     def captured(self) -> int:
-        """How many capacities have their graph."""
-        return len(self._captured)
+        """How many capacities of the ladder have their graph (text capacities not counted)."""
+        return sum(1 for capacity in self._captured if not capacity.text_reads)
 
     def give_up(self) -> None:
         """Capture nothing more: rounds past the captured capacities run eagerly."""
         self._pending = []
+        self._gave_up = True
 
     def run_eagerly(self, plan: RoundPlan) -> np.ndarray | None:
         """A round whose graph is not captured yet, run as its graph would run it but without the graph: staged
         and copied into the device buffer, expanded by the same kernel, the forward at its capacity's shape (the
         kernels the graph's capture compiles); its probabilities, or None past the largest capacity."""
-        capacity = choose(self.ladder, plan)
+        capacity = choose(self._choices, plan)
         if capacity is None:
             return None
         buffer = self._free_buffer()
@@ -204,8 +215,9 @@ class GraphRunner:
         rnd = round_tensors(plan, capacity.shape, arrays)
         self._compile(capacity, expand, rnd)
         expand()
-        probabilities = self.model(rnd, self.ops, self.caches).probabilities
-        return probabilities[: plan.num_questions].cpu().numpy()
+        readout = self.model(rnd, self.ops, self.caches)
+        return plan.text_reads.scores(readout.probabilities[: plan.num_questions].cpu().numpy(),
+                                      readout.text_logprobs.cpu().numpy())
 
     def capture_next(self) -> CaptureReport:
         """Capture the next pending capacity's graphs (one per buffer pair) on a placeholder round, in the
@@ -238,24 +250,32 @@ class GraphRunner:
         torch.cuda.empty_cache()
         size = capacity.questions * capacity.labels
         readback = [buffer[:size].view(capacity.questions, capacity.labels) for buffer in self._readback]
+        text_readback = [buffer[size : size + capacity.text_reads] for buffer in self._readback]
         graphs = []
         for buffer in range(BUFFERS):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
                 self._copy_in(buffer, capacity)
                 expand()
-                readback[buffer].copy_(self.model(rnd, self.ops, self.caches).probabilities, non_blocking=True)
+                readout = self.model(rnd, self.ops, self.caches)
+                readback[buffer].copy_(readout.probabilities, non_blocking=True)
+                if capacity.text_reads:
+                    text_readback[buffer].copy_(readout.text_logprobs, non_blocking=True)
             graphs.append(graph)
         torch.cuda.synchronize(self.device)
-        self._captured[capacity] = _Captured(graphs, host_views, [view.numpy() for view in readback])
+        self._captured[capacity] = _Captured(graphs, host_views, [view.numpy() for view in readback],
+                                             [view.numpy() for view in text_readback])
         self._pending.remove(capacity)
-        return CaptureReport(1, time.perf_counter() - started, torch.cuda.memory_reserved(self.device) - reserved)
+        return CaptureReport(1, time.perf_counter() - started, torch.cuda.memory_reserved(self.device) - reserved,
+                             bool(capacity.text_reads))
 
     def launch(self, plan: RoundPlan) -> Launch | None:
         """Stage a round and replay the smallest capacity's graph it fits (its copies in and out included); None
         if that one is not captured (or there is none): run it eagerly (`run_eagerly`)."""
-        capacity = choose(self.ladder, plan)
+        capacity = choose(self._choices, plan)
         if capacity is None or capacity not in self._captured:
+            if capacity is not None and capacity.text_reads and capacity not in self._pending and not self._gave_up:
+                self._pending.append(capacity)  # a text capacity is captured once a round needs it
             return None
         captured = self._captured[capacity]
         started = time.perf_counter()
@@ -271,7 +291,8 @@ class GraphRunner:
         replayed = time.perf_counter()
         host_seconds = {"buffer_wait_seconds": freed - started, "pad_seconds": padded - freed,
                         "replay_call_seconds": replayed - padded}
-        return Launch(captured.probabilities[buffer][: plan.num_questions], events, capacity, host_seconds, padded)
+        return Launch(captured.probabilities[buffer][: plan.num_questions], captured.text_logprobs[buffer],
+                      plan.text_reads, events, capacity, host_seconds, padded)
 
     def _compile(self, capacity: Capacity, expand: Callable[[], None], rnd: RoundTensors) -> None:
         """Compile the kernels of a capacity's forward in parallel (`compile_ahead`), the first time it runs."""

@@ -351,7 +351,8 @@ VOCAB_BLOCK = 16384  # vocabulary rows per product
 
 def token_logprobs_reference(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
                              linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear) -> torch.Tensor:
-    """log_softmax(h[r] . head.T)[targets[r]] per row over the whole vocabulary, float32 logits ([X] float32).
+    """log_softmax(h[r] . head.T)[targets[r]] per row over the whole vocabulary, float32 logits ([X] float32;
+    a row whose target is -1, a padded read, gets no meaningful value).
 
     The logits come a vocabulary block at a time (`linear` of float32 operands) for TEXT_ROW_BLOCK rows at a
     time, the last block padded, with a running log-sum-exp: every product has one shape whatever the number of

@@ -4,6 +4,7 @@ A row's logits are float32 dot products of its hidden state with every head row;
 target's logit are kept. In torch that is a loop of products and reductions over vocabulary blocks (hundreds
 of launches); here two: `_partial_kernel` takes a block of rows and a fixed slice of the vocabulary per
 program (tensor-core products, a running max and sum), `_combine_kernel` adds each row's slices in order. A
+captured graph holds read rows for any round: padded reads (target -1) cost their programs no products. A
 row's value depends on its own hidden state alone, never on how many rows the round reads.
 `token_logprobs_reference` is the definition.
 """
@@ -33,7 +34,9 @@ def _partial_kernel(
     peak = tl.full((BR,), float("-inf"), tl.float32)
     total = tl.zeros((BR,), tl.float32)
     picked = tl.full((BR,), float("-inf"), tl.float32)
-    for v0 in range(part * SLICE, tl.minimum(part * SLICE + SLICE, vocab), BV):
+    first = part * SLICE
+    last = tl.where(tl.max(target, axis=0) >= 0, tl.minimum(first + SLICE, vocab), first)  # padded reads: none
+    for v0 in range(first, last, BV):
         v = v0 + tl.arange(0, BV)
         v_ok = v < vocab
         logits = tl.zeros((BR, BV), tl.float32)

@@ -2,7 +2,8 @@
 
 A captured graph reads fixed-size buffers, so every round quantity has a capacity: stream tokens T (the
 ladder, 128 to 16,384 by default), requests, questions, label columns, history pages, and per Gated
-DeltaNet level its chunks and segments. Requests and questions scale with T (a request needs tokens; a
+DeltaNet level its chunks and segments. A round with text-scored options needs rows for their token reads:
+each capacity has a twin with them (`text_capacity`), captured when such a round first needs it. Requests and questions scale with T (a request needs tokens; a
 question's branch needs some too), so a small graph also has small tables. `choose` picks the smallest
 capacity a round fits; the round is then staged at the capacity's `shape` (`RoundPlan.stage`, padded at the
 tail). Everything here is host code, tested on CPU against the unpadded layout.
@@ -11,6 +12,7 @@ tail). Everything here is host code, tested on CPU against the unpadded layout.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -32,6 +34,10 @@ TOKENS_PER_QUESTION = 16  # questions capacity = T / this, in [MIN_QUESTIONS, MA
 # at most MAX_QUESTIONS: a question's branch takes a Gated DeltaNet chunk row of its own, whose work tables make
 # most of a large graph's memory (docs/decisions/start-up.md)
 MIN_REQUESTS, MIN_QUESTIONS, MAX_QUESTIONS = 4, 16, 256
+# a text capacity's token reads of text-scored options = T / this, at most MAX_TEXT_READS (a read row is a
+# stream token of an option's branch, which also holds its question's text: a quarter of the stream is more
+# than rounds read)
+TOKENS_PER_TEXT_READ, MAX_TEXT_READS = 4, 2048
 FIRST_RUNGS_TOKENS = 1024  # graphs captured smallest first up to here, then largest first (`capture_order`)
 
 
@@ -45,6 +51,7 @@ class Capacity:
     labels: int
     pages: int
     conv_kernel: int
+    text_reads: int = 0
 
     @property
     def segments(self) -> tuple[int, ...]:
@@ -61,7 +68,7 @@ class Capacity:
         """The arrays of a round of this capacity (one more request row: the padding tokens')."""
         r = self.requests
         return RoundShape(self.tokens, r + 1, r, r, self.questions, self.labels, self.pages, r + self.questions,
-                          self.conv_kernel, self.segments, self.chunks)
+                          self.conv_kernel, self.segments, self.chunks, self.text_reads)
 
     @property
     def elements(self) -> int:
@@ -77,7 +84,7 @@ class Capacity:
             and plan.num_questions <= self.questions
             and plan.label_width <= self.labels
             and plan.num_pages <= self.pages
-            and not plan.text_reads  # text-scored options read the whole vocabulary: such rounds run eagerly
+            and len(plan.text_reads) <= self.text_reads
             and all(level.segments <= s and level.chunks <= c
                     for level, s, c in zip(plan.levels, self.segments, self.chunks, strict=True))
         )
@@ -122,8 +129,15 @@ def capacity_ladder(
     ]
 
 
+def text_capacity(capacity: Capacity) -> Capacity:
+    """`capacity` with rows for the token reads of text-scored options: the graph of rounds that have them
+    (label-only rounds replay the capacity without, whose forward has no read path)."""
+    return dataclasses.replace(capacity, text_reads=min(MAX_TEXT_READS, capacity.tokens // TOKENS_PER_TEXT_READ))
+
+
 def choose(ladder: list[Capacity], round_: RoundPlan | HostRound) -> Capacity | None:
-    """The smallest capacity a round fits, or None (the round runs eagerly)."""
+    """The smallest capacity a round fits, or None (the round runs eagerly); `ladder` sorted by tokens, then
+    text reads (a label-only round takes the capacity without reads of its size)."""
     plan = plan_of(round_)
     first = bisect.bisect_right(ladder, plan.num_real, key=lambda capacity: capacity.tokens)  # fewer tokens never fit
     return next((capacity for capacity in ladder[first:] if capacity.fits(plan)), None)

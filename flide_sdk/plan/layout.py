@@ -27,7 +27,14 @@ from flide_sdk.kernels.plans import (  # noqa: F401 (callers import the kernels'
     RoundMetadata,
 )
 from flide_sdk.kernels.reference import expand_round_reference
-from flide_sdk.plan.requests import Branches, RequestSpec, Resume, Save, StateRows  # noqa: F401 (callers import them here)
+from flide_sdk.plan.requests import (  # noqa: F401 (callers import them here)
+    Branches,
+    RequestSpec,
+    Resume,
+    Save,
+    StateRows,
+    TextReads,
+)
 from flide_sdk.plan.shape import RoundShape
 from flide_sdk.plan.tree import RoundPlan
 

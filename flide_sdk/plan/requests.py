@@ -83,13 +83,14 @@ class TextReads:
         return len(self.offset)
 
     def scores(self, probabilities: np.ndarray, logprobs: np.ndarray) -> np.ndarray:
-        """`probabilities` [questions, L] (float64) with each text-scored question's row the softmax over its
-        options of their reads' log-probabilities `logprobs` [X], each option's summed in read order."""
-        out = probabilities.astype(np.float64)
+        """`probabilities` [questions, L] with each text-scored question's row the softmax over its options of
+        their reads' log-probabilities `logprobs` [X or more: the first X are read], each option's summed in read
+        order, in float64 (without reads: `probabilities` itself)."""
         if not len(self):
-            return out
+            return probabilities
+        out = probabilities.astype(np.float64)
         sums = np.zeros(out.shape)
-        np.add.at(sums, (self.question, self.option), logprobs.astype(np.float64))
+        np.add.at(sums, (self.question, self.option), logprobs[: len(self)].astype(np.float64))
         for question in np.unique(self.question).tolist():
             options = int(self.option[self.question == question].max()) + 1
             row = sums[question, :options]

@@ -35,7 +35,7 @@ class RoundShape:
     conv_kernel: int
     segments: tuple[int, ...]  # per level
     chunks: tuple[int, ...]  # per level
-    text_reads: int = 0  # token reads of text-scored options (a graph capacity has none)
+    text_reads: int = 0  # token reads of text-scored options
 
     @classmethod
     def of(cls, plan: RoundPlan) -> RoundShape:

@@ -216,7 +216,7 @@ class RoundPlan:
         see nothing real and nothing real sees them; their keys/values go to the kv sink), padded segments are
         empty and start from the zero row (`level_sizes` keeps the real counts, so the Gated DeltaNet kernels
         never visit them), padded saves and resumes use the pool slot `window_sink`, and padded readout rows read
-        the first padding token (with one label, so their softmax stays finite)."""
+        the first padding token (with one label, so their softmax stays finite; padded text reads with target -1)."""
         real, count, questions = self.num_real, self.num_requests, self.num_questions
         ids = out["ids"]
         if real:
@@ -254,7 +254,7 @@ class RoundPlan:
         out["text_rows"][:count_reads] = reads.offset
         out["text_rows"][count_reads:] = real
         out["text_targets"][:count_reads] = reads.target
-        out["text_targets"][count_reads:] = 0
+        out["text_targets"][count_reads:] = -1  # no token: the head skips padded reads
 
         history_len, page_offset, pages = out["history_len"], out["page_offset"], out["pages"]
         history_len[:count] = [request.start for request in self.requests]

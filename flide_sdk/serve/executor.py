@@ -5,8 +5,9 @@ and starts the model on it: the replay of the smallest captured CUDA graph it fi
 or a round larger than every graph). It publishes the new checkpoints at once (device work is stream-ordered).
 `finish` waits for the one copy of the label probabilities to the host and resolves each ask's future (a
 text-scored question's option probabilities come from its reads' log-probabilities, summed on the host).
-`idle_step` captures the next CUDA graph of the ladder (or trims the pool), which the round thread calls when
-it is idle (`idle_work_after`), so the engine serves (eagerly) while its graphs are captured. A failed round
+`idle_step` captures the next CUDA graph of the ladder, or of a text capacity a round needed (or trims the
+pool), which the round thread calls when it is idle (`idle_work_after`), so the engine serves (eagerly) while
+its graphs are captured. A failed round
 fails its own asks, never the engine.
 """
 
@@ -141,6 +142,8 @@ class Executor:
                 planned, cpu_planned = time.perf_counter(), time.thread_time()
                 self.pool.copy_pages([copy for save in saves for copy in save.page_copies])
                 launch = None if self.graphs is None else self.graphs.launch(plan)
+                if launch is None and self.capturing:  # a text capacity this round needs is now pending
+                    self.captured.clear()
                 result = launch if launch is not None else self._run_eager(plan)
             except Exception as error:
                 for save in saves:
@@ -204,8 +207,9 @@ class Executor:
             self.stats.add(graphs_captured=report.capacities, capture_seconds=report.seconds,
                            graph_memory_bytes=report.memory_bytes)
             counts = self.stats.snapshot()
-            self.startup.graph_captured(graphs.captured, len(graphs.ladder), counts["capture_seconds"],
-                                        int(counts["graph_memory_bytes"]))
+            if not report.text:  # the start-up's progress is the ladder's
+                self.startup.graph_captured(graphs.captured, len(graphs.ladder), counts["capture_seconds"],
+                                            int(counts["graph_memory_bytes"]))
         if not self.capturing:
             self.captured.set()
 
