@@ -346,13 +346,13 @@ def _scan_schedule(pending: list, lookup, limits: RoundLimits) -> tuple[list, li
         cost = ask.branch_tokens + (0 if merged else len(ask.trunk) - resumed(ask))
         history = 0 if merged else -(-resumed(ask) // 64)
         full = (tokens + cost > limits.tokens or requests + (not merged) > limits.requests
-                or questions + len(ask.branches) > limits.questions
+                or questions + len(ask.branches.lengths) > limits.questions
                 or limits.pages is not None and pages + history > limits.pages)
         if selected and full:
             kept.append(ask)
             continue
         selected.append(ask)
-        tokens, requests, questions = tokens + cost, requests + (not merged), questions + len(ask.branches)
+        tokens, requests, questions = tokens + cost, requests + (not merged), questions + len(ask.branches.lengths)
         pages += history
         merges += merged
     return selected, kept, deferred, merges

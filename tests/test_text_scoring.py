@@ -138,3 +138,14 @@ def test_replies_past_the_budget_raise_and_many_options_need_no_labels(engine):
     response = engine.ask_sync("the agent", {"q": many})
     assert len(response["q"].probabilities) == 30
     assert abs(sum(response["q"].probabilities.values()) - 1.0) < 1e-9
+
+
+def test_a_round_counts_each_option_branch_against_its_branch_limit(engine):
+    """A text-scored question takes a branch per option: the scheduler splits rounds by branches, so a round
+    fits its graph capacity's branch rows."""
+    from flide_sdk.serve.scheduler import RoundLimits, schedule
+
+    question = {"next": text_choice(["a", "b c", "the test", "run the test again", "the refund"])}
+    asks = [engine.prepare(f"state {i}", question) for i in range(3)]
+    batch = schedule(asks, lambda trunk: None, RoundLimits(tokens=10_000, requests=8, questions=12))
+    assert len(batch.asks) == 2 and batch.kept == asks[2:], "5 branches each: a third ask passes 12"

@@ -25,7 +25,7 @@ DEFER_MIN_TOKENS = 64
 @dataclass(frozen=True)
 class RoundLimits:
     """What one round holds at most: stream tokens, requests (distinct trunks, each a scratch state row),
-    questions, and history pages its resumed requests read (None: no limit); and where a round saves its
+    question branches (a question's, or one per option of a text-scored one), and history pages its resumed requests read (None: no limit); and where a round saves its
     checkpoints: at the stable boundary rounded down to a multiple of `save_align` (the batch-invariant mode:
     the GDN chunk)."""
 
@@ -104,7 +104,7 @@ def schedule(queue: Iterable[Ask], lookup: Callable[[Trunk], Checkpoint | None],
         cost = ask.branch_tokens + (0 if shared else len(ask.trunk) - resume_length)
         history = 0 if shared else -(-resume_length // PAGE)
         full = (tokens + cost > limits.tokens or len(batch.requests) + (shared is None) > limits.requests
-                or questions + len(ask.branches) > limits.questions
+                or questions + len(ask.branches.lengths) > limits.questions
                 or limits.pages is not None and pages + history > limits.pages)
         if batch.requests and full:
             batch.kept.append(ask)
@@ -118,6 +118,6 @@ def schedule(queue: Iterable[Ask], lookup: Callable[[Trunk], Checkpoint | None],
             if first_block is not None:
                 by_first_block.setdefault(first_block, []).append(request)
         tokens += cost
-        questions += len(ask.branches)
+        questions += len(ask.branches.lengths)
         pages += history
     return batch
