@@ -36,7 +36,7 @@ class Ask:
     rendered: dict[str, RenderedQuestion]
     branches: Branches = field(init=False)
     branch_tokens: int = field(init=False)  # stream tokens of its branches
-    label_counts: list[int] = field(init=False)  # each question's number of options, in question order
+    option_counts: list[int] = field(init=False)  # each question's number of options, in question order
     prompt_tokens: int = field(init=False)  # the prompts' tokens: the trunk, and each question's text once
     output_tokens: int = field(init=False)  # the reply tokens read: one label per question, or its options' replies
     trunk_key: TrunkKey = field(init=False)
@@ -50,7 +50,7 @@ class Ask:
         self.branches = Branches.of([q.ids for q in rendered], [q.label_ids for q in rendered],
                                     [q.replies for q in rendered])
         self.branch_tokens = int(self.branches.lengths.sum())
-        self.label_counts = [q.options for q in rendered]
+        self.option_counts = [q.options for q in rendered]
         self.prompt_tokens = len(self.trunk) + sum(len(q.ids) for q in rendered)
         self.output_tokens = sum(sum(len(reply) for reply in q.replies) or 1 for q in rendered)
         trunk = self.trunk

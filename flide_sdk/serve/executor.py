@@ -281,12 +281,12 @@ class Executor:
         # Python floats, one conversion a round of the label columns its questions use: the answer formulas on
         # a few floats each are cheaper than on numpy rows
         asks = [ask for request in requests for ask in request.asks]
-        width = max(max(ask.label_counts) for ask in asks)
+        width = max(max(ask.option_counts) for ask in asks)
         rows = iter(probabilities[:, :width].astype(np.float64).tolist())
         results = []
         for ask in asks:
             answers: dict[str, Answer] = {name: question.answer(next(rows)[:count]) for (name, question), count
-                                          in zip(ask.questions.items(), ask.label_counts)}
+                                          in zip(ask.questions.items(), ask.option_counts)}
             usage = Usage(input_tokens=ask.prompt_tokens, output_tokens=ask.output_tokens)
             results.append((ask, SystemOneResponse(answers, model=self.name, usage=usage)))
         return results
