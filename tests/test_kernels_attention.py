@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from flide_sdk.kernels.fixed_order import fork_attention_fixed
 from flide_sdk.kernels.fork_attention import (
     FORK_ATTENTION_FLOAT32,
     PLAN_ROW_BLOCK,
@@ -19,11 +20,13 @@ from flide_sdk.kernels.fork_attention import (
 )
 from flide_sdk.kernels.reference import fork_attention_reference
 from flide_sdk.plan.layout import PAGE, RequestSpec, Resume, plan_round
+from flide_sdk.plan.requests import Branches
 
 
 def round_with_history(seed: int, heads: int, kv_heads: int, dim: int):
     """Requests with trunks of 1..130 tokens, 1..4 branches of 1..40 tokens (branch regions of one request over
-    more than one tile), some resuming after a paged history."""
+    more than one tile), some resuming after a paged history; two have a text-scored question too (a branch and
+    2..6 option pieces of 1..30 tokens under it, which see their question but not each other)."""
     rng = np.random.default_rng(seed)
     pages_total = 12
     k_cache = torch.randn(pages_total * PAGE, kv_heads, dim)
@@ -31,11 +34,17 @@ def round_with_history(seed: int, heads: int, kv_heads: int, dim: int):
     requests = []
     for trunk_len, history in [(1, 0), (63, 0), (64, 70), (65, 0), (130, 129), (5, 1)]:
         branches = [rng.integers(0, 50, rng.integers(1, 41)) for _ in range(rng.integers(1, 5))]
+        labels = [np.array([1])] * len(branches)
+        replies = [[] for _ in branches]
+        if trunk_len in (63, 130):
+            branches.append(rng.integers(0, 50, rng.integers(3, 41)))
+            labels.append(np.zeros(0, np.int64))
+            replies.append([rng.integers(0, 50, rng.integers(2, 32)) for _ in range(rng.integers(2, 7))])
         resume = None
         if history:
             pages = rng.choice(pages_total, size=-(-history // PAGE), replace=False)
             resume = Resume(slot=0, pages=pages)
-        requests.append(RequestSpec.of(rng.integers(0, 50, trunk_len), branches, [np.array([1])] * len(branches),
+        requests.append(RequestSpec(rng.integers(0, 50, trunk_len), Branches.of(branches, labels, replies),
                                     start=history, resume=resume))
     rnd = plan_round(requests, 4).to("cpu")
     total = rnd.ids.shape[0]
@@ -61,6 +70,37 @@ def test_triton_matches_reference_on_every_row(seed, heads, kv_heads, dim):
         got = fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache,
                                     config=float32_config(heads_per_program=per_program))
         assert relative_error(got, expected) <= 1e-5
+
+
+def test_fixed_order_attention_matches_reference():
+    """The batch-invariant mode's CPU attention: the same contract, options and all."""
+    rnd, q, k, v, k_cache, v_cache = round_with_history(7, 4, 2, 16)
+    rows = torch.sort(torch.cat([rnd.readout.rows, rnd.readout.text_rows])).values
+    for query_rows in (None, rows):
+        picked = slice(None) if query_rows is None else query_rows
+        expected = fork_attention_reference(q[picked], k, v, rnd.attention, query_rows, k_cache, v_cache)
+        got = fork_attention_fixed(q[picked], k, v, rnd.attention, query_rows, k_cache, v_cache)
+        assert relative_error(got, expected) <= 1e-5
+
+
+def test_options_see_their_question_and_not_each_other():
+    """The reference's visibility on a text-scored question: an option's rows attend to the trunk, the question
+    and their own option only (an option's output is that of the same round without its siblings)."""
+    rnd, q, k, v, k_cache, v_cache = round_with_history(8, 2, 2, 16)
+    full = fork_attention_reference(q, k, v, rnd.attention, None, k_cache, v_cache)
+    plan = rnd.attention
+    option_rows = (plan.seg_lo < torch.arange(len(plan.seg_lo))) & (plan.vis_end < plan.vis_end[plan.seg_lo])
+    assert option_rows.any(), "the round has option pieces"
+    for row in option_rows.nonzero().squeeze(1).tolist():
+        sibling_keys = (torch.arange(len(plan.seg_lo)) >= int(plan.seg_lo[row])) & (plan.vis_end <= row)
+        if sibling_keys.any():
+            noisy_k = k.clone()
+            noisy_k[sibling_keys] = torch.randn_like(k[sibling_keys])
+            again = fork_attention_reference(q, noisy_k, v, plan, None, k_cache, v_cache)
+            assert torch.equal(again[row], full[row])
+            break
+    else:
+        pytest.fail("no option has an earlier sibling")
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (12, 2)], ids=["group-4", "group-6"])

@@ -345,14 +345,15 @@ def _scan_schedule(pending: list, lookup, limits: RoundLimits) -> tuple[list, li
         merged = any(same(ask, other) for other in selected)
         cost = ask.branch_tokens + (0 if merged else len(ask.trunk) - resumed(ask))
         history = 0 if merged else -(-resumed(ask) // 64)
-        full = (tokens + cost > limits.tokens or requests + (not merged) > limits.requests
+        full = (tokens + cost > limits.tokens or requests + (not merged) + ask.branches.inner > limits.requests
                 or questions + len(ask.branches.lengths) > limits.questions
                 or limits.pages is not None and pages + history > limits.pages)
         if selected and full:
             kept.append(ask)
             continue
         selected.append(ask)
-        tokens, requests, questions = tokens + cost, requests + (not merged), questions + len(ask.branches.lengths)
+        tokens, questions = tokens + cost, questions + len(ask.branches.lengths)
+        requests += (not merged) + ask.branches.inner
         pages += history
         merges += merged
     return selected, kept, deferred, merges

@@ -129,7 +129,9 @@ def fork_attention_fixed(
             for block in _blocks(own - piece_start):
                 later = (relative >= block).nonzero().squeeze(1)  # rows before the block see none of it
                 sub = [x[:, later] for x in state]
-                visible = (block + offsets)[None, :] <= relative[later, None]
+                keys = piece_start + block + offsets
+                visible = ((block + offsets)[None, :] <= relative[later, None]) & (
+                    token[later, None] < plan.vis_end[keys.clamp(max=plan.vis_end.shape[0] - 1)][None, :])
                 _attend(qh[:, later], _padded_block(own_k, block), _padded_block(own_v, block), visible, sub)
                 for x, y in zip(state, sub):
                     x[:, later] = y

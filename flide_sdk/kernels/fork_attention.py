@@ -1,7 +1,7 @@
 """ForkAttention: causal grouped-query attention over a round's flat stream, following each request's tree.
 
-Token t sees its request's cached history (pool pages), the stream keys [key_lo[t], ctx_hi[t]) and
-[seg_lo[t], t], and nothing else (`fork_attention_reference` is the definition). The kernel is a flash-attention
+Token t sees its request's cached history (pool pages), the stream keys [key_lo[t], ctx_hi[t]) and the keys k
+of [seg_lo[t], t] with t < vis_end[k] (its ancestors' and its own, not its earlier siblings'), and nothing else (`fork_attention_reference` is the definition). The kernel is a flash-attention
 style online softmax over work items planned on the device (`TileTable`: tiles of rows that never cross a
 trunk or branch region, their keys cut into splits merged afterwards), with Qwen3.5's output gate fused.
 Launch shapes depend on the number of query rows and requests alone. Its tuning constants are one frozen
@@ -321,7 +321,7 @@ def _fork_attention_kernel(
     q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, o_ptr, gate_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     rows_ptr, tile_start_ptr, item_tile_ptr, item_split_ptr, tile_splits_ptr, tile_piece_ptr, partial_slot_ptr,
     num_items_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, request_of_ptr, history_len_ptr, page_offset_ptr, pages_ptr,
-    stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om, stride_oh, stride_gm, stride_gh,
+    vis_end_ptr, stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om, stride_oh, stride_gm, stride_gh,
     scale_log2,
     GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     IEEE: tl.constexpr, GATED: tl.constexpr, PAGE_SIZE: tl.constexpr,
@@ -386,14 +386,17 @@ def _fork_attention_kernel(
         acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, key_ok[None, :] & everyone,
                                       scale_log2, IEEE)
 
-    # 3. keys only some rows see (the tile's last ones): masked by each row's own segment and causality
+    # 3. keys only some rows see (the tile's last ones): masked by each row's own range, causality and the
+    # keys' subtrees
     before = history + (full_hi - key_lo)
     masked_start = masked_lo + tl.maximum(lo - before, 0)
     masked_stop = tl.minimum(last + 1, masked_lo + tl.maximum(hi - before, 0))
     for start in range(masked_start, masked_stop, BN):
         keys = start + n
         key_ok = keys < masked_stop
-        visible = (keys[None, :] >= seg_lo[:, None]) & (keys[None, :] <= rows[:, None]) & key_ok[None, :]
+        vis_end = tl.load(vis_end_ptr + keys, mask=key_ok, other=0)
+        visible = ((keys[None, :] >= seg_lo[:, None]) & (keys[None, :] <= rows[:, None])
+                   & (rows[:, None] < vis_end[None, :]) & key_ok[None, :])
         k_ptrs = k_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
         v_ptrs = v_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
         acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
@@ -503,7 +506,7 @@ def fork_attention_triton(
         table.rows, table.tile_start, table.item_tile, table.item_split, table.tile_splits, table.tile_piece,
         table.partial_slot, table.num_items,
         plan.key_lo, plan.ctx_hi, plan.seg_lo, plan.request_of, plan.history_len, plan.page_offset, plan.pages,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0), k_cache.stride(1),
+        plan.vis_end, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0), k_cache.stride(1),
         out.stride(0), out.stride(1), gated.stride(0), gated.stride(1),
         head_dim**-0.5 * math.log2(math.e),
         GROUP=heads // kv_heads, HEADS=heads_per_program, HEAD_DIM=head_dim, BT=block_tokens, BN=config.block_keys,

@@ -16,14 +16,15 @@ GDN_CHUNK = 64  # tokens per chunk of the chunked gated delta rule
 PAGE = 64  # tokens per key/value page of the checkpoint pool
 DISCARD_ROW = -1  # a segment's `final_row` when its final state is not kept
 
-# the rows of a round's per-token metadata block [5, T] (`kernels.round_metadata` expands it from the pieces)
-TOKEN_ROWS = ("positions", "key_lo", "ctx_hi", "seg_lo", "request_of")
+# the rows of a round's per-token metadata block [6, T] (`kernels.round_metadata` expands it from the pieces)
+TOKEN_ROWS = ("positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "vis_end")
 # the rows of a Gated DeltaNet level's segment table [5, segments]
 SEGMENT_ROWS = ("init_row", "final_row", "chunk_count", "step_base", "chain")
-# the rows of a round's piece table [10, pieces] (`plan.tree.RoundPlan.piece_table`): a piece's stream start and
-# what its first K - 1 tokens' conv taps before it read, then the TOKEN_ROWS values of its tokens (the position's
-# as position - stream index)
-CONV_PIECE_ROWS = ("start", "position", "first", "trunk_start", "resume_index")
+# the rows of a round's piece table [11, pieces] (`plan.tree.RoundPlan.piece_table`): a piece's stream start and
+# what its first K - 1 tokens' conv taps before it read (`tap_base`: the stream index position `first` would have
+# on its ancestors' path, whose last tokens before the piece lie at the matching stream indices), then the
+# TOKEN_ROWS values of its tokens (the position's as position - stream index)
+CONV_PIECE_ROWS = ("start", "position", "first", "tap_base", "resume_index")
 PIECE_ROWS = CONV_PIECE_ROWS + TOKEN_ROWS
 
 
@@ -31,8 +32,10 @@ PIECE_ROWS = CONV_PIECE_ROWS + TOKEN_ROWS
 class AttentionPlan:
     key_lo: torch.Tensor  # [T] first stream index of the token's request
     ctx_hi: torch.Tensor  # [T] end of the fully visible range [key_lo, ctx_hi) (the trunk, for branch tokens)
-    seg_lo: torch.Tensor  # [T] start of the token's own causal segment
+    seg_lo: torch.Tensor  # [T] start of the token's own causal range (its piece, or its depth-1 ancestor)
     request_of: torch.Tensor  # [T] request index of each token
+    vis_end: torch.Tensor  # [T] key k is visible to later tokens of [seg_lo, ...) before vis_end[k] only (the end
+    # of its piece's subtree: a branch's options see their question, never each other)
     history_len: torch.Tensor  # [R] cached positions [0, r) of each request (keys/values in pool pages)
     page_offset: torch.Tensor  # [R] where each request's pages start in `pages`
     pages: torch.Tensor  # [P] pool page of each cached PAGE-token block, requests one after the other
@@ -107,7 +110,7 @@ class RoundMetadata(NamedTuple):
     num_tokens: torch.Tensor  # [1]: real tokens
     chunk_spans: torch.Tensor  # [2, rows]: each chunk row's first stream index and its segment's end
     save_tokens: torch.Tensor  # [saves]: the stream index of the token before each save point
-    token_rows: torch.Tensor  # [5, T] (written)
+    token_rows: torch.Tensor  # [6, T] (written)
     conv_src: torch.Tensor  # [T, K] (written)
     chunk_tokens: torch.Tensor  # [rows, GDN_CHUNK] (written)
     save_window_src: torch.Tensor  # [saves, K - 1] (written)

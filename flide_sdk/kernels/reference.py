@@ -142,6 +142,7 @@ def fork_attention_reference(
             keys = torch.arange(start, seen, device=q.device)
             visible = (keys[None, :] < plan.ctx_hi[token, None]) | (
                 (keys[None, :] >= plan.seg_lo[token, None]) & (keys[None, :] <= token[:, None])
+                & (token[:, None] < plan.vis_end[keys][None, :])
             )
             if cached:
                 visible = torch.cat([visible.new_ones(len(token), cached), visible], dim=1)
@@ -395,14 +396,14 @@ def expand_round_reference(arrays: RoundMetadata) -> None:
     real = int(num_tokens[0])
     t = torch.arange(real, device=pieces.device)
     piece = torch.searchsorted(pieces[0, :count].contiguous(), t, right=True) - 1
-    start, position, first, trunk_start, resume_index, offset, key_lo, ctx_hi, seg_lo, request = pieces[:, piece]
-    token_rows[:, :real] = torch.stack([offset + t, key_lo, ctx_hi, seg_lo, request])
-    token_rows[:, real:] = torch.tensor([0, real, real, real, requests], device=pieces.device)[:, None]
+    start, position, first, tap_base, resume_index, offset, key_lo, ctx_hi, seg_lo, request, vis_end = pieces[:, piece]
+    token_rows[:, :real] = torch.stack([offset + t, key_lo, ctx_hi, seg_lo, request, vis_end])
+    token_rows[:, real:] = torch.tensor([0, real, real, real, requests, total], device=pieces.device)[:, None]
     back = torch.arange(window, -1, -1, device=pieces.device)  # tap j reads the token K - 1 - j back
     lead = (t - start)[:, None]
     q = position[:, None] + lead - back  # the position a tap reads
-    first, trunk_start, resume_index = first[:, None], trunk_start[:, None], resume_index[:, None]
-    before = torch.where(q >= first, trunk_start + (q - first) + 1,
+    first, tap_base, resume_index = first[:, None], tap_base[:, None], resume_index[:, None]
+    before = torch.where(q >= first, tap_base + (q - first) + 1,
                          torch.where(q >= 0, 1 + total + resume_index * window + (q - first) + window, 0))
     conv_src[:real] = torch.where(back <= lead, t[:, None] + 1 - back, before)
     conv_src[real:] = 0

@@ -5,11 +5,11 @@ a piece table (`plans.PIECE_ROWS`: each trunk and branch of the round, with its 
 token-row values and what its first tokens' conv taps before it read), each Gated DeltaNet chunk row's span (its
 first stream index and its segment's end) and the token before each save point. This module derives, for a
 stream of T tokens:
-- token_rows [5, T] (`plans.TOKEN_ROWS`): a real token's values are its piece's (the position's as position -
-  stream index, plus t); padding tokens get (0, real, real, real, requests);
+- token_rows [6, T] (`plans.TOKEN_ROWS`): a real token's values are its piece's (the position's as position -
+  stream index, plus t); padding tokens get (0, real, real, real, requests, T);
 - conv_src [T, K]: token t's tap j reads conv-table row t + 1 - (K - 1 - j) when that token lies in its piece,
-  else the row of the position it reads: its trunk's stream row, its resumed window's row (after the T + 1 stream
-  rows) or the zero row; padding tokens read the zero row;
+  else the row of the position it reads: its ancestors' stream row, its resumed window's row (after the T + 1
+  stream rows) or the zero row; padding tokens read the zero row;
 - chunk_tokens [rows, GDN_CHUNK]: start + j while inside the span, T past it (padding rows have empty spans);
 - save_window_src [saves, K - 1]: the conv inputs before each save point, the last K - 1 taps of the token before it.
 A token finds its piece by binary search over the pieces' starts. `reference.expand_round_reference` is the
@@ -30,7 +30,7 @@ from flide_sdk.kernels.reference import gather_save_windows
 BLOCK_TOKENS = 256  # tokens a program expands
 BLOCK_ROWS = 16  # chunk rows a program expands
 # the kernel reads the piece table's rows at these indices
-assert PIECE_ROWS[:5] == ("start", "position", "first", "trunk_start", "resume_index") and len(PIECE_ROWS) == 10
+assert PIECE_ROWS[:5] == ("start", "position", "first", "tap_base", "resume_index") and len(PIECE_ROWS) == 11
 assert PIECE_ROWS[len(CONV_PIECE_ROWS) :] == TOKEN_ROWS
 
 
@@ -59,23 +59,25 @@ def _expand_round_kernel(
         start = tl.load(field, mask=is_real, other=0)
         position = tl.load(field + piece_capacity, mask=is_real, other=0)
         first = tl.load(field + 2 * piece_capacity, mask=is_real, other=0)
-        trunk_start = tl.load(field + 3 * piece_capacity, mask=is_real, other=0)
+        tap_base = tl.load(field + 3 * piece_capacity, mask=is_real, other=0)
         resume_index = tl.load(field + 4 * piece_capacity, mask=is_real, other=0)
         offset = tl.load(field + 5 * piece_capacity, mask=is_real, other=0)
         key_lo = tl.load(field + 6 * piece_capacity, mask=is_real, other=0)
         ctx_hi = tl.load(field + 7 * piece_capacity, mask=is_real, other=0)
         seg_lo = tl.load(field + 8 * piece_capacity, mask=is_real, other=0)
         request = tl.load(field + 9 * piece_capacity, mask=is_real, other=0)
+        vis_end = tl.load(field + 10 * piece_capacity, mask=is_real, other=0)
         tl.store(rows_ptr + t, tl.where(is_real, offset + t, 0), mask=inside)
         tl.store(rows_ptr + total + t, tl.where(is_real, key_lo, real), mask=inside)
         tl.store(rows_ptr + 2 * total + t, tl.where(is_real, ctx_hi, real), mask=inside)
         tl.store(rows_ptr + 3 * total + t, tl.where(is_real, seg_lo, real), mask=inside)
         tl.store(rows_ptr + 4 * total + t, tl.where(is_real, request, requests), mask=inside)
+        tl.store(rows_ptr + 5 * total + t, tl.where(is_real, vis_end, total), mask=inside)
         lead = t - start
         for j in tl.static_range(K):
             back = K - 1 - j
             q = position + lead - back
-            before = tl.where(q >= first, trunk_start + (q - first) + 1,
+            before = tl.where(q >= first, tap_base + (q - first) + 1,
                               tl.where(q >= 0, 1 + total + resume_index * (K - 1) + (q - first) + (K - 1), 0))
             source = tl.where(back <= lead, t + 1 - back, before)
             tl.store(conv_ptr + t * K + j, tl.where(is_real, source, 0), mask=inside)

@@ -2,8 +2,9 @@
 
 A captured graph reads fixed-size buffers, so every round quantity has a capacity: stream tokens T (the
 ladder, 128 to 16,384 by default), requests, questions, label columns, history pages, and per Gated
-DeltaNet level its chunks and segments. A round with text-scored options needs rows for their token reads:
-each capacity has a twin with them (`text_capacity`), captured when such a round first needs it. Requests and questions scale with T (a request needs tokens; a
+DeltaNet level its chunks and segments. A round with text-scored options needs rows for their token reads and a
+level for its option pieces: each capacity has a twin with them (`text_capacity`), captured when such a round
+first needs it. Requests and questions scale with T (a request needs tokens; a
 question's branch needs some too), so a small graph also has small tables. `choose` picks the smallest
 capacity a round fits; the round is then staged at the capacity's `shape` (`RoundPlan.stage`, padded at the
 tail). Everything here is host code, tested on CPU against the unpadded layout.
@@ -20,7 +21,7 @@ import numpy as np
 
 from flide_sdk.kernels.plans import GDN_CHUNK, PAGE
 from flide_sdk.plan.layout import HostRound
-from flide_sdk.plan.shape import RoundShape
+from flide_sdk.plan.shape import LEVELS, RoundShape
 from flide_sdk.plan.tree import RoundPlan
 
 # steps of at most 1.25x above 384 tokens, finer where lone RACE passages (390-680 tokens) and 2,000-token
@@ -34,9 +35,9 @@ TOKENS_PER_QUESTION = 16  # questions capacity = T / this, in [MIN_QUESTIONS, MA
 # at most MAX_QUESTIONS: a question's branch takes a Gated DeltaNet chunk row of its own, whose work tables make
 # most of a large graph's memory (docs/decisions/start-up.md)
 MIN_REQUESTS, MIN_QUESTIONS, MAX_QUESTIONS = 4, 16, 256
-# a text capacity's token reads of text-scored options = T / this, at most MAX_TEXT_READS (a read row is a
-# stream token of an option's branch, which also holds its question's text: a quarter of the stream is more
-# than rounds read)
+# a text capacity's token reads of text-scored options = T / this, at most MAX_TEXT_READS (an option's tokens and
+# its question's last token are read; with the state and the question's text around them, a quarter of the
+# stream is more than most rounds read: a round that reads more takes a larger capacity)
 TOKENS_PER_TEXT_READ, MAX_TEXT_READS = 4, 2048
 FIRST_RUNGS_TOKENS = 1024  # graphs captured smallest first up to here, then largest first (`capture_order`)
 
@@ -52,11 +53,13 @@ class Capacity:
     pages: int
     conv_kernel: int
     text_reads: int = 0
+    levels: int = LEVELS
 
     @property
     def segments(self) -> tuple[int, ...]:
-        """Segments per level: trunks to their save point, trunk remainders, branches."""
-        return self.requests, self.requests, self.questions
+        """Segments per level: trunks to their save point, trunk remainders, branch pieces of each depth (the
+        scheduler keeps a round's branch pieces within `questions`)."""
+        return (self.requests, self.requests) + (self.questions,) * (self.levels - 2)
 
     @property
     def chunks(self) -> tuple[int, ...]:
@@ -85,8 +88,9 @@ class Capacity:
             and plan.label_width <= self.labels
             and plan.num_pages <= self.pages
             and len(plan.text_reads) <= self.text_reads
+            and len(plan.levels) <= self.levels
             and all(level.segments <= s and level.chunks <= c
-                    for level, s, c in zip(plan.levels, self.segments, self.chunks, strict=True))
+                    for level, s, c in zip(plan.levels, self.segments, self.chunks))
         )
 
 
@@ -130,9 +134,11 @@ def capacity_ladder(
 
 
 def text_capacity(capacity: Capacity) -> Capacity:
-    """`capacity` with rows for the token reads of text-scored options: the graph of rounds that have them
-    (label-only rounds replay the capacity without, whose forward has no read path)."""
-    return dataclasses.replace(capacity, text_reads=min(MAX_TEXT_READS, capacity.tokens // TOKENS_PER_TEXT_READ))
+    """`capacity` with rows for the token reads of text-scored options and a level for their option pieces:
+    the graph of rounds that have them (label-only rounds replay the capacity without, whose forward has no read
+    path)."""
+    return dataclasses.replace(capacity, text_reads=min(MAX_TEXT_READS, capacity.tokens // TOKENS_PER_TEXT_READ),
+                               levels=LEVELS + 1)
 
 
 def choose(ladder: list[Capacity], round_: RoundPlan | HostRound) -> Capacity | None:

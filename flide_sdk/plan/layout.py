@@ -150,10 +150,10 @@ def round_tensors(plan: RoundPlan, shape: RoundShape, t: dict[str, torch.Tensor]
         init_row, final_row, chunk_count, step_base, chain = segment_rows
         levels.append(DeltaLevel(chunk_tokens, level.active(), init_row, final_row, chunk_count, step_base, chain,
                                  sizes, level.chained))
-    positions, key_lo, ctx_hi, seg_lo, request_of = t["token_rows"]
+    positions, key_lo, ctx_hi, seg_lo, request_of, vis_end = t["token_rows"]
     history = [(r.start, r.resume.pages if r.resume else None) for r in plan.requests]
-    attention = AttentionPlan(key_lo, ctx_hi, seg_lo, request_of, t["history_len"], t["page_offset"], t["pages"],
-                              t["num_tokens"], plan.request_bounds, history)
+    attention = AttentionPlan(key_lo, ctx_hi, seg_lo, request_of, vis_end, t["history_len"], t["page_offset"],
+                              t["pages"], t["num_tokens"], plan.request_bounds, history)
     return RoundTensors(
         ids=t["ids"],
         positions=positions,

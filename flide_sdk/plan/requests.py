@@ -19,7 +19,8 @@ import numpy as np
 @dataclass(frozen=True)
 class StateRows:
     """Rows of the Gated DeltaNet state arena a round uses: pool slot s is row `slot_base + s`, row `zero`
-    is always zero, and rows [scratch, scratch + scratch_count) hold trunk states during a round."""
+    is always zero, and rows [scratch, scratch + scratch_count) hold the states of trunks and continued branch
+    pieces during a round."""
 
     zero: int
     scratch: int
@@ -31,7 +32,8 @@ class StateRows:
         """A small standalone table for tests and benchmarks: zero row 0, slots from 1, scratch after them."""
         slots = [r.resume.slot for r in requests if r.resume] + [r.save.slot for r in requests if r.save]
         scratch = 2 + max(slots, default=-1)
-        return cls(zero=0, scratch=scratch, scratch_count=len(requests), slot_base=1)
+        return cls(zero=0, scratch=scratch, scratch_count=len(requests) + sum(r.branches.inner for r in requests),
+                   slot_base=1)
 
     @property
     def num_rows(self) -> int:
@@ -102,15 +104,19 @@ class TextReads:
 
 @dataclass(frozen=True)
 class Branches:
-    """The branches of one or more questions, concatenated: ids, each branch's length, each question's label ids
-    (one row per question, padded with -1), its number of branches (`counts`) and the reads of its text-scored
-    options (`reads`). A label question has one branch, read at its last token; a text-scored question has one
-    branch per option, its question text followed by that option's reply. Built once per ask, when it is
+    """The branch pieces of one or more questions, concatenated in tree order (a piece before its children):
+    ids, each piece's length and parent (-1: the trunk; else the index of the piece it continues), each
+    question's label ids (one row per question, padded with -1), its readout offset (its first piece's last
+    token), its number of pieces (`counts`) and the reads of its text-scored options (`reads`). A label question
+    is one piece, read at its last token; a text-scored question is its question piece and one child piece per
+    option holding the option's tokens (its `<|im_end|>` is read, never fed). Built once per ask, when it is
     submitted."""
 
     ids: np.ndarray
     lengths: np.ndarray
+    parents: np.ndarray
     labels: np.ndarray
+    readout: np.ndarray
     counts: np.ndarray
     reads: TextReads
 
@@ -118,36 +124,38 @@ class Branches:
     def of(cls, branches: Sequence[np.ndarray], labels: Sequence[np.ndarray],
            replies: Sequence[Sequence[np.ndarray]] | None = None) -> Branches:
         """One question per branch (`labels`: its label ids), or, where `replies[i]` is not empty, question i
-        scored by the text of its options: one branch per reply (option tokens and the end of the turn), whose
-        last len(reply) positions read the reply's tokens; its label row holds one label (any finite row)."""
+        scored by the text of its options: reply r (the option's tokens, then the end of the turn) is read at the
+        question's last token and at the option piece's tokens; its label row holds one label (any finite row)."""
         if len(branches) != len(labels) or replies is not None and len(replies) != len(branches):
             raise ValueError("one label array (and one reply list) per question")
         if any(len(branch) == 0 for branch in branches):
             raise ValueError("a branch must have at least one token")
-        parts, lengths, counts, rows = [], [], [], []
+        parts, lengths, parents, counts, rows, readout = [], [], [], [], [], []
         reads = [[], [], [], []]
         at = 0
         for index, (branch, label) in enumerate(zip(branches, labels)):
             options = () if replies is None else replies[index]
+            question = len(lengths)
+            parts.append(branch)
+            lengths.append(len(branch))
+            parents.append(-1)
+            at += len(branch)
+            readout.append(at - 1)
+            counts.append(1 + len(options))
             if not len(options):
-                parts.append(branch)
-                lengths.append(len(branch))
-                counts.append(1)
                 rows.append(label)
-                at += len(branch)
                 continue
             for option, reply in enumerate(options):
-                if len(reply) == 0:
-                    raise ValueError("a reply must have at least one token")
-                parts.extend((branch, reply))
-                lengths.append(len(branch) + len(reply))
-                first = at + len(branch) - 1  # the question's last token predicts the reply's first
-                reads[0].append(np.arange(first, first + len(reply)))
+                if len(reply) < 2:
+                    raise ValueError("a reply holds an option's tokens and the end of the turn")
+                parts.append(reply[:-1])
+                lengths.append(len(reply) - 1)
+                parents.append(question)
+                reads[0].append(np.concatenate([[readout[-1]], np.arange(at, at + len(reply) - 1)]))
                 reads[1].append(np.asarray(reply))
                 reads[2].append(np.full(len(reply), index))
                 reads[3].append(np.full(len(reply), option))
-                at += len(branch) + len(reply)
-            counts.append(len(options))
+                at += len(reply) - 1
             rows.append(np.array([0] + [-1] * (len(options) - 1)))  # one label: a finite softmax, not read
         widths = [len(row) for row in rows]
         width = max(widths, default=1)
@@ -159,7 +167,8 @@ class Branches:
                 table[row, : len(label)] = label
         ids = np.concatenate(parts, dtype=np.int64, casting="unsafe") if parts else np.zeros(0, np.int64)
         text = TextReads(*(np.concatenate(r).astype(np.int64) for r in reads)) if reads[0] else TextReads.empty()
-        return cls(ids, np.array(lengths, dtype=np.int64), table, np.array(counts, dtype=np.int64), text)
+        return cls(ids, np.array(lengths, dtype=np.int64), np.array(parents, dtype=np.int64), table,
+                   np.array(readout, dtype=np.int64), np.array(counts, dtype=np.int64), text)
 
     @classmethod
     def join(cls, parts: Sequence[Branches]) -> Branches:
@@ -171,19 +180,27 @@ class Branches:
         for part in parts:
             labels[row : row + len(part), : part.labels.shape[1]] = part.labels
             row += len(part)
-        reads, at, first, text = TextReads.empty(), 0, 0, []
+        reads, at, first, pieces, text, parents, readout = TextReads.empty(), 0, 0, 0, [], [], []
         for part in parts:  # most asks have no text-scored question: no arrays made for them
             if len(part.reads):
                 text.append(part.reads.shifted(at, first))
-            at, first = at + len(part.ids), first + len(part)
+            parents.append(np.where(part.parents < 0, -1, part.parents + pieces))
+            readout.append(part.readout + at)
+            at, first, pieces = at + len(part.ids), first + len(part), pieces + len(part.lengths)
         if text:
             reads = TextReads.concat(text)
-        return cls(np.concatenate([p.ids for p in parts]), np.concatenate([p.lengths for p in parts]), labels,
-                   np.concatenate([p.counts for p in parts]), reads)
+        return cls(np.concatenate([p.ids for p in parts]), np.concatenate([p.lengths for p in parts]),
+                   np.concatenate(parents), labels, np.concatenate(readout), np.concatenate([p.counts for p in parts]),
+                   reads)
 
     def __len__(self) -> int:
         """Questions (readout rows)."""
         return len(self.labels)
+
+    @property
+    def inner(self) -> int:
+        """Pieces that others continue: each keeps its final state in a scratch state row during a round."""
+        return len(np.unique(self.parents[self.parents >= 0]))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from flide_sdk.kernels.plans import GDN_CHUNK, PIECE_ROWS, SEGMENT_ROWS, TOKEN_R
 if TYPE_CHECKING:
     from flide_sdk.plan.tree import RoundPlan
 
-LEVELS = 3  # Gated DeltaNet levels of a round: trunks up to their save point, trunk remainders, branches
+LEVELS = 3  # Gated DeltaNet levels of a round at least: trunks up to their save point, trunk remainders, branches
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class RoundShape:
             "resume_slots": (self.resumes,), "readout_rows": (q,), "label_ids": (q, self.labels),
             "text_rows": (self.text_reads,), "text_targets": (self.text_reads,),
             "history_len": (r,), "page_offset": (r,), "pages": (self.pages,),
-            "segment_rows": (len(SEGMENT_ROWS), sum(self.segments)), "level_sizes": (LEVELS, 2),
+            "segment_rows": (len(SEGMENT_ROWS), sum(self.segments)), "level_sizes": (len(self.segments), 2),
             "chunk_spans": (2, sum(self.chunks)),
         }
 

@@ -1,15 +1,17 @@
 """A round as a tree of pieces laid out as one flat stream, and the one writer of its staged form.
 
 A piece is a run of stream tokens with a parent: a request's trunk (depth 0) continues its cached history,
-each question's branch (depth 1) continues its trunk (a text-scored question has a branch per option, read at
-its reply's rows: `text_reads`). The stream packs each request's trunk, then its
-branches, with no padding between requests. Visibility follows the tree: a token sees its request's cached
-history, its ancestors' tokens and its own piece up to itself; in stream coordinates, the keys
-[key_lo, ctx_hi) (the ancestors) and [seg_lo, t] (its piece).
+each question's branch (depth 1) continues its trunk, and a text-scored question's options (depth 2) continue
+its branch (read at their tokens: `text_reads`). The stream packs each request's trunk, then its branch pieces in
+tree order (a piece's subtree follows it), with no padding between requests. Visibility follows the tree: a
+token sees its request's cached history, its ancestors' tokens and its own piece up to itself; in stream
+coordinates, the keys [key_lo, ctx_hi) (the trunk) and those k of [seg_lo, t] (from its depth-1 ancestor on)
+whose piece's subtree holds t (t < vis_end[k]).
 
 Gated DeltaNet runs level by level, the levels being depths of the tree: depth 0 up to its save point, depth 0
-past it, depth 1. Each piece is a segment of its level that starts from a row of the state arena (`StateRows`)
-and may write its final state to another, so resuming and saving move no state. Within a level, segments are
+past it, then one level per depth from 1. Each piece is a segment of its level that starts from a row of the
+state arena (`StateRows`) and may write its final state to another (a scratch row where other pieces continue
+it), so resuming and saving move no state. Within a level, segments are
 sorted by chunk count, longest first, so at scan step j the active segments are exactly the first `active[j]`;
 the segments' first chunks are the level's first rows, then each segment's later chunks follow one segment
 after the other (`step_base`). A trunk's first part names its remainder in the next level (`chain`), so the scan
@@ -113,14 +115,16 @@ class RoundPlan:
 
     rows: where states live (default: a compact standalone table, `StateRows.compact`). kv_sink: the flat
     pool position that keys/values of unsaved tokens are written to (-1: the last position of the arena).
-    Empty levels are kept (with no chunks), so a round always has LEVELS levels.
+    Empty levels are kept (with no chunks), so a round has at least LEVELS levels.
     """
 
     def __init__(self, requests: Sequence[RequestSpec], conv_kernel: int, rows: StateRows | None = None,
                  kv_sink: int = -1) -> None:
         rows = rows or StateRows.compact(requests)
-        if len(requests) > rows.scratch_count:
-            raise ValueError(f"{len(requests)} requests but {rows.scratch_count} scratch state rows")
+        needed = len(requests) + sum(request.branches.inner for request in requests)
+        if needed > rows.scratch_count:
+            raise ValueError(f"{needed} scratch state rows needed (trunks and continued branches), "
+                             f"{rows.scratch_count} available")
         self.requests, self.conv_kernel, self.rows, self.kv_sink = list(requests), conv_kernel, rows, kv_sink
         self.pieces: list[Piece] = []
         self.saves: list[TrunkSave] = []
@@ -132,6 +136,8 @@ class RoundPlan:
         self.num_pages = 0
         segments: list[list[Segment]] = [[] for _ in range(LEVELS)]
         cursor = resumes = 0
+        inner_row = rows.scratch + len(requests)  # the next scratch row for a continued branch piece
+        finals: dict[int, int] = {}  # piece index -> the row its final state is kept in
         for index, request in enumerate(self.requests):
             first, computed = request.start, len(request.trunk)
             if computed < 1:
@@ -160,18 +166,26 @@ class RoundPlan:
                 else:
                     trunk_final = save_row
                 self.saves.append(TrunkSave(start, split, request.save.slot, request.save.kv_slots))
-            at, position = start + computed, first + computed
-            branches, ends = request.branches, []
-            for length in branches.lengths.tolist():
-                self.pieces.append(Piece(at, length, position, trunk, 1, index))
-                segments[2].append(Segment(at, length, trunk_final, DISCARD_ROW))
+            finals[trunk] = trunk_final
+            at, branches, first_branch = start + computed, request.branches, len(self.pieces)
+            continued = set(branches.parents.tolist())
+            for local, (length, parent) in enumerate(zip(branches.lengths.tolist(), branches.parents.tolist())):
+                parent = trunk if parent < 0 else first_branch + parent
+                above = self.pieces[parent]
+                if above.depth > 0 and above.length < conv_kernel - 1:
+                    raise ValueError("a piece continuing a branch needs K - 1 tokens in it (its conv taps)")
+                self.pieces.append(Piece(at, length, above.position + above.length, parent, above.depth + 1, index))
+                final = DISCARD_ROW
+                if local in continued:
+                    final, inner_row = inner_row, inner_row + 1
+                    finals[len(self.pieces) - 1] = final
+                while len(segments) <= above.depth + 2:
+                    segments.append([])
+                segments[above.depth + 2].append(Segment(at, length, finals[parent], final))
                 at += length
-                ends.append(at - 1)
-            if len(branches.reads):  # a text-scored question is read at its last branch
+            if len(branches.reads):
                 text.append(branches.reads.shifted(start + computed, len(self.readout)))
-                self.readout.extend(ends[end - 1] for end in np.cumsum(branches.counts).tolist())
-            else:
-                self.readout.extend(ends)
+            self.readout.extend((branches.readout + start + computed).tolist())
             self.label_width = max(self.label_width, request.branches.labels.shape[1])
             self.request_bounds.append((start, at))
             cursor = at
@@ -196,18 +210,29 @@ class RoundPlan:
 
     def piece_table(self) -> np.ndarray:
         """The pieces as `kernels.round_metadata` reads them, [PIECE_ROWS, pieces]: each piece's start, position,
-        offset (position - start) and request, its root trunk's first position and stream start, its request's
-        resume index, and its visible ranges (key_lo, ctx_hi: its ancestors' tokens; seg_lo: its own)."""
-        columns, roots = [], []
-        for piece in self.pieces:  # parents come before their children
+        its root trunk's first position and its tap base (`plans.CONV_PIECE_ROWS`), its request's resume index,
+        its offset (position - start), its visible ranges (key_lo, ctx_hi: the trunk; seg_lo: from its depth-1
+        ancestor, or itself), its request and the end of its subtree (vis_end)."""
+        ends = [piece.start + piece.length for piece in self.pieces]
+        for index in range(len(self.pieces) - 1, -1, -1):  # children come after their parents
+            parent = self.pieces[index].parent
+            if parent >= 0:
+                ends[parent] = max(ends[parent], ends[index])
+        columns, roots, lows = [], [], []
+        for piece, vis_end in zip(self.pieces, ends):
             if piece.parent < 0:
-                root, ctx_hi = piece, piece.start
+                root = piece
+                tap_base = ctx_hi = seg_lo = piece.start
             else:
                 parent = self.pieces[piece.parent]
-                root, ctx_hi = roots[piece.parent], parent.start + parent.length
+                root = roots[piece.parent]
+                tap_base = parent.start + parent.length - (piece.position - root.position)
+                ctx_hi = root.start + root.length
+                seg_lo = piece.start if piece.depth == 1 else lows[piece.parent]
             roots.append(root)
-            columns.append((piece.start, piece.position, root.position, root.start, self.resume_index[piece.request],
-                            piece.position - piece.start, root.start, ctx_hi, piece.start, piece.request))
+            lows.append(seg_lo)
+            columns.append((piece.start, piece.position, root.position, tap_base, self.resume_index[piece.request],
+                            piece.position - piece.start, root.start, ctx_hi, seg_lo, piece.request, vis_end))
         return np.array(columns, dtype=np.int64).reshape(-1, len(PIECE_ROWS)).T
 
     def stage(self, out: dict[str, np.ndarray], shape: RoundShape, window_sink: int) -> None:
@@ -274,7 +299,10 @@ class RoundPlan:
         segment_rows, spans, sizes = out["segment_rows"], out["chunk_spans"], out["level_sizes"]
         segment_rows[:] = np.array([[self.rows.zero], [DISCARD_ROW], [0], [0], [-1]], dtype=np.int64)  # SEGMENT_ROWS
         spans[:] = shape.tokens  # padding rows: the empty span at the capacity's end
-        for level, plan, segment_at, chunk_at in zip(range(LEVELS), self.levels, shape.segment_offsets,
+        sizes[:] = 0  # the shape's levels past the round's are empty
+        if len(self.levels) > len(shape.segments):
+            raise ValueError(f"a round of {len(self.levels)} levels staged at a shape of {len(shape.segments)}")
+        for level, plan, segment_at, chunk_at in zip(range(len(self.levels)), self.levels, shape.segment_offsets,
                                                      shape.chunk_offsets):
             if plan.segments:
                 segment_rows[:, segment_at : segment_at + plan.segments] = plan.segment_rows

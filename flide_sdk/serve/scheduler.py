@@ -24,8 +24,9 @@ DEFER_MIN_TOKENS = 64
 
 @dataclass(frozen=True)
 class RoundLimits:
-    """What one round holds at most: stream tokens, requests (distinct trunks, each a scratch state row),
-    question branches (a question's, or one per option of a text-scored one), and history pages its resumed requests read (None: no limit); and where a round saves its
+    """What one round holds at most: stream tokens, scratch state rows (`requests`: one per distinct trunk and
+    one per text-scored question), branch pieces (a question's, and one per option of a text-scored one), and
+    history pages its resumed requests read (None: no limit); and where a round saves its
     checkpoints: at the stable boundary rounded down to a multiple of `save_align` (the batch-invariant mode:
     the GDN chunk)."""
 
@@ -87,7 +88,7 @@ def schedule(queue: Iterable[Ask], lookup: Callable[[Trunk], Checkpoint | None],
     batch = RoundBatch()
     by_trunk: dict[TrunkKey, list[Request]] = {}
     by_first_block: dict[int, list[Request]] = {}
-    tokens = questions = pages = 0
+    tokens = questions = pages = rows = 0
     for ask in queue:
         if ask.future.cancelled():
             continue
@@ -103,7 +104,7 @@ def schedule(queue: Iterable[Ask], lookup: Callable[[Trunk], Checkpoint | None],
         shared = next((r for r in by_trunk.get(key, ()) if r.lead.same_trunk(ask)), None)
         cost = ask.branch_tokens + (0 if shared else len(ask.trunk) - resume_length)
         history = 0 if shared else -(-resume_length // PAGE)
-        full = (tokens + cost > limits.tokens or len(batch.requests) + (shared is None) > limits.requests
+        full = (tokens + cost > limits.tokens or rows + (shared is None) + ask.branches.inner > limits.requests
                 or questions + len(ask.branches.lengths) > limits.questions
                 or limits.pages is not None and pages + history > limits.pages)
         if batch.requests and full:
@@ -118,6 +119,7 @@ def schedule(queue: Iterable[Ask], lookup: Callable[[Trunk], Checkpoint | None],
             if first_block is not None:
                 by_first_block.setdefault(first_block, []).append(request)
         tokens += cost
+        rows += (shared is None) + ask.branches.inner
         questions += len(ask.branches.lengths)
         pages += history
     return batch
