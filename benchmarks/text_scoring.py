@@ -8,7 +8,8 @@ of that length, from all its questions). Reported, same run:
 - exactness: a float32 engine against transformers' float32 model teacher-forced on `prompt + option tokens +
   <|im_end|>` (max |dp| over the options, and max |d log-likelihood|), and as a yardstick the same options
   scored as labels against transformers' label softmax on the same device;
-- fidelity: the bfloat16 engine's answers against the float32 engine's (total variation);
+- fidelity: the bfloat16 engine's answers against the float32 engine's (total variation), and as a yardstick
+  transformers' bfloat16 model against its float32 one (both teacher-forced);
 - cost: lone latency of the Choice scored by text and of the same options scored as labels (an engine without
   checkpoints, so every ask computes its passage; after a pass over every request and the capture of the graphs
   it asked for), with the stream tokens, graph replays and eager rounds of each.
@@ -89,6 +90,11 @@ def teacher_forced(model, engine: fl.Engine, state: str, question: fl.Choice) ->
     return np.array(scores)
 
 
+def softmax(scores: np.ndarray) -> np.ndarray:
+    weights = np.exp(scores - scores.max())
+    return weights / weights.sum()
+
+
 async def answers(engine: fl.Engine, requests: list, scoring: str) -> list[np.ndarray]:
     out = []
     for state, options, instructions in requests:
@@ -135,14 +141,18 @@ def main() -> None:
             question = choice(opts, instructions, "text")
             expected = teacher_forced(model, exact, state, question)
             got = answer_probabilities((await exact.ask(state, {"q": question}))["q"])
-            weights = np.exp(expected - expected.max())
-            worst_p = max(worst_p, float(np.abs(got - weights / weights.sum()).max()))
+            worst_p = max(worst_p, float(np.abs(got - softmax(expected)).max()))
             # the engine's log-likelihood differences, recovered from its probabilities where they are not tiny
             seen = got > 1e-6
             if seen.sum() >= 2:
                 ours = np.log(got[seen]) - np.log(got[seen]).mean()
                 theirs = expected[seen] - expected[seen].mean()
                 worst_ll = max(worst_ll, float(np.abs(ours - theirs).max()))
+        transformers_float32 = [softmax(teacher_forced(model, exact, state, choice(opts, instructions, "text")))
+                                for state, opts, instructions in requests]
+        model = model.to(torch.bfloat16)
+        transformers_bf16 = [softmax(teacher_forced(model, exact, state, choice(opts, instructions, "text")))
+                             for state, opts, instructions in requests]
         del model
         float32_answers = await answers(exact, requests, "text")
         exact.close()
@@ -150,6 +160,7 @@ def main() -> None:
         served, load = load_engine(checkpoint, device, dtype, graphs, pool_bytes=0, **options)
         served_answers = await answers(served, requests, "text")
         tv = [0.5 * float(np.abs(a - b).sum()) for a, b in zip(served_answers, float32_answers)]
+        tv_transformers = [0.5 * float(np.abs(a - b).sum()) for a, b in zip(transformers_bf16, transformers_float32)]
         cost = {scoring: await lone(served, requests, scoring, repeat) for scoring in ("label", "text")}
         served.close()
         ratio = cost["text"]["latency_ms"]["median_ms"] / cost["label"]["latency_ms"]["median_ms"]
@@ -158,7 +169,9 @@ def main() -> None:
                                                             "mean": float(np.mean(option_tokens))},
                 "exactness": {"questions": min(exact_count, len(requests)), "max_abs_dp": worst_p,
                               "max_abs_dloglik": worst_ll, "labels_max_abs_dp": worst_label},
-                "fidelity_to_float32": {"mean_tv": float(np.mean(tv)), "max_tv": float(np.max(tv))},
+                "fidelity_to_float32": {"mean_tv": float(np.mean(tv)), "max_tv": float(np.max(tv)),
+                                        "transformers_bf16_mean_tv": float(np.mean(tv_transformers)),
+                                        "transformers_bf16_max_tv": float(np.max(tv_transformers))},
                 "cost": cost, "text_over_label_latency": ratio, "load": load,
                 "targets": {"exact_max_abs_dp": target(worst_p, 1e-4)}}
 
