@@ -28,6 +28,7 @@ from flide_sdk.plan.capacity import (
 )
 from flide_sdk.plan.layout import (
     DISCARD_ROW,
+    GDN_CHUNK,
     PAGE,
     Branches,
     RequestSpec,
@@ -68,8 +69,8 @@ def random_requests(seed: int, count: int = 6) -> list[RequestSpec]:
 def slow_layout(requests: list[RequestSpec]) -> dict:
     """The layout rules written token by token (the definition plan_round must match)."""
     total = sum(r.num_tokens for r in requests)
-    out = {name: [] for name in ("ids", "positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "conv_src",
-                                 "kv_slots", "readout_rows", "labels", "save_window_src")}
+    out = {name: [] for name in ("ids", "positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "vis_end",
+                                 "piece_lo", "conv_src", "kv_slots", "readout_rows", "labels", "save_window_src")}
     segments: list[set] = [set(), set(), set()]
     cursor = resumes = 0
     for index, request in enumerate(requests):
@@ -89,6 +90,7 @@ def slow_layout(requests: list[RequestSpec]) -> dict:
             out["ids"].append(request.trunk[i])
             out["positions"].append(first + i)
             out["key_lo"].append(s), out["ctx_hi"].append(s), out["seg_lo"].append(s), out["request_of"].append(index)
+            out["vis_end"].append(s + request.num_tokens), out["piece_lo"].append(s)
             out["conv_src"].append([trunk_row(first + i - j) for j in range(K - 1, -1, -1)])
             out["kv_slots"].append(int(request.save.kv_slots[i]) if request.save and i < split else SINK)
         scratch = ROWS.scratch + index
@@ -112,7 +114,7 @@ def slow_layout(requests: list[RequestSpec]) -> dict:
                 p = first + comp + i
                 out["positions"].append(p)
                 out["key_lo"].append(s), out["ctx_hi"].append(s + comp), out["seg_lo"].append(c)
-                out["request_of"].append(index)
+                out["request_of"].append(index), out["vis_end"].append(c + length), out["piece_lo"].append(c)
                 out["conv_src"].append([c + q - first - comp + 1 if q >= first + comp else trunk_row(q)
                                         for q in (p - j for j in range(K - 1, -1, -1))])
                 out["kv_slots"].append(SINK)
@@ -142,6 +144,40 @@ def level_segments(level) -> set:
 PAD_INDEX = [0]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_short_siblings_share_chunk_rows(seed):
+    """Packed, a branch level's segments are runs of stream-adjacent unpacked ones (one init row, final states
+    not kept) of at most a chunk together, covering the same tokens; nothing else changes."""
+    requests = random_requests(seed)
+    packed, unpacked = plan_round(requests, K, ROWS, SINK), plan_round(requests, K, ROWS, SINK, pack=False)
+    PAD_INDEX[0] = packed.num_real
+    for name in ("token_rows", "conv_src", "kv_slots", "readout_rows", "label_ids"):
+        assert np.array_equal(getattr(packed, name), getattr(unpacked, name)), name
+    for index, (mine, theirs) in enumerate(zip(packed.levels, unpacked.levels)):
+        if index < 2:
+            assert level_segments(mine) == level_segments(theirs)
+            continue
+        runs = sorted(level_segments(mine))
+        singles = sorted(level_segments(theirs))
+        assert sum(length for _, length, *_ in runs) == sum(length for _, length, *_ in singles)
+        for start, length, init, final in runs:
+            inside = [s for s in singles if start <= s[0] < start + length]
+            assert sum(s[1] for s in inside) == length and inside[0][0] == start
+            assert len(inside) == 1 or (length <= GDN_CHUNK and final == DISCARD_ROW
+                                        and all(s[2] == init and s[3] == DISCARD_ROW for s in inside))
+        assert len(runs) <= len(singles)
+
+
+def test_packing_counts():
+    """54 questions of 20 tokens on one trunk: 18 chunk rows of three questions, not 54."""
+    rng = np.random.default_rng(0)
+    request = RequestSpec.of(rng.integers(0, 99, 300), [rng.integers(0, 99, 20) for _ in range(54)],
+                             [np.array([1, 2])] * 54)
+    packed = plan_round([request], K)
+    assert [level.chunks for level in packed.plan.levels] == [5, 0, 18]
+    assert [level.chunks for level in plan_round([request], K, pack=False).plan.levels] == [5, 0, 54]
+
+
 @pytest.fixture(scope="module")
 def two_layer_path(tmp_path_factory):
     """The interpreter's model for rounds compared with rounds: `test_kernels_engine`'s small tiny model cut to
@@ -154,11 +190,11 @@ def two_layer_path(tmp_path_factory):
 @pytest.mark.parametrize("seed", range(6))
 def test_every_field_matches_the_slow_layout(seed):
     requests = random_requests(seed)
-    host = plan_round(requests, K, ROWS, SINK)
+    host = plan_round(requests, K, ROWS, SINK, pack=False)  # packing: `test_short_siblings_share_chunk_rows`
     slow = slow_layout(requests)
     PAD_INDEX[0] = host.num_real
-    for name in ("ids", "positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "conv_src", "kv_slots",
-                 "readout_rows"):
+    for name in ("ids", "positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "vis_end", "piece_lo", "conv_src",
+                 "kv_slots", "readout_rows"):
         assert np.array_equal(getattr(host, name), np.array(slow[name])), name
     assert [[int(x) for x in row if x >= 0] for row in host.label_ids] == slow["labels"]
     assert np.array_equal(host.save_window_src, np.array(slow["save_window_src"]).reshape(-1, K - 1))

@@ -167,6 +167,19 @@ def test_render_and_stats(engine):
     assert engine.wait_for_graphs(timeout=0) and stats["graphs_captured"] == 0  # none to capture on CPU
 
 
+def test_short_questions_share_gdn_chunks_except_in_the_batch_invariant_mode(tiny_path):
+    """`gdn_chunks` counts a round's Gated DeltaNet chunk rows: six short questions of one state pack two to a
+    chunk row beside the state's; the batch-invariant mode gives each its own."""
+    questions = {f"q{i}": fl.Noul(f"Is it {i}?") for i in range(6)}
+    for invariant, branch_rows in ((False, 3), (True, 6)):
+        with fl.Engine.load(tiny_path, device="cpu", pool_bytes=0, batch_invariant=invariant) as engine:
+            rendered = engine.render("state", questions)
+            assert all(22 <= q.ids.size <= 32 for q in rendered.questions.values())  # two fit a chunk, not three
+            engine.ask_sync("state", questions)
+            trunk_rows = -(-rendered.state_ids.size // 64)
+            assert engine.stats()["gdn_chunks"] == trunk_rows + branch_rows
+
+
 def test_stats_account_for_the_time_an_ask_waits_for_its_round(tiny_path):
     """queue_seconds sums, per ask, the time from queueing to its round's start: with a round deadline, a
     lone ask waits at least that long; admission is part of that wait."""

@@ -222,10 +222,10 @@ def test_plans_of_other_level_counts_run_in_groups_of_three():
     plan = host.to("cpu").delta
     (group,) = level_groups(plan.levels)
     assert all(got is level for got, level in zip(group, plan.levels, strict=True))
-    four = DeltaPlan([*plan.levels, plan.levels[1]], plan.num_rows)  # level 1 again: its segments run twice
+    four = dataclasses.replace(plan, levels=[*plan.levels, plan.levels[1]])  # level 1 again: its segments run twice
     check_against_reference(four, host.num_tokens, 7, 1, 16, 16)
     q, k, v, g, beta, states = random_inputs(7, host.num_tokens, plan.num_rows, 1, 16, 16)
-    one = DeltaPlan(plan.levels[:1], plan.num_rows)
+    one = dataclasses.replace(plan, levels=plan.levels[:1])
     expected_states = states.clone()
     expected = gated_delta_reference(q, k, v, g, beta, one, expected_states)
     got = gated_delta_triton(q, k, v, g, beta, one, states)
@@ -241,7 +241,7 @@ def test_layers_share_one_workspace(fusing):
     call, on tables the one before left, gives the reference's outputs; a workspace too small is refused."""
     host = plan_round(make_requests(9, [(130, 0, 100), (65, 0, None), (1, 0, None)], max_branches=3), 4)
     plan = host.to("cpu").delta
-    four = DeltaPlan([*plan.levels, plan.levels[1]], plan.num_rows)  # two level groups
+    four = dataclasses.replace(plan, levels=[*plan.levels, plan.levels[1]])  # two level groups
     config = tuned(**fusing)
     shared = delta_workspace(four, host.num_tokens, 2, 16, 16, torch.float32, torch.device("cpu"), config=config)
     assert shared.workspace is not None and four.workspace is None
@@ -289,7 +289,7 @@ def test_tables_past_the_level_sizes_are_never_read(fusing):
 
     # row 4: level 0 writes it (a trunk's save point), level 1 starts from it
     assert 4 in plan.levels[0].final_row.tolist() and 4 in plan.levels[1].init_row.tolist()
-    run_plan = DeltaPlan([padded(level) for level in plan.levels], plan.num_rows)
+    run_plan = dataclasses.replace(plan, levels=[padded(level) for level in plan.levels])
     check_against_reference(plan, host.num_tokens, 4, 1, 16, 16, run_plan=run_plan, **fusing)
 
 
@@ -319,8 +319,9 @@ def test_chained_scan_computes_what_separate_launches_do(fusing):
     trunks = [(130, 129, 200), (65, 0, 64), (200, 0, 70), (5, 1, None)]
     host = plan_round(make_requests(9, trunks, max_branches=1), 4)
     plan = host.to("cpu").delta
-    unchained = DeltaPlan([dataclasses.replace(plan.levels[0], chain=torch.full_like(plan.levels[0].chain, -1)),
-                           dataclasses.replace(plan.levels[1], chained=False), plan.levels[2]], plan.num_rows)
+    unchained = dataclasses.replace(plan, levels=[
+        dataclasses.replace(plan.levels[0], chain=torch.full_like(plan.levels[0].chain, -1)),
+        dataclasses.replace(plan.levels[1], chained=False), plan.levels[2]])
     q, k, v, g, beta, states = random_inputs(9, host.num_tokens, plan.num_rows, 1, 16, 16)
     separate_states, expected_states = states.clone(), states.clone()
     chained = gated_delta_triton(q, k, v, g, beta, plan, states, config=tuned(**fusing))
@@ -364,7 +365,7 @@ def test_the_fused_scan_preps_branch_rows_the_prep_leaves(helping, save_at):
     padded = dataclasses.replace(plan.levels[0], **{
         name: torch.cat([getattr(plan.levels[0], name), getattr(plan.levels[0], name).new_full((3,), value)])
         for name, value in (("init_row", 0), ("final_row", -1), ("chunk_count", 0), ("step_base", 0), ("chain", -1))})
-    plan = DeltaPlan([padded, *plan.levels[1:]], plan.num_rows)
+    plan = dataclasses.replace(plan, levels=[padded, *plan.levels[1:]])
     q, k, v, g, beta, states = random_inputs(12, host.num_tokens, plan.num_rows, 1, 16, 16)
     alone_states, expected_states = states.clone(), states.clone()
     helped = gated_delta_triton(q, k, v, g, beta, plan, states, config=tuned(fused_trunks=2, **helping))

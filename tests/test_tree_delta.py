@@ -85,7 +85,7 @@ def test_a_chain_is_the_chunked_rule():
     states = state[None].clone()
     # the chunked rule normalises and scales q itself
     expected = gated_delta_reference(q.float() * DK**0.5, k.float(), v.float(), g.float(), beta.float(),
-                                     DeltaPlan([level], 1), states.float())
+                                     DeltaPlan([level], 1, torch.zeros(n, dtype=torch.int64)), states.float())
     assert (got.float() - expected).abs().max() <= 1e-5
 
 

@@ -113,7 +113,8 @@ def _state_scan_kernel(
     chain_ptr, next_count_ptr, next_step_base_ptr, next_final_row_ptr,
     tokens_ptr, next_tokens_ptr, q_rows_ptr, a_ptr, q_gate_ptr, out_ptr, total, trunk_sizes_ptr, fused_trunks,
     stride_sr, stride_sh, stride_sk, stride_ot, stride_oh,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, sizes0_ptr, sizes1_ptr, sizes2_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, piece_lo_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
+    sizes0_ptr, sizes1_ptr, sizes2_ptr,
     system_ptr, scale, eps, helpers, helper_steps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
     DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr, TILES: tl.constexpr,
@@ -214,7 +215,7 @@ def _state_scan_kernel(
             fused_steps = fused_step_count(sizes0_ptr, fused_trunks, end0, end1, CHAIN)
             for item in range(helper, aside * heads, (tl.num_programs(2) - segments) * per_slot):
                 prep_row(end1 + item // heads, item % heads, heads, end0, end1, fused_steps,
-                          q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
+                          q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, piece_lo_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
                           w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr,
                           system_ptr + helper * L * L, total, scale, eps,
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh,
@@ -544,7 +545,7 @@ def gated_delta_triton(
                         g.stride(0), g.stride(1), beta.stride(0), beta.stride(1))
         helper_args = (helpers if helping else 0, c.helper_steps)  # the kernels' `helpers`, `helper_steps`
         chunk_prep_kernel[(v_heads, prep_programs)](
-            q, k, v, g, beta, *tokens, *sizes,
+            q, k, v, g, beta, plan.piece_lo, *tokens, *sizes,
             w, u, a, q_rows, k_rows, q_gate, k_gate, decay, system,
             total, dk**-0.5, L2_EPS, fused_trunks, *helper_args, *prep_strides,
             DK=dk, DV=dv, L=chunk, PREC=prec, CHAIN=chained, num_warps=c.prep_warps, **prep_constants,
@@ -567,7 +568,7 @@ def gated_delta_triton(
                 carried.final_row, scan.level.chunk_tokens, carried.chunk_tokens, q_rows, a, q_gate, out, total,
                 levels[0].sizes, fused_trunks,
                 states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1),
-                q, k, v, g, beta, *tokens, *sizes, system, dk**-0.5, L2_EPS, *helper_args, *prep_strides,
+                q, k, v, g, beta, plan.piece_lo, *tokens, *sizes, system, dk**-0.5, L2_EPS, *helper_args, *prep_strides,
                 DK=dk, DV=dv, BV=bv, TILES=dv // bv // split, L=chunk, PREC=prec, LEVEL=scan.index,
                 CHAIN=scan.following is not None,
                 FUSED=scan.fused, GATED=scan.gated, HELP=helping and scan.fused, num_warps=c.scan_warps,

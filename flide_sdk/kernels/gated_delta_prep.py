@@ -110,7 +110,7 @@ def branch_rows_aside(sizes0_ptr, fused_trunks, end1, end2, helpers, helper_step
 @triton.jit
 def prep_row(
     step, head, heads, end0, end1, fused_steps,
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, piece_lo_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
     w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, scratch,
     total, scale, eps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
@@ -136,12 +136,17 @@ def prep_row(
     ok = tok < total
     key_head = head // GROUP
 
-    # gates: cumulative log decay, Gamma, and the per-row factors the scan applies
+    # gates: cumulative log decay, Gamma, and the per-row factors the scan applies. A chunk row may pack sibling
+    # pieces (`DeltaPlan.piece_lo`): a token sees the earlier tokens of its own piece, and its decay from the
+    # segment's state counts from its piece's first token (`from_piece`; all of the chunk in an unpacked row)
     g = tl.load(g_ptr + tok * stride_gt + head * stride_gh, mask=ok, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + tok * stride_bt + head * stride_bh, mask=ok, other=0.0).to(tl.float32)
+    chunk_start = tl.sum(tl.where(i == 0, tok, 0), axis=0)
+    first = tl.maximum(tl.load(piece_lo_ptr + tok, mask=ok, other=total) - chunk_start, 0)  # its piece's row
     cum = tl.cumsum(g, axis=0)
     last = tl.sum(tl.where(i == L - 1, cum, 0.0), axis=0)
-    gamma = tl.exp(tl.where(row >= col, cum[:, None] - cum[None, :], float("-inf")))
+    from_piece = cum - tl.sum(tl.where(col < first[:, None], g[None, :], 0.0), axis=1)
+    gamma = tl.exp(tl.where((row >= col) & (col >= first[:, None]), cum[:, None] - cum[None, :], float("-inf")))
     q = tl.load(q_ptr + tok[:, None] * stride_qt + key_head * stride_qh + dk[None, :], mask=ok[:, None], other=0.0)
     k = tl.load(k_ptr + tok[:, None] * stride_kt + key_head * stride_kh + dk[None, :], mask=ok[:, None], other=0.0)
     # the chunk's raw key rows (and, for a fused scan, query rows), contiguous and zero on padding rows, for the
@@ -153,7 +158,7 @@ def prep_row(
     k32 = k.to(tl.float32)
     q_rnorm = tl.math.rsqrt(tl.sum(q32 * q32, axis=1) + eps) * scale
     k_rnorm = tl.math.rsqrt(tl.sum(k32 * k32, axis=1) + eps)
-    tl.store(q_gate_ptr + base * L + i, q_rnorm * tl.exp(cum))
+    tl.store(q_gate_ptr + base * L + i, q_rnorm * tl.exp(from_piece))
     tl.store(k_gate_ptr + base * L + i, k_rnorm * tl.exp(last - cum))
     tl.store(decay_ptr + base, tl.exp(last))
 
@@ -191,17 +196,18 @@ def prep_row(
         tl.debug_barrier()
         t = tl.load(scratch + row * L + col, mask=row // SUB >= col // SUB, other=0.0)
 
-    # WY form: U = T (beta V), W = T (beta K exp(cum)), COLS columns at a time (bounds live registers);
+    # WY form: U = T (beta V), W = T (beta K exp(from_piece)), COLS columns at a time (bounds live registers);
     # padding rows are stored as zeros, so the scan reads whole chunks without masks
     _store_row_scaled_product(t, beta, v_ptr + tok * stride_vt + head * stride_vh, ok,
                               u_ptr + base * L * DV, DV, COLS, PREC)
-    _store_row_scaled_product(t, beta * k_rnorm * tl.exp(cum), k_ptr + tok * stride_kt + key_head * stride_kh,
+    _store_row_scaled_product(t, beta * k_rnorm * tl.exp(from_piece), k_ptr + tok * stride_kt + key_head * stride_kh,
                               ok, w_ptr + base * L * DK, DK, COLS, PREC)
 
 
 @triton.jit
 def chunk_prep_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr, sizes0_ptr, sizes1_ptr, sizes2_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, piece_lo_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
+    sizes0_ptr, sizes1_ptr, sizes2_ptr,
     w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr, system_ptr,
     total, scale, eps, fused_trunks, helpers, helper_steps,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_gh, stride_bt, stride_bh,
@@ -221,7 +227,7 @@ def chunk_prep_kernel(
     for index in range(tl.program_id(1), end2 - aside, tl.num_programs(1)):
         step = tl.where(index < end1, index, index + aside)
         prep_row(step, head, heads, end0, end1, fused_steps,
-                  q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
+                  q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, piece_lo_ptr, tokens0_ptr, tokens1_ptr, tokens2_ptr,
                   w_ptr, u_ptr, a_ptr, q_rows_ptr, k_rows_ptr, q_gate_ptr, k_gate_ptr, decay_ptr,
                   system_ptr + (tl.program_id(1) * heads + head) * L * L,
                   total, scale, eps,

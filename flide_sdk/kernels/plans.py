@@ -16,11 +16,11 @@ GDN_CHUNK = 64  # tokens per chunk of the chunked gated delta rule
 PAGE = 64  # tokens per key/value page of the checkpoint pool
 DISCARD_ROW = -1  # a segment's `final_row` when its final state is not kept
 
-# the rows of a round's per-token metadata block [6, T] (`kernels.round_metadata` expands it from the pieces)
-TOKEN_ROWS = ("positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "vis_end")
+# the rows of a round's per-token metadata block [7, T] (`kernels.round_metadata` expands it from the pieces)
+TOKEN_ROWS = ("positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "vis_end", "piece_lo")
 # the rows of a Gated DeltaNet level's segment table [5, segments]
 SEGMENT_ROWS = ("init_row", "final_row", "chunk_count", "step_base", "chain")
-# the rows of a round's piece table [11, pieces] (`plan.tree.RoundPlan.piece_table`): a piece's stream start and
+# the rows of a round's piece table [12, pieces] (`plan.tree.RoundPlan.piece_table`): a piece's stream start and
 # what its first K - 1 tokens' conv taps before it read (`tap_base`: the stream index position `first` would have
 # on its ancestors' path, whose last tokens before the piece lie at the matching stream indices), then the
 # TOKEN_ROWS values of its tokens (the position's as position - stream index)
@@ -97,6 +97,9 @@ class DeltaLevel:
 class DeltaPlan:
     levels: list[DeltaLevel]
     num_rows: int  # rows of the standalone state table the plan was made for (StateRows.num_rows)
+    # [T] the first stream index of each token's piece: a chunk row may pack short sibling pieces, each of which
+    # starts from the segment's init state (a token sees the chunk's earlier tokens of its own piece only)
+    piece_lo: torch.Tensor
     # the Gated DeltaNet kernels' work tables, one uint8 allocation made once per forward pass by its caller
     # (`kernels.gated_delta.delta_workspace`) and shared by its layers; None: each call allocates its own
     workspace: torch.Tensor | None = field(default=None, repr=False)
@@ -110,7 +113,7 @@ class RoundMetadata(NamedTuple):
     num_tokens: torch.Tensor  # [1]: real tokens
     chunk_spans: torch.Tensor  # [2, rows]: each chunk row's first stream index and its segment's end
     save_tokens: torch.Tensor  # [saves]: the stream index of the token before each save point
-    token_rows: torch.Tensor  # [6, T] (written)
+    token_rows: torch.Tensor  # [7, T] (written)
     conv_src: torch.Tensor  # [T, K] (written)
     chunk_tokens: torch.Tensor  # [rows, GDN_CHUNK] (written)
     save_window_src: torch.Tensor  # [saves, K - 1] (written)

@@ -186,12 +186,13 @@ def gated_delta_reference(
     qf, kf, vf = (torch.cat([x, x.new_zeros(1, *x.shape[1:])]) for x in (qf, kf, vf))
     gf, bf = (torch.cat([x, x.new_zeros(1, x.shape[1])]) for x in (gf, bf))
     out = vf.new_zeros(total + 1, v_heads, vf.shape[-1])
+    piece_lo = torch.cat([plan.piece_lo, plan.piece_lo.new_full((1,), total)])  # padding: a piece past the chunk
     for level in plan.levels:
-        _run_level(qf, kf, vf, gf, bf, level, states, out, matmul)
+        _run_level(qf, kf, vf, gf, bf, level, piece_lo, states, out, matmul)
     return out[:total].to(v.dtype)
 
 
-def _run_level(qf, kf, vf, gf, bf, level, states, out, matmul) -> None:
+def _run_level(qf, kf, vf, gf, bf, level, piece_lo, states, out, matmul) -> None:
     idx = level.chunk_tokens  # [C, L]
     # [C, H, L, D] per chunk and head
     q, k, v = (x[idx].permute(0, 2, 1, 3) for x in (qf, kf, vf))
@@ -199,15 +200,22 @@ def _run_level(qf, kf, vf, gf, bf, level, states, out, matmul) -> None:
     length = idx.shape[1]
     cum = g.cumsum(dim=-1)  # [C, H, L]
     diff = cum[..., :, None] - cum[..., None, :]
+    # a token sees the chunk's earlier tokens of its own piece (a chunk row may pack sibling pieces), and its
+    # piece starts from the segment's state: decays count from the piece's first token
+    first = (piece_lo[idx] - idx[:, :1]).clamp(min=0)  # [C, L] the chunk position where each token's piece starts
+    positions = torch.arange(length, device=idx.device)
     causal = torch.ones(length, length, dtype=torch.bool, device=idx.device).tril()
-    gamma = diff.masked_fill(~causal, float("-inf")).exp()  # [C, H, L, L]
+    visible = causal & (positions[None, None, :] >= first[:, :, None])  # [C, L, L]
+    gamma = diff.masked_fill(~visible[:, None], float("-inf")).exp()  # [C, H, L, L]
+    before = cum.gather(-1, (first - 1).clamp(0, length - 1)[:, None].expand_as(cum))
+    from_piece = (cum - torch.where(first[:, None] > 0, before, torch.zeros_like(before))).exp()  # [C, H, L]
     k_beta = k * beta[..., None]
     # I + strictly-lower part of (diag(beta) K K^T * Gamma): the unit-triangular solve ignores the diagonal
     system = matmul(k_beta, k.transpose(-1, -2)) * gamma
     u = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
-    w = torch.linalg.solve_triangular(system, k_beta * cum.exp()[..., None], upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, k_beta * from_piece[..., None], upper=False, unitriangular=True)
     intra = matmul(q, k.transpose(-1, -2)) * gamma
-    q_decayed = q * cum.exp()[..., None]
+    q_decayed = q * from_piece[..., None]
     last = cum[..., -1:]  # [C, H, 1]
     k_to_end = k * (last - cum).exp()[..., None]
     chunk_decay = last.exp()[..., None]  # [C, H, 1, 1]
@@ -396,9 +404,9 @@ def expand_round_reference(arrays: RoundMetadata) -> None:
     real = int(num_tokens[0])
     t = torch.arange(real, device=pieces.device)
     piece = torch.searchsorted(pieces[0, :count].contiguous(), t, right=True) - 1
-    start, position, first, tap_base, resume_index, offset, key_lo, ctx_hi, seg_lo, request, vis_end = pieces[:, piece]
-    token_rows[:, :real] = torch.stack([offset + t, key_lo, ctx_hi, seg_lo, request, vis_end])
-    token_rows[:, real:] = torch.tensor([0, real, real, real, requests, total], device=pieces.device)[:, None]
+    start, position, first, tap_base, resume_index, offset, *rows = pieces[:, piece]
+    token_rows[:, :real] = torch.stack([offset + t, *rows])
+    token_rows[:, real:] = torch.tensor([0, real, real, real, requests, total, real], device=pieces.device)[:, None]
     back = torch.arange(window, -1, -1, device=pieces.device)  # tap j reads the token K - 1 - j back
     lead = (t - start)[:, None]
     q = position[:, None] + lead - back  # the position a tap reads

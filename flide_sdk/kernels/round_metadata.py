@@ -5,8 +5,8 @@ a piece table (`plans.PIECE_ROWS`: each trunk and branch of the round, with its 
 token-row values and what its first tokens' conv taps before it read), each Gated DeltaNet chunk row's span (its
 first stream index and its segment's end) and the token before each save point. This module derives, for a
 stream of T tokens:
-- token_rows [6, T] (`plans.TOKEN_ROWS`): a real token's values are its piece's (the position's as position -
-  stream index, plus t); padding tokens get (0, real, real, real, requests, T);
+- token_rows [7, T] (`plans.TOKEN_ROWS`): a real token's values are its piece's (the position's as position -
+  stream index, plus t); padding tokens get (0, real, real, real, requests, T, real);
 - conv_src [T, K]: token t's tap j reads conv-table row t + 1 - (K - 1 - j) when that token lies in its piece,
   else the row of the position it reads: its ancestors' stream row, its resumed window's row (after the T + 1
   stream rows) or the zero row; padding tokens read the zero row;
@@ -30,7 +30,7 @@ from flide_sdk.kernels.reference import gather_save_windows
 BLOCK_TOKENS = 256  # tokens a program expands
 BLOCK_ROWS = 16  # chunk rows a program expands
 # the kernel reads the piece table's rows at these indices
-assert PIECE_ROWS[:5] == ("start", "position", "first", "tap_base", "resume_index") and len(PIECE_ROWS) == 11
+assert PIECE_ROWS[:5] == ("start", "position", "first", "tap_base", "resume_index") and len(PIECE_ROWS) == 12
 assert PIECE_ROWS[len(CONV_PIECE_ROWS) :] == TOKEN_ROWS
 
 
@@ -67,12 +67,14 @@ def _expand_round_kernel(
         seg_lo = tl.load(field + 8 * piece_capacity, mask=is_real, other=0)
         request = tl.load(field + 9 * piece_capacity, mask=is_real, other=0)
         vis_end = tl.load(field + 10 * piece_capacity, mask=is_real, other=0)
+        piece_lo = tl.load(field + 11 * piece_capacity, mask=is_real, other=0)
         tl.store(rows_ptr + t, tl.where(is_real, offset + t, 0), mask=inside)
         tl.store(rows_ptr + total + t, tl.where(is_real, key_lo, real), mask=inside)
         tl.store(rows_ptr + 2 * total + t, tl.where(is_real, ctx_hi, real), mask=inside)
         tl.store(rows_ptr + 3 * total + t, tl.where(is_real, seg_lo, real), mask=inside)
         tl.store(rows_ptr + 4 * total + t, tl.where(is_real, request, requests), mask=inside)
         tl.store(rows_ptr + 5 * total + t, tl.where(is_real, vis_end, total), mask=inside)
+        tl.store(rows_ptr + 6 * total + t, tl.where(is_real, piece_lo, real), mask=inside)
         lead = t - start
         for j in tl.static_range(K):
             back = K - 1 - j

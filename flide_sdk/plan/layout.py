@@ -150,7 +150,7 @@ def round_tensors(plan: RoundPlan, shape: RoundShape, t: dict[str, torch.Tensor]
         init_row, final_row, chunk_count, step_base, chain = segment_rows
         levels.append(DeltaLevel(chunk_tokens, level.active(), init_row, final_row, chunk_count, step_base, chain,
                                  sizes, level.chained))
-    positions, key_lo, ctx_hi, seg_lo, request_of, vis_end = t["token_rows"]
+    positions, key_lo, ctx_hi, seg_lo, request_of, vis_end, piece_lo = t["token_rows"]
     history = [(r.start, r.resume.pages if r.resume else None) for r in plan.requests]
     attention = AttentionPlan(key_lo, ctx_hi, seg_lo, request_of, vis_end, t["history_len"], t["page_offset"],
                               t["pages"], t["num_tokens"], plan.request_bounds, history)
@@ -158,7 +158,7 @@ def round_tensors(plan: RoundPlan, shape: RoundShape, t: dict[str, torch.Tensor]
         ids=t["ids"],
         positions=positions,
         attention=attention,
-        delta=DeltaPlan(levels, plan.rows.num_rows),
+        delta=DeltaPlan(levels, plan.rows.num_rows, piece_lo),
         conv_src=t["conv_src"],
         checkpoint=CheckpointPlan(t["resume_slots"], t["save_slots"], t["save_window_src"], t["kv_slots"]),
         readout=ReadoutPlan(t["readout_rows"], t["label_ids"], t["text_rows"], t["text_targets"]),
@@ -166,7 +166,8 @@ def round_tensors(plan: RoundPlan, shape: RoundShape, t: dict[str, torch.Tensor]
 
 
 def plan_round(
-    requests: Sequence[RequestSpec], conv_kernel: int, rows: StateRows | None = None, kv_sink: int = -1
+    requests: Sequence[RequestSpec], conv_kernel: int, rows: StateRows | None = None, kv_sink: int = -1,
+    pack: bool = True,
 ) -> HostRound:
     """Lay out `requests` as one flat stream and build all metadata, unpadded."""
-    return HostRound.of(RoundPlan(requests, conv_kernel, rows, kv_sink))
+    return HostRound.of(RoundPlan(requests, conv_kernel, rows, kv_sink, pack))

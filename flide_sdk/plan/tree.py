@@ -67,6 +67,22 @@ class TrunkSave(NamedTuple):
     kv_slots: np.ndarray
 
 
+def pack_siblings(segments: list[Segment]) -> list[Segment]:
+    """Runs of stream-adjacent segments from one init row whose final states are not kept, as few segments of at
+    most GDN_CHUNK tokens: short siblings (a trunk's questions, a question's options) share a chunk row, each of
+    its pieces from the segment's state (`DeltaPlan.piece_lo`)."""
+    packed: list[Segment] = []
+    for segment in segments:
+        last = packed[-1] if packed else None
+        if (last is not None and segment.final_row == last.final_row == DISCARD_ROW
+                and segment.init_row == last.init_row and last.start + last.length == segment.start
+                and last.length + segment.length <= GDN_CHUNK):
+            packed[-1] = last._replace(length=last.length + segment.length)
+        else:
+            packed.append(segment)
+    return packed
+
+
 class LevelPlan:
     """One Gated DeltaNet level of a round (host lists): segments longest first, each segment's first chunk at
     row s, its later chunks at consecutive rows from `step_base[s] + 1`, so the scan's tile addresses are affine
@@ -115,11 +131,13 @@ class RoundPlan:
 
     rows: where states live (default: a compact standalone table, `StateRows.compact`). kv_sink: the flat
     pool position that keys/values of unsaved tokens are written to (-1: the last position of the arena).
-    Empty levels are kept (with no chunks), so a round has at least LEVELS levels.
+    pack: whether short sibling pieces share Gated DeltaNet chunk rows (`pack_siblings`; not in the
+    batch-invariant mode, where a chunk's sums must not depend on its neighbours). Empty levels are kept (with
+    no chunks), so a round has at least LEVELS levels.
     """
 
     def __init__(self, requests: Sequence[RequestSpec], conv_kernel: int, rows: StateRows | None = None,
-                 kv_sink: int = -1) -> None:
+                 kv_sink: int = -1, pack: bool = True) -> None:
         rows = rows or StateRows.compact(requests)
         needed = len(requests) + sum(request.branches.inner for request in requests)
         if needed > rows.scratch_count:
@@ -192,7 +210,8 @@ class RoundPlan:
         self.num_real = cursor
         self.text_reads = TextReads.concat(text) if text else TextReads.empty()
         self.num_resumes = resumes
-        self.levels = [LevelPlan(level) for level in segments]
+        self.levels = [LevelPlan(pack_siblings(level) if pack and index >= LEVELS - 1 else level)
+                       for index, level in enumerate(segments)]
         # a trunk's remainder starts from its first part's final row: the scan runs both in one program
         first_parts, remainders = self.levels[0].segment_rows, self.levels[1].segment_rows
         continuing = {init: k for k, init in enumerate(remainders[0])}
@@ -212,7 +231,7 @@ class RoundPlan:
         """The pieces as `kernels.round_metadata` reads them, [PIECE_ROWS, pieces]: each piece's start, position,
         its root trunk's first position and its tap base (`plans.CONV_PIECE_ROWS`), its request's resume index,
         its offset (position - start), its visible ranges (key_lo, ctx_hi: the trunk; seg_lo: from its depth-1
-        ancestor, or itself), its request and the end of its subtree (vis_end)."""
+        ancestor, or itself), its request, the end of its subtree (vis_end) and its own start (piece_lo)."""
         ends = [piece.start + piece.length for piece in self.pieces]
         for index in range(len(self.pieces) - 1, -1, -1):  # children come after their parents
             parent = self.pieces[index].parent
@@ -232,7 +251,8 @@ class RoundPlan:
             roots.append(root)
             lows.append(seg_lo)
             columns.append((piece.start, piece.position, root.position, tap_base, self.resume_index[piece.request],
-                            piece.position - piece.start, root.start, ctx_hi, seg_lo, piece.request, vis_end))
+                            piece.position - piece.start, root.start, ctx_hi, seg_lo, piece.request, vis_end,
+                            piece.start))
         return np.array(columns, dtype=np.int64).reshape(-1, len(PIECE_ROWS)).T
 
     def stage(self, out: dict[str, np.ndarray], shape: RoundShape, window_sink: int) -> None:

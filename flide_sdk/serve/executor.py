@@ -66,7 +66,8 @@ def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes:
     # every question has at least one branch token; with graphs a round must fit the largest capacity:
     # one padding token past its real tokens, and the history pages of its resumed asks
     save_align = GDN_CHUNK if batch_invariant else 1
-    limits = RoundLimits(max_round_tokens, max_round_requests, max_round_tokens, save_align=save_align)
+    limits = RoundLimits(max_round_tokens, max_round_requests, max_round_tokens, save_align=save_align,
+                         pack=not batch_invariant)
     runner = None
     ladder = capacity_ladder(model.config.conv_kernel, max_round_tokens, max_round_requests,
                              renderer.max_prompt_tokens)
@@ -80,7 +81,7 @@ def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes:
     if graphs:
         runner = GraphRunner(model, ops, caches, ladder, pool.state_rows, pool.window_sink, pool.kv_sink)
         limits = RoundLimits(max_round_tokens - 1, max_round_requests, ladder[-1].questions, ladder[-1].pages,
-                             save_align)
+                             save_align, not batch_invariant)
     return Executor(model, ops, pool, caches, runner, renderer.words, stats, name, limits, startup)
 
 
@@ -138,7 +139,8 @@ class Executor:
                     if save is not None:
                         saves.append(save)
                 specified = time.perf_counter()
-                plan = RoundPlan(specs, self.model.config.conv_kernel, self.pool.state_rows, self.pool.kv_sink)
+                plan = RoundPlan(specs, self.model.config.conv_kernel, self.pool.state_rows, self.pool.kv_sink,
+                                 self.limits.pack)
                 planned, cpu_planned = time.perf_counter(), time.thread_time()
                 self.pool.copy_pages([copy for save in saves for copy in save.page_copies])
                 launch = None if self.graphs is None else self.graphs.launch(plan)
@@ -161,6 +163,7 @@ class Executor:
             spec_seconds=specified - started, launch_seconds=launched - planned,
             plan_cpu_seconds=cpu_planned - cpu_started, launch_cpu_seconds=cpu_launched - cpu_planned,
             tokens_padded=plan.num_real if launch is None else launch.capacity.tokens,
+            gdn_chunks=sum(level.chunks for level in plan.levels),
             **{"graph_replays" if launch is not None else "eager_runs": 1},
             **({} if launch is None else launch.host_seconds),
         )

@@ -26,15 +26,16 @@ DEFER_MIN_TOKENS = 64
 class RoundLimits:
     """What one round holds at most: stream tokens, scratch state rows (`requests`: one per distinct trunk and
     one per text-scored question), branch pieces (a question's, and one per option of a text-scored one), and
-    history pages its resumed requests read (None: no limit); and where a round saves its
-    checkpoints: at the stable boundary rounded down to a multiple of `save_align` (the batch-invariant mode:
-    the GDN chunk)."""
+    history pages its resumed requests read (None: no limit); where a round saves its checkpoints: at the
+    stable boundary rounded down to a multiple of `save_align` (the batch-invariant mode: the GDN chunk); and
+    whether short sibling pieces share GDN chunks (`plan.tree.pack_siblings`; not in the batch-invariant mode)."""
 
     tokens: int
     requests: int
     questions: int
     pages: int | None = None
     save_align: int = 1
+    pack: bool = True
 
     def save_point(self, trunk: Trunk) -> int:
         return trunk.boundary // self.save_align * self.save_align

@@ -7,12 +7,13 @@ import threading
 from flide_sdk.serve.scheduler import Request
 
 STAT_KEYS = (
-    "rounds", "asks", "questions", "tokens_computed", "tokens_padded", "tokens_resumed", "checkpoint_hits",
-    "checkpoint_misses", "graph_replays", "eager_runs", "deferred", "merged_trunks", "mutable_tail_tokens",
-    "max_mutable_tail_tokens", "round_seconds", "submit_seconds", "queue_seconds", "select_seconds",
-    "plan_seconds", "spec_seconds", "launch_seconds", "buffer_wait_seconds", "pad_seconds", "replay_call_seconds",
-    "replay_seconds", "finish_seconds", "graphs_captured", "capture_seconds", "graph_memory_bytes",
-    "submit_cpu_seconds", "plan_cpu_seconds", "launch_cpu_seconds", "load_seconds", "first_answer_ready_seconds",
+    "rounds", "asks", "questions", "tokens_computed", "tokens_padded", "gdn_chunks", "tokens_resumed",
+    "checkpoint_hits", "checkpoint_misses", "graph_replays", "eager_runs", "deferred", "merged_trunks",
+    "mutable_tail_tokens", "max_mutable_tail_tokens", "round_seconds", "submit_seconds", "queue_seconds",
+    "select_seconds", "plan_seconds", "spec_seconds", "launch_seconds", "buffer_wait_seconds", "pad_seconds",
+    "replay_call_seconds", "replay_seconds", "finish_seconds", "graphs_captured", "capture_seconds",
+    "graph_memory_bytes", "submit_cpu_seconds", "plan_cpu_seconds", "launch_cpu_seconds", "load_seconds",
+    "first_answer_ready_seconds",
 )
 
 
