@@ -8,10 +8,11 @@ API), load the same checkpoint; the driver sends them the same workloads in alte
 the trees, each tree's replicas in turn), one worker busy at a time. A tree's value in a block is the mean of its
 replicas' values, so what one process happens to get (its cores, its memory layout) weighs less; the spread
 between the replicas of one tree (an A/A ratio) is reported as the noise floor. Workloads: W1 (a ~2,000-token
-unique state, Q = 1, 4, 16, 64 yes/no questions, lone asks), RACE lone asks, RACE with 64 concurrent clients
-(requests/s), and an agent session replayed to its step nearest 13,000 prompt tokens. Reported per workload: the
-median over blocks and the ratio after / before, with the median per-round stage times each tree counts
-(`engine.stats()`).
+unique state, Q = 1, 4, 16, 64 yes/no questions, lone asks), RACE lone asks, MultiRC paragraphs with all their
+yes/no questions (up to 64) as lone asks, RACE with 64 concurrent clients (requests/s), and an agent session
+replayed to its step nearest 13,000 prompt tokens. Reported per workload: the median over blocks and the ratio
+after / before, with the median per-round stage times each tree counts and, where a tree counts them, its
+Gated DeltaNet chunk rows and stream tokens per round (`engine.stats()`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ def worker(checkpoint: str, device: str, pool_bytes: int) -> None:
         stats = engine.stats()
         memory = {"pool_reserved_bytes": stats.get("pool_reserved_bytes", stats.get("pool_capacity_bytes")),
                   "max_memory_allocated_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else 0}
-        print(json.dumps({**result, "stages_ms": stage_means(before, stats), "memory": memory}), file=out, flush=True)
+        rounds = max(1, stats["rounds"] - before["rounds"])
+        counts = {f"{key}_per_round": (stats[key] - before[key]) / rounds
+                  for key in ("gdn_chunks", "tokens_computed") if key in stats}
+        print(json.dumps({**result, "stages_ms": stage_means(before, stats), "memory": memory, "counts": counts}),
+              file=out, flush=True)
     engine.close()
 
 
@@ -119,6 +124,7 @@ def workloads(block: int) -> dict[str, dict]:
     """Each workload's command for one block (states marked with the block, so no block resumes another's)."""
     from benchmarks.agent_replay import QUESTIONS, load_trajectory, trajectory_paths
     from benchmarks.common import STORY_QUESTIONS, quality_records, race_requests
+    from benchmarks.invariance import multirc_requests
 
     articles = [record["input"] for record in quality_records()]
     commands: dict[str, dict] = {}
@@ -131,6 +137,9 @@ def workloads(block: int) -> dict[str, dict]:
     race = [(f"Passage {block}-{i}.\n{state}", {name: question.to_dict() for name, question in questions.items()})
             for i, (state, questions) in enumerate(race_requests(256))]
     commands["race_lone_median_ms"] = {"workload": "lone", "asks": race[:24]}
+    multirc = [(f"Paragraph {block}-{i}.\n{state}", {name: question.to_dict() for name, question in questions.items()})
+               for i, (state, questions) in enumerate(multirc_requests(12))]
+    commands["multirc_lone_median_ms"] = {"workload": "lone", "asks": multirc}
     commands["race_64_clients_requests_per_s"] = {"workload": "clients", "asks": race, "clients": 64}
     prelude, steps = load_trajectory(trajectory_paths()[0], marker=f"agent {block}")
     commands["agent_near_13k_median_ms"] = {
@@ -216,6 +225,7 @@ def main() -> None:
     results: dict[str, dict[str, list[list[float]]]] = {name: {} for name in sides}
     stages: dict[str, dict[str, list[dict]]] = {name: {} for name in sides}  # per block, ms per round
     memory: dict[str, dict[str, dict]] = {name: {} for name in sides}  # after each workload's last block
+    counts: dict[str, dict[str, dict]] = {name: {} for name in sides}  # per round, the last block's
     differences: dict[str, float] = {}  # lone workloads: max |dp| between the trees' answers (bf16 rounding)
     for block in range(args.blocks + 1):  # block 0 warms every worker up (compiles, first shapes), not counted
         commands = workloads(block)
@@ -233,6 +243,7 @@ def main() -> None:
                         if r == 0:
                             stages[name].setdefault(key, []).append(answer["stages_ms"])
                             memory[name][key] = answer.get("memory")
+                            counts[name][key] = answer.get("counts", {})
             if all("probabilities" in a for a in answers.values()):
                 gap = max(abs(x - y) for x, y in zip(*(a["probabilities"] for a in answers.values()), strict=True))
                 differences[key] = max(differences.get(key, 0.0), gap)
@@ -251,7 +262,8 @@ def main() -> None:
                   for name, values in ((name, results[name][key]) for name in sides) if len(values) > 1}
         summary[key] = {"before": before, "after": after, "after_over_before": after / before,
                         "slowdown": slower, "within_3_percent": slower <= 1.03, "within_5_percent": slower <= 1.05,
-                        "replica_ratio": spread, "memory": {name: memory[name][key] for name in sides}}
+                        "replica_ratio": spread, "memory": {name: memory[name][key] for name in sides},
+                        "counts": {name: counts[name][key] for name in sides}}
         print(f"{key:36s} before {before:9.3f}  after {after:9.3f}  slowdown {slower:6.3f}  replicas "
               + " ".join(f"{name} {ratio:.3f}" for name, ratio in spread.items()), file=sys.stderr)
         for name in sides:
