@@ -20,11 +20,13 @@ DISCARD_ROW = -1  # a segment's `final_row` when its final state is not kept
 TOKEN_ROWS = ("positions", "key_lo", "ctx_hi", "seg_lo", "request_of", "vis_end", "piece_lo")
 # the rows of a Gated DeltaNet level's segment table [5, segments]
 SEGMENT_ROWS = ("init_row", "final_row", "chunk_count", "step_base", "chain")
-# the rows of a round's piece table [12, pieces] (`plan.tree.RoundPlan.piece_table`): a piece's stream start and
-# what its first K - 1 tokens' conv taps before it read (`tap_base`: the stream index position `first` would have
-# on its ancestors' path, whose last tokens before the piece lie at the matching stream indices), then the
-# TOKEN_ROWS values of its tokens (the position's as position - stream index)
-CONV_PIECE_ROWS = ("start", "position", "first", "tap_base", "resume_index")
+# the rows of a round's piece table [11, pieces] (`plan.tree.RoundPlan.piece_table`): a piece's stream start, what
+# the conv taps of its first tokens read before it (`tap_d`: the source of position `position - d`, d = 1..3: a
+# stream index (>= 0), a resumed conv window's entry w (encoded -2 - w) or ZERO_TAP), then the TOKEN_ROWS values of
+# its tokens (the position's as position - stream index)
+MAX_CONV_WINDOW = 3  # conv taps before a token: Qwen3.5's conv kernel is 4 wide
+ZERO_TAP = -1
+CONV_PIECE_ROWS = ("start", "tap_1", "tap_2", "tap_3")
 PIECE_ROWS = CONV_PIECE_ROWS + TOKEN_ROWS
 
 

@@ -13,7 +13,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from flide_sdk.kernels.plans import PAGE, AttentionPlan, DeltaPlan, RoundMetadata
+from flide_sdk.kernels.plans import (
+    CONV_PIECE_ROWS,
+    MAX_CONV_WINDOW,
+    PAGE,
+    ZERO_TAP,
+    AttentionPlan,
+    DeltaPlan,
+    RoundMetadata,
+)
 
 L2_EPS = 1e-6
 QUERY_BLOCK = 256  # query rows attended at once by `fork_attention_reference`
@@ -404,15 +412,15 @@ def expand_round_reference(arrays: RoundMetadata) -> None:
     real = int(num_tokens[0])
     t = torch.arange(real, device=pieces.device)
     piece = torch.searchsorted(pieces[0, :count].contiguous(), t, right=True) - 1
-    start, position, first, tap_base, resume_index, offset, *rows = pieces[:, piece]
+    start, *taps = pieces[: len(CONV_PIECE_ROWS), piece]
+    offset, *rows = pieces[len(CONV_PIECE_ROWS) :, piece]
     token_rows[:, :real] = torch.stack([offset + t, *rows])
     token_rows[:, real:] = torch.tensor([0, real, real, real, requests, total, real], device=pieces.device)[:, None]
     back = torch.arange(window, -1, -1, device=pieces.device)  # tap j reads the token K - 1 - j back
     lead = (t - start)[:, None]
-    q = position[:, None] + lead - back  # the position a tap reads
-    first, tap_base, resume_index = first[:, None], tap_base[:, None], resume_index[:, None]
-    before = torch.where(q >= first, tap_base + (q - first) + 1,
-                         torch.where(q >= 0, 1 + total + resume_index * window + (q - first) + window, 0))
+    # a tap before the piece reads its source `tap_d`, d = back - lead positions before the piece's first token
+    source = torch.stack(taps, 1).gather(1, (back - lead - 1).clamp(0, MAX_CONV_WINDOW - 1))
+    before = torch.where(source >= 0, source + 1, torch.where(source == ZERO_TAP, 0, 1 + total - 2 - source))
     conv_src[:real] = torch.where(back <= lead, t[:, None] + 1 - back, before)
     conv_src[real:] = 0
     positions = chunk_spans[0][:, None] + torch.arange(chunk_tokens.shape[1], device=pieces.device)

@@ -8,8 +8,8 @@ stream of T tokens:
 - token_rows [7, T] (`plans.TOKEN_ROWS`): a real token's values are its piece's (the position's as position -
   stream index, plus t); padding tokens get (0, real, real, real, requests, T, real);
 - conv_src [T, K]: token t's tap j reads conv-table row t + 1 - (K - 1 - j) when that token lies in its piece,
-  else the row of the position it reads: its ancestors' stream row, its resumed window's row (after the T + 1
-  stream rows) or the zero row; padding tokens read the zero row;
+  else the row of the source its piece names for that position (`plans.CONV_PIECE_ROWS`): an ancestor's stream
+  row, its resumed window's row (after the T + 1 stream rows) or the zero row; padding tokens read the zero row;
 - chunk_tokens [rows, GDN_CHUNK]: start + j while inside the span, T past it (padding rows have empty spans);
 - save_window_src [saves, K - 1]: the conv inputs before each save point, the last K - 1 taps of the token before it.
 A token finds its piece by binary search over the pieces' starts. `reference.expand_round_reference` is the
@@ -24,13 +24,14 @@ import torch
 import triton
 import triton.language as tl
 
-from flide_sdk.kernels.plans import CONV_PIECE_ROWS, PIECE_ROWS, TOKEN_ROWS, RoundMetadata
+from flide_sdk.kernels.plans import CONV_PIECE_ROWS, PIECE_ROWS, TOKEN_ROWS, ZERO_TAP, RoundMetadata
 from flide_sdk.kernels.reference import gather_save_windows
 
+ZERO = tl.constexpr(ZERO_TAP)
 BLOCK_TOKENS = 256  # tokens a program expands
 BLOCK_ROWS = 16  # chunk rows a program expands
 # the kernel reads the piece table's rows at these indices
-assert PIECE_ROWS[:5] == ("start", "position", "first", "tap_base", "resume_index") and len(PIECE_ROWS) == 12
+assert PIECE_ROWS[:4] == ("start", "tap_1", "tap_2", "tap_3") and len(PIECE_ROWS) == 11
 assert PIECE_ROWS[len(CONV_PIECE_ROWS) :] == TOKEN_ROWS
 
 
@@ -57,17 +58,16 @@ def _expand_round_kernel(
         is_real = t < real
         field = pieces_ptr + lo
         start = tl.load(field, mask=is_real, other=0)
-        position = tl.load(field + piece_capacity, mask=is_real, other=0)
-        first = tl.load(field + 2 * piece_capacity, mask=is_real, other=0)
-        tap_base = tl.load(field + 3 * piece_capacity, mask=is_real, other=0)
-        resume_index = tl.load(field + 4 * piece_capacity, mask=is_real, other=0)
-        offset = tl.load(field + 5 * piece_capacity, mask=is_real, other=0)
-        key_lo = tl.load(field + 6 * piece_capacity, mask=is_real, other=0)
-        ctx_hi = tl.load(field + 7 * piece_capacity, mask=is_real, other=0)
-        seg_lo = tl.load(field + 8 * piece_capacity, mask=is_real, other=0)
-        request = tl.load(field + 9 * piece_capacity, mask=is_real, other=0)
-        vis_end = tl.load(field + 10 * piece_capacity, mask=is_real, other=0)
-        piece_lo = tl.load(field + 11 * piece_capacity, mask=is_real, other=0)
+        tap_1 = tl.load(field + piece_capacity, mask=is_real, other=0)
+        tap_2 = tl.load(field + 2 * piece_capacity, mask=is_real, other=0)
+        tap_3 = tl.load(field + 3 * piece_capacity, mask=is_real, other=0)
+        offset = tl.load(field + 4 * piece_capacity, mask=is_real, other=0)
+        key_lo = tl.load(field + 5 * piece_capacity, mask=is_real, other=0)
+        ctx_hi = tl.load(field + 6 * piece_capacity, mask=is_real, other=0)
+        seg_lo = tl.load(field + 7 * piece_capacity, mask=is_real, other=0)
+        request = tl.load(field + 8 * piece_capacity, mask=is_real, other=0)
+        vis_end = tl.load(field + 9 * piece_capacity, mask=is_real, other=0)
+        piece_lo = tl.load(field + 10 * piece_capacity, mask=is_real, other=0)
         tl.store(rows_ptr + t, tl.where(is_real, offset + t, 0), mask=inside)
         tl.store(rows_ptr + total + t, tl.where(is_real, key_lo, real), mask=inside)
         tl.store(rows_ptr + 2 * total + t, tl.where(is_real, ctx_hi, real), mask=inside)
@@ -78,9 +78,8 @@ def _expand_round_kernel(
         lead = t - start
         for j in tl.static_range(K):
             back = K - 1 - j
-            q = position + lead - back
-            before = tl.where(q >= first, tap_base + (q - first) + 1,
-                              tl.where(q >= 0, 1 + total + resume_index * (K - 1) + (q - first) + (K - 1), 0))
+            tap = tl.where(back - lead == 1, tap_1, tl.where(back - lead == 2, tap_2, tap_3))
+            before = tl.where(tap >= 0, tap + 1, tl.where(tap == ZERO, 0, 1 + total - 2 - tap))
             source = tl.where(back <= lead, t + 1 - back, before)
             tl.store(conv_ptr + t * K + j, tl.where(is_real, source, 0), mask=inside)
     else:

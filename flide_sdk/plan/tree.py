@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from flide_sdk.kernels.plans import DISCARD_ROW, GDN_CHUNK, PAGE, PIECE_ROWS
+from flide_sdk.kernels.plans import DISCARD_ROW, GDN_CHUNK, MAX_CONV_WINDOW, PAGE, PIECE_ROWS, ZERO_TAP
 from flide_sdk.plan.requests import Branches, RequestSpec, StateRows, TextReads
 from flide_sdk.plan.shape import LEVELS, RoundShape
 
@@ -138,6 +138,8 @@ class RoundPlan:
 
     def __init__(self, requests: Sequence[RequestSpec], conv_kernel: int, rows: StateRows | None = None,
                  kv_sink: int = -1, pack: bool = True) -> None:
+        if conv_kernel - 1 > MAX_CONV_WINDOW:
+            raise ValueError(f"a conv kernel of {conv_kernel} reads more than {MAX_CONV_WINDOW} tokens back")
         rows = rows or StateRows.compact(requests)
         needed = len(requests) + sum(request.branches.inner for request in requests)
         if needed > rows.scratch_count:
@@ -190,8 +192,6 @@ class RoundPlan:
             for local, (length, parent) in enumerate(zip(branches.lengths.tolist(), branches.parents.tolist())):
                 parent = trunk if parent < 0 else first_branch + parent
                 above = self.pieces[parent]
-                if above.depth > 0 and above.length < conv_kernel - 1:
-                    raise ValueError("a piece continuing a branch needs K - 1 tokens in it (its conv taps)")
                 self.pieces.append(Piece(at, length, above.position + above.length, parent, above.depth + 1, index))
                 final = DISCARD_ROW
                 if local in continued:
@@ -228,10 +228,10 @@ class RoundPlan:
         return len(self.readout)
 
     def piece_table(self) -> np.ndarray:
-        """The pieces as `kernels.round_metadata` reads them, [PIECE_ROWS, pieces]: each piece's start, position,
-        its root trunk's first position and its tap base (`plans.CONV_PIECE_ROWS`), its request's resume index,
-        its offset (position - start), its visible ranges (key_lo, ctx_hi: the trunk; seg_lo: from its depth-1
-        ancestor, or itself), its request, the end of its subtree (vis_end) and its own start (piece_lo)."""
+        """The pieces as `kernels.round_metadata` reads them, [PIECE_ROWS, pieces]: each piece's start and its
+        conv taps' sources before it (`plans.CONV_PIECE_ROWS`), its offset (position - start), its visible ranges
+        (key_lo, ctx_hi: the trunk; seg_lo: from its depth-1 ancestor, or itself), its request, the end of its
+        subtree (vis_end) and its own start (piece_lo)."""
         ends = [piece.start + piece.length for piece in self.pieces]
         for index in range(len(self.pieces) - 1, -1, -1):  # children come after their parents
             parent = self.pieces[index].parent
@@ -241,19 +241,33 @@ class RoundPlan:
         for piece, vis_end in zip(self.pieces, ends):
             if piece.parent < 0:
                 root = piece
-                tap_base = ctx_hi = seg_lo = piece.start
+                ctx_hi = seg_lo = piece.start
             else:
-                parent = self.pieces[piece.parent]
                 root = roots[piece.parent]
-                tap_base = parent.start + parent.length - (piece.position - root.position)
                 ctx_hi = root.start + root.length
                 seg_lo = piece.start if piece.depth == 1 else lows[piece.parent]
             roots.append(root)
             lows.append(seg_lo)
-            columns.append((piece.start, piece.position, root.position, tap_base, self.resume_index[piece.request],
-                            piece.position - piece.start, root.start, ctx_hi, seg_lo, piece.request, vis_end,
-                            piece.start))
+            columns.append((piece.start, *self._taps(piece, root), piece.position - piece.start, root.start, ctx_hi,
+                            seg_lo, piece.request, vis_end, piece.start))
         return np.array(columns, dtype=np.int64).reshape(-1, len(PIECE_ROWS)).T
+
+    def _taps(self, piece: Piece, root: Piece) -> list[int]:
+        """The sources of positions piece.position - d, d = 1..MAX_CONV_WINDOW (`plans.CONV_PIECE_ROWS`): the
+        ancestor's stream token holding it, else the request's resumed conv window, else zero."""
+        window, taps = self.conv_kernel - 1, []
+        for back in range(1, MAX_CONV_WINDOW + 1):
+            position, node = piece.position - back, piece.parent
+            while node >= 0 and position < self.pieces[node].position:
+                node = self.pieces[node].parent
+            if node >= 0:
+                taps.append(self.pieces[node].start + position - self.pieces[node].position)
+            elif back <= window and position >= 0:  # before the root: a resumed request's window
+                window_entry = self.resume_index[piece.request] * window + position - root.position + window
+                taps.append(-2 - window_entry)
+            else:
+                taps.append(ZERO_TAP)
+        return taps
 
     def stage(self, out: dict[str, np.ndarray], shape: RoundShape, window_sink: int) -> None:
         """The round's staged form into `out` (arrays shaped as `shape.staged_shapes()`, a shape the round
