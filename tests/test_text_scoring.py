@@ -140,12 +140,37 @@ def test_replies_past_the_budget_raise_and_many_options_need_no_labels(engine):
     assert abs(sum(response["q"].probabilities.values()) - 1.0) < 1e-9
 
 
-def test_a_round_counts_each_option_branch_against_its_branch_limit(engine):
-    """A text-scored question takes a branch per option: the scheduler splits rounds by branches, so a round
-    fits its graph capacity's branch rows."""
+def test_a_round_counts_each_option_piece_against_its_branch_limit(engine):
+    """A text-scored question takes a piece per option and per shared prefix: the scheduler splits rounds by
+    pieces, so a round fits its graph capacity's branch rows; and by scratch state rows (a trunk's, and one per
+    piece others continue: the question's, a shared prefix's)."""
     from flide_sdk.serve.scheduler import RoundLimits, schedule
 
     question = {"next": text_choice(["a", "b c", "the test", "run the test again", "the refund"])}
     asks = [engine.prepare(f"state {i}", question) for i in range(3)]
-    batch = schedule(asks, lambda trunk: None, RoundLimits(tokens=10_000, requests=8, questions=12))
-    assert len(batch.asks) == 2 and batch.kept == asks[2:], "5 branches each: a third ask passes 12"
+    pieces = len(asks[0].branches.lengths)
+    assert pieces == 7, "the question, 'a', 'b c', 'the' and its two rests, 'run the test again'"
+    batch = schedule(asks, lambda trunk: None, RoundLimits(tokens=10_000, requests=64, questions=2 * pieces))
+    assert len(batch.asks) == 2 and batch.kept == asks[2:], "a third ask passes the branch limit"
+    batch = schedule(asks, lambda trunk: None, RoundLimits(tokens=10_000, requests=6, questions=99))
+    assert len(batch.asks) == 2 and batch.kept == asks[2:], "3 state rows each: a third ask passes 6"
+
+
+def test_options_with_a_first_token_in_common_share_their_prefix():
+    """The options' token tree: options starting alike share a piece of their common prefix, each option's rest
+    a piece under it; every option is read along its own path (its first token at the question's last)."""
+    from flide_sdk.plan.requests import Branches
+
+    question = np.array([7, 7, 7])
+    replies = [np.array(r) for r in ([1, 2, 9], [1, 2, 3, 4, 9], [1, 5, 9], [6, 9], [1, 2, 9])]
+    branches = Branches.of([question], [np.zeros(0, np.int64)], [replies])
+    assert branches.lengths.tolist() == [3, 1, 1, 3, 1, 1, 1]  # question, [1], [2], [2 3 4], [5], [2], [6]
+    assert branches.parents.tolist() == [-1, 0, 1, 1, 1, 1, 0]
+    assert branches.ids.tolist() == [7, 7, 7, 1, 2, 2, 3, 4, 5, 2, 6]
+    assert branches.inner == 2 and branches.counts.tolist() == [7] and branches.readout.tolist() == [2]
+    reads = branches.reads
+    for option, reply in enumerate(replies):
+        mine = reads.option == option
+        assert reads.target[mine].tolist() == reply.tolist()
+        # each read row holds the token before its target: the question's last, then the option's own tokens
+        assert branches.ids[reads.offset[mine]].tolist() == [7] + reply[:-1].tolist()

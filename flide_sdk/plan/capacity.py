@@ -2,8 +2,8 @@
 
 A captured graph reads fixed-size buffers, so every round quantity has a capacity: stream tokens T (the
 ladder, 128 to 16,384 by default), requests, questions, label columns, history pages, and per Gated
-DeltaNet level its chunks and segments. A round with text-scored options needs rows for their token reads and a
-level for its option pieces: each capacity has a twin with them (`text_capacity`), captured when such a round
+DeltaNet level its chunks and segments. A round with text-scored options needs rows for their token reads and
+levels for its option pieces: each capacity has a twin with them (`text_capacity`), captured when such a round
 first needs it. Requests and questions scale with T (a request needs tokens; a
 question's branch needs some too), so a small graph also has small tables. `choose` picks the smallest
 capacity a round fits; the round is then staged at the capacity's `shape` (`RoundPlan.stage`, padded at the
@@ -134,11 +134,11 @@ def capacity_ladder(
 
 
 def text_capacity(capacity: Capacity) -> Capacity:
-    """`capacity` with rows for the token reads of text-scored options and a level for their option pieces:
+    """`capacity` with rows for the token reads of text-scored options and two levels for their option pieces:
     the graph of rounds that have them (label-only rounds replay the capacity without, whose forward has no read
     path)."""
     return dataclasses.replace(capacity, text_reads=min(MAX_TEXT_READS, capacity.tokens // TOKENS_PER_TEXT_READ),
-                               levels=LEVELS + 1)
+                               levels=LEVELS + 2)
 
 
 def choose(ladder: list[Capacity], round_: RoundPlan | HostRound) -> Capacity | None:

@@ -102,15 +102,25 @@ class TextReads:
         return out
 
 
+def common_prefix(sequences: Sequence[np.ndarray]) -> int:
+    """The length of the longest prefix every sequence shares."""
+    shortest = min(len(sequence) for sequence in sequences)
+    differs = np.zeros(shortest, dtype=bool)
+    for sequence in sequences[1:]:
+        differs |= sequences[0][:shortest] != sequence[:shortest]
+    return int(np.argmax(differs)) if differs.any() else shortest
+
+
 @dataclass(frozen=True)
 class Branches:
     """The branch pieces of one or more questions, concatenated in tree order (a piece before its children):
     ids, each piece's length and parent (-1: the trunk; else the index of the piece it continues), each
     question's label ids (one row per question, padded with -1), its readout offset (its first piece's last
     token), its number of pieces (`counts`) and the reads of its text-scored options (`reads`). A label question
-    is one piece, read at its last token; a text-scored question is its question piece and one child piece per
-    option holding the option's tokens (its `<|im_end|>` is read, never fed). Built once per ask, when it is
-    submitted."""
+    is one piece, read at its last token; a text-scored question is its question piece and, under it, its
+    options' tokens as a tree of two levels: the options with the same first token share a piece of their common
+    prefix, each option's rest a piece under it (an option's `<|im_end|>` is read, never fed). Built once per ask,
+    when it is submitted."""
 
     ids: np.ndarray
     lengths: np.ndarray
@@ -125,7 +135,7 @@ class Branches:
            replies: Sequence[Sequence[np.ndarray]] | None = None) -> Branches:
         """One question per branch (`labels`: its label ids), or, where `replies[i]` is not empty, question i
         scored by the text of its options: reply r (the option's tokens, then the end of the turn) is read at the
-        question's last token and at the option piece's tokens; its label row holds one label (any finite row)."""
+        question's last token and at the option's tokens; its label row holds one label (any finite row)."""
         if len(branches) != len(labels) or replies is not None and len(replies) != len(branches):
             raise ValueError("one label array (and one reply list) per question")
         if any(len(branch) == 0 for branch in branches):
@@ -141,21 +151,36 @@ class Branches:
             parents.append(-1)
             at += len(branch)
             readout.append(at - 1)
-            counts.append(1 + len(options))
             if not len(options):
+                counts.append(1)
                 rows.append(label)
                 continue
+            if any(len(reply) < 2 for reply in options):
+                raise ValueError("a reply holds an option's tokens and the end of the turn")
+            groups: dict[int, list[int]] = {}  # options by first token, in order
             for option, reply in enumerate(options):
-                if len(reply) < 2:
-                    raise ValueError("a reply holds an option's tokens and the end of the turn")
-                parts.append(reply[:-1])
-                lengths.append(len(reply) - 1)
+                groups.setdefault(int(reply[0]), []).append(option)
+            for members in groups.values():
+                tokens = [np.asarray(options[option][:-1]) for option in members]
+                shared = len(tokens[0]) if len(members) == 1 else common_prefix(tokens)
+                node, node_at = len(lengths), at
+                parts.append(tokens[0][:shared])
+                lengths.append(shared)
                 parents.append(question)
-                reads[0].append(np.concatenate([[readout[-1]], np.arange(at, at + len(reply) - 1)]))
-                reads[1].append(np.asarray(reply))
-                reads[2].append(np.full(len(reply), index))
-                reads[3].append(np.full(len(reply), option))
-                at += len(reply) - 1
+                at += shared
+                for option, sequence in zip(members, tokens):
+                    offsets = [np.array([readout[-1]]), np.arange(node_at, node_at + min(shared, len(sequence)))]
+                    if len(sequence) > shared:  # the rest of the option, a piece under the shared prefix
+                        parts.append(sequence[shared:])
+                        lengths.append(len(sequence) - shared)
+                        parents.append(node)
+                        offsets.append(np.arange(at, at + len(sequence) - shared))
+                        at += len(sequence) - shared
+                    reads[0].append(np.concatenate(offsets))
+                    reads[1].append(np.asarray(options[option]))
+                    reads[2].append(np.full(len(sequence) + 1, index))
+                    reads[3].append(np.full(len(sequence) + 1, option))
+            counts.append(len(lengths) - question)
             rows.append(np.array([0] + [-1] * (len(options) - 1)))  # one label: a finite softmax, not read
         widths = [len(row) for row in rows]
         width = max(widths, default=1)
