@@ -71,6 +71,33 @@ async def test_kernel_engine_mixed_round_and_resumed_session(small_tiny_path, hf
 
 
 @pytest.mark.asyncio
+async def test_kernel_engine_session_and_nested_forks_in_one_round(small_tiny_path, hf_small_tiny):
+    """A session, its fork and the fork's fork asked together on the kernels: one round (forks continuing
+    their parents' states at their save points: attention up to the fork point, six Gated DeltaNet levels in
+    two launch groups), each exact."""
+    base = fl.Engine.load(small_tiny_path, device="cpu")
+    base.close()
+    async with Engine(base.model, base.renderer, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
+        texts = [text_of_tokens(engine.renderer, 90, seed=7)]
+        texts += [texts[0] + " " + text_of_tokens(engine.renderer, 80, seed=8)]
+        texts += [texts[1] + " " + text_of_tokens(engine.renderer, 70, seed=9)]
+        parent = engine.session()
+        parent.append(texts[0])
+        child = parent.fork()
+        child.append(texts[1][len(texts[0]):])
+        grandchild = child.fork()
+        grandchild.append(texts[2][len(texts[1]):])
+        questions = pick(["urgent", "action"])
+        with engine.admission_paused():
+            tasks = [asyncio.ensure_future(s.ask(questions)) for s in (parent, child, grandchild)]
+            await asyncio.sleep(0.05)
+        answers = await asyncio.gather(*tasks)
+        assert engine.stats()["rounds"] == 1 and engine.stats()["deferred"] == 0
+        for text, got in zip(texts, answers):
+            assert_exact(hf_small_tiny, engine, text, questions, got)
+
+
+@pytest.mark.asyncio
 async def test_kernel_engine_scores_options_by_their_text(small_tiny_path, hf_small_tiny):
     """A text-scored Choice and a label question in one round on the kernels (the readout rows of both kinds
     through the last layer's attention tiles, the reads' log-probabilities through their own kernels)."""

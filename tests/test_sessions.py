@@ -1,5 +1,6 @@
 """Sessions: resumed answers stay exact, each step computes only what is new, the pool evicts and shares,
-admission defers asks that wait for a checkpoint of the same round, and errors stay local."""
+asks continuing another's trunk fork from it in the same round (or wait for its checkpoint), and errors stay
+local."""
 
 from __future__ import annotations
 
@@ -176,11 +177,55 @@ async def test_many_sessions_share_rounds(tiny_path):
 
 
 @pytest.mark.asyncio
-async def test_ask_waiting_for_a_checkpoint_of_the_same_round_is_deferred(tiny_path, hf_tiny):
+async def test_a_session_and_two_nested_forks_asked_together_take_one_round(tiny_path, fresh, hf_tiny):
+    """A parent session, a fork of it and a fork of the fork, each appended to and all asked at once, are
+    computed in one round (each fork continues its parent's state at the parent's save point) and answer as
+    fresh engines and transformers do; each then resumes from the checkpoint the round saved for it."""
+    async with fl.Engine.load(tiny_path, device="cpu") as engine:
+        parent = engine.session()
+        texts = {"parent": " ".join(WORDS * 8)}
+        parent.append(texts["parent"])
+        child = parent.fork()
+        child.append(" then the child " + " ".join(WORDS * 5))
+        texts["child"] = texts["parent"] + " then the child " + " ".join(WORDS * 5)
+        grandchild = child.fork()
+        grandchild.append(" and the grandchild " + " ".join(WORDS * 4))
+        texts["grandchild"] = texts["child"] + " and the grandchild " + " ".join(WORDS * 4)
+        sessions = {"parent": parent, "child": child, "grandchild": grandchild}
+        with engine.admission_paused():
+            tasks = {name: asyncio.ensure_future(session.ask(QUESTIONS)) for name, session in sessions.items()}
+            await asyncio.sleep(0.05)
+        answers = {name: await task for name, task in tasks.items()}
+        stats = engine.stats()
+        assert stats["rounds"] == 1 and stats["deferred"] == 0
+        assert stats["checkpoints_saved"] == 3, "each of the three saves its checkpoint in the round"
+        alone = sum(len(engine.render(text, QUESTIONS).state_ids) for text in texts.values())
+        branches = 3 * sum(len(q.ids) for q in engine.render("x", QUESTIONS).questions.values())
+        shared = [len(session.trunk().stable) for session in (parent, child)]  # what each fork did not compute
+        assert stats["tokens_computed"] == alone + branches - sum(shared)
+        for name in sessions:
+            check(answers[name], fresh, hf_tiny, texts[name])
+        for name, session in sessions.items():  # the next step resumes from the round's checkpoints
+            session.append(f" {name} again")
+            texts[name] += f" {name} again"
+            before = engine.stats()
+            answers = await session.ask(QUESTIONS)
+            assert engine.stats()["checkpoint_hits"] - before["checkpoint_hits"] == 1
+            check(answers, fresh, hf_tiny, texts[name], against_transformers=name == "grandchild")
+
+
+@pytest.mark.asyncio
+async def test_a_second_fork_of_one_save_point_waits_for_its_checkpoint(tiny_path, fresh, hf_tiny):
+    """Two forks continuing one session's save point in its round: the first forks in the round, the second
+    waits for the checkpoint (a round's save point extends in place once); both answer exactly."""
     async with fl.Engine.load(tiny_path, device="cpu") as engine:
         session = engine.session()
-        session.append(" ".join(WORDS * 8))
-        others = [engine.session() for _ in range(3)]
+        base = " ".join(WORDS * 8)
+        session.append(base)
+        forks = [session.fork() for _ in range(2)]
+        for i, fork in enumerate(forks):
+            fork.append(f" fork {i} " + " ".join(WORDS * 2))
+        others = [engine.session() for _ in range(2)]
         for i, other in enumerate(others):
             other.append(f"independent {i} " + " ".join(WORDS))
         finished: list[str] = []
@@ -190,17 +235,18 @@ async def test_ask_waiting_for_a_checkpoint_of_the_same_round_is_deferred(tiny_p
             return task
 
         with engine.admission_paused():
-            first = track("first", asyncio.ensure_future(session.ask(QUESTIONS)))
+            first = track("session", asyncio.ensure_future(session.ask(QUESTIONS)))
             await asyncio.sleep(0.01)
-            session.append(" " + " ".join(WORDS * 2))
-            second = track("second", asyncio.ensure_future(session.ask(QUESTIONS)))
+            tasks = [track(f"fork{i}", asyncio.ensure_future(fork.ask(QUESTIONS))) for i, fork in enumerate(forks)]
             independent = [track(f"other{i}", asyncio.ensure_future(o.ask(QUESTIONS))) for i, o in enumerate(others)]
             await asyncio.sleep(0.05)
-        await asyncio.gather(first, second, *independent)
+        results = await asyncio.gather(first, *tasks, *independent)
         stats = engine.stats()
         assert stats["rounds"] == 2 and stats["deferred"] == 1
-        assert finished[-1] == "second" and set(finished[:-1]) == {"first", "other0", "other1", "other2"}
-        assert stats["checkpoint_hits"] == 1  # the second ask resumed from the first one's checkpoint
+        assert finished[-1] == "fork1" and set(finished[:-1]) == {"session", "fork0", "other0", "other1"}
+        assert stats["checkpoint_hits"] == 1  # the second fork resumed from the session's checkpoint
+        for i in range(2):
+            check(results[1 + i], fresh, hf_tiny, base + f" fork {i} " + " ".join(WORDS * 2))
 
 
 @pytest.mark.asyncio
@@ -316,9 +362,11 @@ def test_a_session_holds_one_checkpoint_and_forks_keep_theirs(engine, fresh, hf_
     check(answers, fresh, hf_tiny, state + " the child asks late")
 
 
-def _scan_schedule(pending: list, lookup, limits: RoundLimits) -> tuple[list, list, int, int]:
-    """Admission by the definitions, comparing each queued ask with every ask selected so far: the selected
-    asks, the asks left queued, how many were deferred and how many merged with a selected trunk."""
+def _scan_schedule(pending: list, lookup, limits: RoundLimits) -> tuple[list, list, int, int, int]:
+    """Admission by the definitions, comparing each queued ask with every trunk selected so far: the selected
+    asks, the asks left queued, how many were deferred, merged with a selected trunk and forked from one (an ask
+    continuing a selected trunk past its save point forks from it in the round, one fork per save point and none
+    in the batch-invariant mode; a second waits for the checkpoint)."""
 
     def same(a, b) -> bool:
         x, y = a.trunk, b.trunk
@@ -328,35 +376,47 @@ def _scan_schedule(pending: list, lookup, limits: RoundLimits) -> tuple[list, li
     def resumed(ask) -> int:
         return 0 if resumes[id(ask)] is None else resumes[id(ask)].length
 
-    def waits(ask, producer) -> bool:
-        at = producer.trunk.boundary // limits.save_align * limits.save_align
-        if not resumed(ask) + DEFER_MIN_TOKENS <= at < len(ask.trunk) or at <= resumed(producer):
-            return False
-        return ask.trunk.prefix_equals(producer.trunk.buffer, at) and not same(ask, producer)
+    def save_point(ask) -> int:
+        return ask.trunk.boundary // limits.save_align * limits.save_align
 
-    selected, kept, resumes = [], [], {}
-    tokens = requests = questions = pages = deferred = merges = 0
+    def waits(ask, lead) -> bool:
+        at = save_point(lead)
+        if not resumed(ask) + DEFER_MIN_TOKENS <= at < len(ask.trunk) or at <= starts[id(lead)]:
+            return False
+        return ask.trunk.prefix_equals(lead.trunk.buffer, at) and not same(ask, lead)
+
+    selected, kept, resumes, leads, starts, forked = [], [], {}, [], {}, set()
+    tokens = requests = questions = pages = deferred = merges = forks = 0
     for ask in pending:
         resumes[id(ask)] = lookup(ask.trunk)
-        if any(waits(ask, other) for other in selected):
+        merged = any(same(ask, lead) for lead in leads)
+        producer = None if merged else max((lead for lead in leads if waits(ask, lead)), key=save_point, default=None)
+        if producer is not None and (id(producer) in forked or limits.batch_invariant):
             kept.append(ask)
             deferred += 1
             continue
-        merged = any(same(ask, other) for other in selected)
-        cost = ask.branch_tokens + (0 if merged else len(ask.trunk) - resumed(ask))
-        history = 0 if merged else -(-resumed(ask) // 64)
-        full = (tokens + cost > limits.tokens or requests + (not merged) + ask.branches.inner > limits.requests
-                or questions + len(ask.branches.lengths) > limits.questions
+        start = resumed(ask) if producer is None else save_point(producer)
+        cost = ask.branch_tokens + (0 if merged else len(ask.trunk) - start)
+        history = 0 if merged or producer is not None else -(-resumed(ask) // 64)
+        rows = (not merged) + (producer is not None) + ask.branches.inner
+        pieces = len(ask.branches.lengths) + 2 * (producer is not None)
+        full = (tokens + cost > limits.tokens or requests + rows > limits.requests
+                or questions + pieces > limits.questions
                 or limits.pages is not None and pages + history > limits.pages)
         if selected and full:
             kept.append(ask)
             continue
         selected.append(ask)
-        tokens, questions = tokens + cost, questions + len(ask.branches.lengths)
-        requests += (not merged) + ask.branches.inner
+        if not merged:
+            leads.append(ask)
+            starts[id(ask)] = start
+        if producer is not None:
+            forked.add(id(producer))
+        tokens, questions, requests = tokens + cost, questions + pieces, requests + rows
         pages += history
         merges += merged
-    return selected, kept, deferred, merges
+        forks += producer is not None
+    return selected, kept, deferred, merges, forks
 
 
 def test_indexed_admission_matches_the_scan_over_every_selected_ask(engine):
@@ -377,22 +437,26 @@ def test_indexed_admission_matches_the_scan_over_every_selected_ask(engine):
     for index in range(6):
         trunks += [engine.renderer.trunk(base), engine.renderer.trunk(base + growth(rng)),
                    engine.renderer.trunk(f"{index}{growth(rng)}"), engine.renderer.trunk(f"short {index}")]
-    exercised = np.zeros(3, dtype=int)  # deferred, merged, left queued for room
+    exercised = np.zeros(4, dtype=int)  # deferred, merged, left queued for room, forked
     assert len(resumed.trunk().stable) >= 64  # its asks resume with history pages
     paged_out = 0
     for limits in (RoundLimits(100_000, 64, 100_000), RoundLimits(400, 64, 100_000), RoundLimits(100_000, 3, 100_000),
-                   RoundLimits(100_000, 64, 100_000, 3), RoundLimits(100_000, 64, 100_000, save_align=64)):
+                   RoundLimits(100_000, 64, 100_000, 3), RoundLimits(100_000, 64, 100_000, save_align=64),
+                   RoundLimits(100_000, 64, 100_000, save_align=64, batch_invariant=True)):
         for _ in range(5):
             rng.shuffle(trunks)
             asks = [engine.prepare(trunk, {"q": QUESTIONS["stuck"]} if i % 3 else QUESTIONS)
                     for i, trunk in enumerate(trunks)]
             batch = schedule(asks, engine.pool.lookup, limits)
-            expected, expected_kept, expected_deferred, merges = _scan_schedule(asks, engine.pool.lookup, limits)
+            expected, expected_kept, expected_deferred, merges, forks = _scan_schedule(asks, engine.pool.lookup,
+                                                                                       limits)
             assert sorted(asks.index(a) for a in batch.asks) == sorted(asks.index(a) for a in expected)
             assert [asks.index(a) for a in batch.kept] == [asks.index(a) for a in expected_kept]
             assert batch.deferred == expected_deferred
-            assert sum(len(r.asks) - 1 for r in batch.requests) == merges
-            exercised += [batch.deferred, merges, len(batch.kept) - batch.deferred]
+            tree = [request for root in batch.requests for request in root.tree()]
+            assert sum(len(r.asks) - 1 for r in tree) == merges
+            assert sum(r.parent is not None for r in tree) == forks
+            exercised += [batch.deferred, merges, len(batch.kept) - batch.deferred, forks]
             if limits.pages is not None:  # only the history pages limit the round
                 paged_out += len(batch.kept) - batch.deferred
     assert exercised.all() and paged_out

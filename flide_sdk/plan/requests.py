@@ -30,10 +30,10 @@ class StateRows:
     @classmethod
     def compact(cls, requests: Sequence[RequestSpec]) -> StateRows:
         """A small standalone table for tests and benchmarks: zero row 0, slots from 1, scratch after them."""
-        slots = [r.resume.slot for r in requests if r.resume] + [r.save.slot for r in requests if r.save]
+        saving = [r for request in requests for r in request.tree()]
+        slots = [r.resume.slot for r in requests if r.resume] + [r.save.slot for r in saving if r.save]
         scratch = 2 + max(slots, default=-1)
-        return cls(zero=0, scratch=scratch, scratch_count=len(requests) + sum(r.branches.inner for r in requests),
-                   slot_base=1)
+        return cls(zero=0, scratch=scratch, scratch_count=state_rows_needed(requests), slot_base=1)
 
     @property
     def num_rows(self) -> int:
@@ -197,6 +197,8 @@ class Branches:
 
     @classmethod
     def join(cls, parts: Sequence[Branches]) -> Branches:
+        if not parts:
+            return cls.of([], [])
         if len(parts) == 1:
             return parts[0]
         width = max(part.labels.shape[1] for part in parts)
@@ -228,15 +230,29 @@ class Branches:
         return len(np.unique(self.parents[self.parents >= 0]))
 
 
+def state_rows_needed(requests: Sequence[RequestSpec]) -> int:
+    """Scratch state rows a round of `requests` uses: per request and fork, its trunk's final state, one per
+    branch piece others continue, and a split row where forks continue it without a save."""
+    return sum(1 + r.branches.inner + (r.save is None and bool(r.forks))
+               for request in requests for r in request.tree())
+
+
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request of a round: trunk token ids from position `start`, and its branches (one per question)."""
+    """One request of a round: trunk token ids from position `start`, its branches (one per question), and its
+    forks: requests computed in the same round that continue its trunk from its save point (their `start`;
+    they neither resume nor save past a save of this one's)."""
 
     trunk: np.ndarray
     branches: Branches
     start: int = 0
     resume: Resume | None = None
     save: Save | None = None
+    forks: tuple[RequestSpec, ...] = ()
+
+    def tree(self) -> list[RequestSpec]:
+        """This request and its forks, depth first (stream order)."""
+        return [self, *(spec for fork in self.forks for spec in fork.tree())]
 
     @classmethod
     def of(cls, trunk: np.ndarray, branches: Sequence[np.ndarray], labels: Sequence[np.ndarray], **where) -> RequestSpec:

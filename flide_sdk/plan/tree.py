@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from flide_sdk.kernels.plans import DISCARD_ROW, GDN_CHUNK, MAX_CONV_WINDOW, PAGE, PIECE_ROWS, ZERO_TAP
-from flide_sdk.plan.requests import Branches, RequestSpec, StateRows, TextReads
+from flide_sdk.plan.requests import Branches, RequestSpec, StateRows, TextReads, state_rows_needed
 from flide_sdk.plan.shape import LEVELS, RoundShape
 
 
@@ -141,83 +141,120 @@ class RoundPlan:
         if conv_kernel - 1 > MAX_CONV_WINDOW:
             raise ValueError(f"a conv kernel of {conv_kernel} reads more than {MAX_CONV_WINDOW} tokens back")
         rows = rows or StateRows.compact(requests)
-        needed = len(requests) + sum(request.branches.inner for request in requests)
+        needed = state_rows_needed(requests)
         if needed > rows.scratch_count:
-            raise ValueError(f"{needed} scratch state rows needed (trunks and continued branches), "
+            raise ValueError(f"{needed} scratch state rows needed (trunks, splits and continued branches), "
                              f"{rows.scratch_count} available")
         self.requests, self.conv_kernel, self.rows, self.kv_sink = list(requests), conv_kernel, rows, kv_sink
         self.pieces: list[Piece] = []
         self.saves: list[TrunkSave] = []
         self.resume_index: list[int] = []  # per request: its index among the resumed requests (-1: none)
         self.readout: list[int] = []  # stream index of each question's last token
-        text: list[TextReads] = []  # the reads of text-scored options: stream rows, round question indices
         self.request_bounds: list[tuple[int, int]] = []
         self.label_width = 1
         self.num_pages = 0
-        segments: list[list[Segment]] = [[] for _ in range(LEVELS)]
+        self._text: list[TextReads] = []  # the reads of text-scored options: stream rows, round question indices
+        self._segments: list[list[Segment]] = [[] for _ in range(LEVELS)]
+        self._finals: dict[int, int] = {}  # piece index -> the row its final state is kept in
+        self._next_row = rows.scratch  # the next free scratch row
+        self._ids: list[np.ndarray] = []  # the stream's ids, piece by piece
+        self._branches: list[Branches] = []  # each request's and fork's branches, in stream order
         cursor = resumes = 0
-        inner_row = rows.scratch + len(requests)  # the next scratch row for a continued branch piece
-        finals: dict[int, int] = {}  # piece index -> the row its final state is kept in
         for index, request in enumerate(self.requests):
-            first, computed = request.start, len(request.trunk)
-            if computed < 1:
-                raise ValueError("every request computes at least one trunk token")
+            first = request.start
             if (first > 0) != (request.resume is not None):
                 raise ValueError("a request starts past position 0 exactly when it resumes from a checkpoint")
-            init, scratch = rows.zero, rows.scratch + index
+            init = rows.zero
             self.resume_index.append(resumes if request.resume is not None else -1)
             if request.resume is not None:
                 init = rows.slot_base + request.resume.slot
                 resumes += 1
                 self.num_pages += len(request.resume.pages[: -(-first // PAGE)])
-            start, trunk = cursor, len(self.pieces)
-            self.pieces.append(Piece(start, computed, first, -1, 0, index))
-            trunk_final = scratch
-            if request.save is None:
-                segments[0].append(Segment(start, computed, init, scratch))
-            else:
-                at = request.save.at
-                if not first < at <= first + computed:
-                    raise ValueError("a save point lies outside its request's computed trunk (start, end]")
-                split, save_row = at - first, rows.slot_base + request.save.slot
-                segments[0].append(Segment(start, split, init, save_row))
-                if split < computed:
-                    segments[1].append(Segment(start + split, computed - split, save_row, scratch))
-                else:
-                    trunk_final = save_row
-                self.saves.append(TrunkSave(start, split, request.save.slot, request.save.kv_slots))
-            finals[trunk] = trunk_final
-            at, branches, first_branch = start + computed, request.branches, len(self.pieces)
-            continued = set(branches.parents.tolist())
-            for local, (length, parent) in enumerate(zip(branches.lengths.tolist(), branches.parents.tolist())):
-                parent = trunk if parent < 0 else first_branch + parent
-                above = self.pieces[parent]
-                self.pieces.append(Piece(at, length, above.position + above.length, parent, above.depth + 1, index))
-                final = DISCARD_ROW
-                if local in continued:
-                    final, inner_row = inner_row, inner_row + 1
-                    finals[len(self.pieces) - 1] = final
-                while len(segments) <= above.depth + 2:
-                    segments.append([])
-                segments[above.depth + 2].append(Segment(at, length, finals[parent], final))
-                at += length
-            if len(branches.reads):
-                text.append(branches.reads.shifted(start + computed, len(self.readout)))
-            self.readout.extend((branches.readout + start + computed).tolist())
-            self.label_width = max(self.label_width, request.branches.labels.shape[1])
-            self.request_bounds.append((start, at))
-            cursor = at
+            end = self._lay_out(request, index, cursor, -1, init)
+            self.request_bounds.append((cursor, end))
+            cursor = end
         self.num_real = cursor
-        self.text_reads = TextReads.concat(text) if text else TextReads.empty()
+        self.text_reads = TextReads.concat(self._text) if self._text else TextReads.empty()
         self.num_resumes = resumes
         self.levels = [LevelPlan(pack_siblings(level) if pack and index >= LEVELS - 1 else level)
-                       for index, level in enumerate(segments)]
+                       for index, level in enumerate(self._segments)]
         # a trunk's remainder starts from its first part's final row: the scan runs both in one program
         first_parts, remainders = self.levels[0].segment_rows, self.levels[1].segment_rows
         continuing = {init: k for k, init in enumerate(remainders[0])}
         first_parts[4] = [continuing.get(final, -1) for final in first_parts[1]]
         self.levels[1].chained = True
         self.shape = RoundShape.of(self)
+
+    def _row(self) -> int:
+        row, self._next_row = self._next_row, self._next_row + 1
+        return row
+
+    def _segment(self, level: int, segment: Segment) -> None:
+        while len(self._segments) <= level:
+            self._segments.append([])
+        self._segments[level].append(segment)
+
+    def _lay_out(self, request: RequestSpec, index: int, cursor: int, parent: int, init: int) -> int:
+        """Lay out `request` (a trunk, or with `parent` >= 0 a fork continuing that piece from position
+        request.start) from stream index `cursor`: its trunk, its branches, then its forks' subtrees; its state
+        starts from row `init`. Returns the stream index after it."""
+        first, computed = request.start, len(request.trunk)
+        if computed < 1:
+            raise ValueError("every request computes at least one trunk token")
+        split = request.save.at if request.save is not None else request.forks[0].start if request.forks else None
+        if split is not None and not first < split <= first + computed:
+            raise ValueError("a save or fork point lies outside its request's computed trunk (start, end]")
+        if any(fork.start != split for fork in request.forks):
+            raise ValueError("a request's forks continue it from its save point")
+        split_row = None if split is None else (
+            self.rows.slot_base + request.save.slot if request.save is not None else self._row())
+        if request.save is not None:
+            self.saves.append(TrunkSave(cursor, split - first, request.save.slot, request.save.kv_slots))
+        self._ids.append(request.trunk)
+        if parent < 0:  # a root trunk: one piece; the GDN runs it to its split point, then on (chained)
+            trunk = anchor = len(self.pieces)
+            self.pieces.append(Piece(cursor, computed, first, -1, 0, index))
+            last = self._row()  # a row of its own even when its save point ends it: rows follow the requests
+            if split is not None and split == first + computed:
+                last = split_row
+            if split is None:
+                self._segment(0, Segment(cursor, computed, init, last))
+            else:
+                self._segment(0, Segment(cursor, split - first, init, split_row))
+                if split < first + computed:
+                    self._segment(1, Segment(cursor + split - first, first + computed - split, split_row, last))
+        else:  # a fork: its part before its split point is a piece of its own, which its forks continue
+            depth = self.pieces[parent].depth + 1
+            head = computed if split is None else split - first
+            trunk = anchor = len(self.pieces)
+            self.pieces.append(Piece(cursor, head, first, parent, depth, index))
+            last = split_row if split is not None and head == computed else self._row()
+            self._segment(depth + 1, Segment(cursor, head, init, split_row if split is not None else last))
+            if head < computed:
+                trunk = len(self.pieces)
+                self.pieces.append(Piece(cursor + head, computed - head, first + head, anchor, depth + 1, index))
+                self._segment(depth + 2, Segment(cursor + head, computed - head, split_row, last))
+        self._finals[trunk] = last
+        at, branches, first_branch = cursor + computed, request.branches, len(self.pieces)
+        continued = set(branches.parents.tolist())
+        for local, (length, above_index) in enumerate(zip(branches.lengths.tolist(), branches.parents.tolist())):
+            above_index = trunk if above_index < 0 else first_branch + above_index
+            above = self.pieces[above_index]
+            self.pieces.append(Piece(at, length, above.position + above.length, above_index, above.depth + 1, index))
+            final = DISCARD_ROW
+            if local in continued:
+                final = self._finals[len(self.pieces) - 1] = self._row()
+            self._segment(above.depth + 2, Segment(at, length, self._finals[above_index], final))
+            at += length
+        self._ids.append(branches.ids)
+        self._branches.append(branches)
+        if len(branches.reads):
+            self._text.append(branches.reads.shifted(cursor + computed, len(self.readout)))
+        self.readout.extend((branches.readout + cursor + computed).tolist())
+        self.label_width = max(self.label_width, branches.labels.shape[1])
+        for fork in request.forks:
+            at = self._lay_out(fork, index, at, anchor, split_row)
+        return at
 
     @property
     def num_requests(self) -> int:
@@ -237,17 +274,19 @@ class RoundPlan:
             parent = self.pieces[index].parent
             if parent >= 0:
                 ends[parent] = max(ends[parent], ends[index])
-        columns, roots, lows = [], [], []
+        columns, roots, lows, highs = [], [], [], []
         for piece, vis_end in zip(self.pieces, ends):
             if piece.parent < 0:
                 root = piece
                 ctx_hi = seg_lo = piece.start
-            else:
+            elif piece.depth == 1:  # it sees the root's tokens before its position
                 root = roots[piece.parent]
-                ctx_hi = root.start + root.length
-                seg_lo = piece.start if piece.depth == 1 else lows[piece.parent]
+                ctx_hi, seg_lo = root.start + piece.position - root.position, piece.start
+            else:
+                root, ctx_hi, seg_lo = roots[piece.parent], highs[piece.parent], lows[piece.parent]
             roots.append(root)
             lows.append(seg_lo)
+            highs.append(ctx_hi)
             columns.append((piece.start, *self._taps(piece, root), piece.position - piece.start, root.start, ctx_hi,
                             seg_lo, piece.request, vis_end, piece.start))
         return np.array(columns, dtype=np.int64).reshape(-1, len(PIECE_ROWS)).T
@@ -279,8 +318,7 @@ class RoundPlan:
         real, count, questions = self.num_real, self.num_requests, self.num_questions
         ids = out["ids"]
         if real:
-            np.concatenate([part for r in self.requests for part in (r.trunk, r.branches.ids)], out=ids[:real],
-                           casting="unsafe")
+            np.concatenate(self._ids, out=ids[:real], casting="unsafe")
         ids[real:] = 0
         out["pieces"][:, : len(self.pieces)] = self.piece_table()
         out["pieces"][:, len(self.pieces) :] = 0
@@ -304,7 +342,7 @@ class RoundPlan:
         readout[:questions] = self.readout
         readout[questions:] = real
         if questions:
-            table = Branches.join([request.branches for request in self.requests]).labels
+            table = Branches.join(self._branches).labels
             labels[:questions, : table.shape[1]] = table
             labels[:questions, table.shape[1] :] = -1
         labels[questions:] = -1

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flide_sdk.device.graphs import GraphRunner, Launch
-from flide_sdk.device.pool import CheckpointPool, PlannedSave, token_bytes
+from flide_sdk.device.pool import Checkpoint, CheckpointPool, PlannedSave, token_bytes
 from flide_sdk.kernels.plans import GDN_CHUNK
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
@@ -67,7 +67,7 @@ def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes:
     # one padding token past its real tokens, and the history pages of its resumed asks
     save_align = GDN_CHUNK if batch_invariant else 1
     limits = RoundLimits(max_round_tokens, max_round_requests, max_round_tokens, save_align=save_align,
-                         pack=not batch_invariant)
+                         batch_invariant=batch_invariant)
     runner = None
     ladder = capacity_ladder(model.config.conv_kernel, max_round_tokens, max_round_requests,
                              renderer.max_prompt_tokens)
@@ -81,8 +81,16 @@ def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes:
     if graphs:
         runner = GraphRunner(model, ops, caches, ladder, pool.state_rows, pool.window_sink, pool.kv_sink)
         limits = RoundLimits(max_round_tokens - 1, max_round_requests, ladder[-1].questions, ladder[-1].pages,
-                             save_align, not batch_invariant)
+                             save_align, batch_invariant)
     return Executor(model, ops, pool, caches, runner, renderer.words, stats, name, limits, startup)
+
+
+def still_asked(request: Request) -> bool:
+    """Mark the request's asks running, dropping those cancelled meanwhile, and its forks that are left with
+    nothing to ask; whether anything is left (a request with no asks left still runs for its forks)."""
+    request.asks = [ask for ask in request.asks if ask.future.set_running_or_notify_cancel()]
+    request.forks = [fork for fork in request.forks if still_asked(fork)]
+    return bool(request.asks or request.forks)
 
 
 class Executor:
@@ -115,9 +123,7 @@ class Executor:
         started = time.perf_counter()
         with self.pool_lock:
             batch = schedule(queue, self.pool.lookup, self.limits)
-            for request in batch.requests:
-                request.asks = [ask for ask in request.asks if ask.future.set_running_or_notify_cancel()]
-            batch.requests = [request for request in batch.requests if request.asks]
+            batch.requests = [request for request in batch.requests if still_asked(request)]
             for request in batch.requests:
                 if request.resume is not None:
                     self.pool.pin(request.resume)
@@ -132,15 +138,10 @@ class Executor:
         launch = None
         with self.pool_lock:
             try:
-                specs = []
-                for request in batch.requests:
-                    spec, save = self._request_spec(request)
-                    specs.append(spec)
-                    if save is not None:
-                        saves.append(save)
+                specs = [self._request_spec(request, saves) for request in batch.requests]
                 specified = time.perf_counter()
                 plan = RoundPlan(specs, self.model.config.conv_kernel, self.pool.state_rows, self.pool.kv_sink,
-                                 self.limits.pack)
+                                 not self.limits.batch_invariant)
                 planned, cpu_planned = time.perf_counter(), time.thread_time()
                 self.pool.copy_pages([copy for save in saves for copy in save.page_copies])
                 launch = None if self.graphs is None else self.graphs.launch(plan)
@@ -234,8 +235,8 @@ class Executor:
 
     def fail(self, launched: Launched, error: BaseException) -> None:
         """Fail the asks of a round that could not be finished."""
-        for request in launched.requests:
-            for ask in request.asks:
+        for root in launched.requests:
+            for ask in (ask for request in root.tree() for ask in request.asks):
                 if not ask.future.done():
                     ask.future.set_exception(error)
 
@@ -261,19 +262,26 @@ class Executor:
         readout = self.model(HostRound.of(plan).to(self.device), self.ops, self.caches)
         return plan.text_reads.scores(readout.probabilities.cpu().numpy(), readout.text_logprobs.cpu().numpy())
 
-    def _request_spec(self, request: Request) -> tuple[RequestSpec, PlannedSave | None]:
-        trunk, resume = request.lead.trunk, request.resume
+    def _request_spec(self, request: Request, saves: list[PlannedSave], base: Checkpoint | None = None,
+                      forked: bool = False) -> RequestSpec:
+        """The request's spec with its forks', its checkpoint (and theirs) planned into `saves`. A fork's
+        checkpoint extends its parent's (`base`), so a fork of a request that saves nothing saves nothing."""
+        trunk, resume = request.trunk, request.resume
         start = request.resume_length
         at = self.limits.save_point(trunk)
-        save = self.pool.plan_save(trunk, resume, at)
-        spec = RequestSpec(
+        save = None if forked and base is None else self.pool.plan_save(trunk, base if forked else resume, at)
+        if save is not None:
+            saves.append(save)
+        forks = tuple(self._request_spec(fork, saves, None if save is None else save.checkpoint, True)
+                      for fork in request.forks)
+        return RequestSpec(
             trunk=trunk.tokens(start),
             branches=Branches.join([ask.branches for ask in request.asks]),
             start=start,
             resume=None if resume is None else Resume(resume.slot, np.asarray(resume.pages, dtype=np.int64)),
             save=None if save is None else Save(at, save.checkpoint.slot, save.kv_slots),
+            forks=forks,
         )
-        return spec, save
 
     def _unpin(self, requests: list[Request]) -> None:
         for request in requests:
@@ -283,7 +291,7 @@ class Executor:
     def _answers(self, requests: list[Request], probabilities: np.ndarray) -> list[tuple[Ask, SystemOneResponse]]:
         # Python floats, one conversion a round of the label columns its questions use: the answer formulas on
         # a few floats each are cheaper than on numpy rows
-        asks = [ask for request in requests for ask in request.asks]
+        asks = [ask for root in requests for request in root.tree() for ask in request.asks]
         width = max(max(ask.option_counts) for ask in asks)
         rows = iter(probabilities[:, :width].astype(np.float64).tolist())
         results = []

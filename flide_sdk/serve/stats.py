@@ -39,8 +39,8 @@ class Stats:
             s["rounds"] += 1
             s["tokens_computed"] += tokens
             s["round_seconds"] += seconds
-            for request in requests:
-                s["merged_trunks"] += len(request.asks) - 1
+            for request in (request for root in requests for request in root.tree()):
+                s["merged_trunks"] += max(0, len(request.asks) - 1)
                 for ask in request.asks:
                     s["asks"] += 1
                     s["questions"] += len(ask.questions)
