@@ -3,8 +3,8 @@
 A captured graph reads fixed-size buffers, so every round quantity has a capacity: stream tokens T (the
 ladder, 128 to 16,384 by default), requests, questions, label columns, history pages, and per Gated
 DeltaNet level its chunks and segments. A round with text-scored options needs rows for their token reads and
-levels for its option pieces: each capacity has a twin with them (`text_capacity`), captured when such a round
-first needs it. Requests and questions scale with T (a request needs tokens; a
+levels for its option pieces, a round with forks levels for them: each capacity has a twin with both
+(`text_capacity`), captured when such a round first needs it. Requests and questions scale with T (a request needs tokens; a
 question's branch needs some too), so a small graph also has small tables. `choose` picks the smallest
 capacity a round fits; the round is then staged at the capacity's `shape` (`RoundPlan.stage`, padded at the
 tail). Everything here is host code, tested on CPU against the unpadded layout.
@@ -39,6 +39,9 @@ MIN_REQUESTS, MIN_QUESTIONS, MAX_QUESTIONS = 4, 16, 256
 # its question's last token are read; with the state and the question's text around them, a quarter of the
 # stream is more than most rounds read: a round that reads more takes a larger capacity)
 TOKENS_PER_TEXT_READ, MAX_TEXT_READS = 4, 2048
+# a twin's Gated DeltaNet levels: two launch groups (`kernels.gated_delta.LEVELS_PER_LAUNCH`), which hold two
+# levels of options under a question, or a fork of a fork with their branches
+TWIN_LEVELS = 2 * LEVELS
 FIRST_RUNGS_TOKENS = 1024  # graphs captured smallest first up to here, then largest first (`capture_order`)
 
 
@@ -134,11 +137,11 @@ def capacity_ladder(
 
 
 def text_capacity(capacity: Capacity) -> Capacity:
-    """`capacity` with rows for the token reads of text-scored options and two levels for their option pieces:
-    the graph of rounds that have them (label-only rounds replay the capacity without, whose forward has no read
-    path)."""
+    """`capacity` with rows for the token reads of text-scored options and deeper levels (TWIN_LEVELS): the
+    graph of rounds with text-scored options or forks (other rounds replay the capacity without, whose forward
+    has no read path and one Gated DeltaNet launch group)."""
     return dataclasses.replace(capacity, text_reads=min(MAX_TEXT_READS, capacity.tokens // TOKENS_PER_TEXT_READ),
-                               levels=LEVELS + 2)
+                               levels=TWIN_LEVELS)
 
 
 def choose(ladder: list[Capacity], round_: RoundPlan | HostRound) -> Capacity | None:
