@@ -315,7 +315,8 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
             # on the tensor's length in their last bit (the gates of 227 tokens against 256: 7e-9, grown to 2e-6
             # on values up to 4 after 8 layers, on an AVX-512 CPU); the kernels' padded and unpadded rounds agreed
             # to the bit until the forks joined this round, and now differ by 1.9e-6 in the text reads'
-            # log-probabilities of ~12 (not isolated: docs/decisions/text-scoring.md)
+            # log-probabilities of ~12, from the Gated DeltaNet kernels (with the reference's in their place the
+            # two agree to the bit; not isolated further)
             for unpadded, padded_out in zip(*results):
                 scale = float(padded_out.abs().max()) if padded_out.numel() else 1.0
                 assert torch.allclose(unpadded, padded_out, atol=1e-6 * max(1.0, scale), rtol=0)
