@@ -3,6 +3,7 @@
 # Usage on the device, from the repository root with .whl/ and .bench-data/ carried:
 #   [SIZES="0.8B 4B"] bash benchmarks/run_gpu.sh [step ...]
 #   scoreboard steps: qps passages agent fidelity startup invariance attention gdn gdn-options conv graphs
+#   token-tree steps (0.8B): text packing
 #   investigation steps (benchmarks/investigations/): check profile qps-threads host-wake
 #   (default: attention gdn fidelity)
 # JSON results land in $OUT (one <benchmark>-<size>.json per benchmark and size) with a combined log; on the
@@ -62,6 +63,8 @@ for step in $steps; do
     startup) for size in $sizes; do engine_bench startup $size; done ;;
     invariance) for size in $sizes; do engine_bench invariance $size; done ;;
     host-wake) python3 benchmarks/investigations/host_wake.py | tail -c 600 ;;  # the host's idle and thread wake-up costs
+    text) python3 benchmarks/text_scoring.py --model-size 0.8B > /dev/null 2> /tmp/text.err; tail -c 1500 /tmp/text.err ;;
+    packing) python3 benchmarks/packing.py --model-size 0.8B | tail -c 3000 ;;
     *) echo "unknown step $step" ;;
   esac >> "$OUT/log.txt" 2>&1
   echo "--- $step: $((SECONDS - started)) s" | tee -a "$OUT/log.txt"
