@@ -1,18 +1,20 @@
 """A round as a tree of pieces laid out as one flat stream, and the one writer of its staged form.
 
 A piece is a run of stream tokens with a parent: a request's trunk (depth 0) continues its cached history,
-each question's branch (depth 1) continues its trunk, and a text-scored question's options (depth 2) continue
-its branch (read at their tokens: `text_reads`). The stream packs each request's trunk, then its branch pieces in
-tree order (a piece's subtree follows it), with no padding between requests. Visibility follows the tree: a
-token sees its request's cached history, its ancestors' tokens and its own piece up to itself; in stream
-coordinates, the keys [key_lo, ctx_hi) (the trunk) and those k of [seg_lo, t] (from its depth-1 ancestor on)
-whose piece's subtree holds t (t < vis_end[k]).
+each question's branch (depth 1) continues its trunk, a text-scored question's options (depths 2 and 3)
+continue its branch (read at their tokens: `text_reads`), and a fork of the request computed in the same round
+continues its trunk at the trunk's save point (`RequestSpec.forks`: its own trunk, branches and forks below).
+The stream packs each request's trunk, its branch pieces, then its forks' subtrees, in tree order (a piece's
+subtree follows it), with no padding between requests. Visibility follows the tree: a token sees its request's
+cached history, its ancestors' tokens and its own piece up to itself; in stream coordinates, the keys
+[key_lo, ctx_hi) (the root trunk up to its depth-1 ancestor's position) and those k of [seg_lo, t] (from its
+depth-1 ancestor on) whose piece's subtree holds t (t < vis_end[k]).
 
-Gated DeltaNet runs level by level, the levels being depths of the tree: depth 0 up to its save point, depth 0
-past it, then one level per depth from 1. Each piece is a segment of its level that starts from a row of the
-state arena (`StateRows`) and may write its final state to another (a scratch row where other pieces continue
-it), so resuming and saving move no state. Within a level, segments are
-sorted by chunk count, longest first, so at scan step j the active segments are exactly the first `active[j]`;
+Gated DeltaNet runs level by level, the levels being depths of the tree: the root trunk up to its save point,
+the root trunk past it, then one level per depth from 1. Each piece is a segment of its level that starts from
+a row of the state arena (`StateRows`) and may write its final state to another (a scratch row where other
+pieces continue it, a pool slot at a save point), so resuming and saving move no state. Short siblings of one
+parent share chunk rows (`pack_siblings`). Within a level, segments are sorted by chunk count, longest first, so at scan step j the active segments are exactly the first `active[j]`;
 the segments' first chunks are the level's first rows, then each segment's later chunks follow one segment
 after the other (`step_base`). A trunk's first part names its remainder in the next level (`chain`), so the scan
 carries the state from one into the other without a launch between.
