@@ -1,9 +1,10 @@
 """flide_sdk: exact, forked decision questions (yes/no, choice, score) about a long, growing state.
 
 Public API (docs/ARCHITECTURE.md): `Engine` with `ask`, `ask_sync`, `session`, `render`, `stats`, `aclose`;
-`Session`; question types `Noul`, `Choice`, `Score` and their answers; the `SystemOneResponse` every ask
-returns; the agent-framework entry points `decide` (and its `Decision`), `guard`, `route`
-(`flide_sdk.adapters.typesafe` for the TypeSafe SDK); every error the SDK raises derives from `FlideError`.
+`EngineGroup` (one engine per device); `Session`; question types `Noul`, `Choice`, `Score` and their answers;
+the `SystemOneResponse` every ask returns; the agent-framework entry points `decide` (and its `Decision`),
+`guard`, `route` (`flide_sdk.adapters.typesafe` for the TypeSafe SDK); every error the SDK raises derives from
+`FlideError`.
 The library prints nothing itself: it logs to the `flide_sdk` logger, which has a NullHandler.
 """
 
@@ -29,6 +30,7 @@ from flide_sdk.errors import (
     QueueFullError,
     StateTooLongError,
 )
+from flide_sdk.group import EngineGroup
 from flide_sdk.questions import (
     Answer,
     Choice,
@@ -62,6 +64,7 @@ __all__ = [
     "Decision",
     "DeviceError",
     "Engine",
+    "EngineGroup",
     "EngineClosedError",
     "FlideError",
     "GuardBlockedError",

@@ -1,0 +1,85 @@
+"""`EngineGroup`: engines of one model behind one API; sessions stay on the engine holding their checkpoints,
+new sessions and one-off asks go where there is least work, and the answers are a single engine's."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import flide_sdk as fl
+
+from .conftest import TOLERANCE, answer_probabilities
+
+QUESTIONS = {
+    "stuck": fl.Noul("Is the agent stuck in a loop?"),
+    "next": fl.Choice("What comes next?", {"read": "inspect code", "edit": None, "test": "run tests"}),
+}
+WORDS = "the agent opened the file read line 12 found an error edited the function and ran the tests again".split()
+
+
+def step_text(session: int, step: int) -> str:
+    return f" session {session} step {step}: " + " ".join(WORDS[(session + step) % 5 :] * 3)
+
+
+def probabilities(response: fl.SystemOneResponse) -> np.ndarray:
+    return np.concatenate([answer_probabilities(response[name]) for name in QUESTIONS])
+
+
+@pytest.fixture(scope="module")
+def single(tiny_path):
+    with fl.Engine.load(tiny_path, device="cpu", pool_bytes=0) as engine:
+        yield engine
+
+
+@pytest.mark.asyncio
+async def test_sessions_stay_on_their_engine_and_answer_as_one_engine(tiny_path, single):
+    """4 sessions x 4 steps on two engines: sessions placed by load, two on each; every step equals one
+    engine's answer; every step after the first resumes from its checkpoint on its own engine."""
+    async with fl.EngineGroup.load(tiny_path, ["cpu", "cpu"]) as group:
+        sessions = [group.session() for _ in range(4)]
+        engines = [group.engines.index(session.engine) for session in sessions]
+        assert engines == [0, 1, 0, 1], "each new session goes to the engine with the fewest"
+        texts = [""] * 4
+        for step in range(4):
+            for index, session in enumerate(sessions):
+                session.append(step_text(index, step))
+                texts[index] += step_text(index, step)
+            answers = await asyncio.gather(*(session.ask(QUESTIONS) for session in sessions))
+            for text, got in zip(texts, answers):
+                expected = single.ask_sync(text, QUESTIONS)
+                assert np.abs(probabilities(got) - probabilities(expected)).max() <= TOLERANCE
+        stats = group.stats()
+        assert [engine["checkpoint_hits"] for engine in stats["engines"]] == [6, 6], "3 resumed steps a session"
+        assert [engine["asks"] for engine in stats["engines"]] == [8, 8]
+        assert stats["total"]["asks"] == 16 and stats["total"]["checkpoint_hits"] == 12
+        fork = sessions[1].fork()
+        assert fork.engine is sessions[1].engine, "a fork shares its parent's checkpoints: same engine"
+
+
+@pytest.mark.asyncio
+async def test_one_off_asks_go_to_the_engine_with_fewest_in_flight(tiny_path):
+    async with fl.EngineGroup.load(tiny_path, ["cpu", "cpu"]) as group:
+        states = [f"state {i}: " + " ".join(WORDS) for i in range(6)]
+        answers = await asyncio.gather(*(group.ask(state, QUESTIONS) for state in states))
+        assert all(set(answer.answers) == set(QUESTIONS) for answer in answers)
+        assert [engine["asks"] for engine in group.stats()["engines"]] == [3, 3]
+        closed_first = group.session()
+        closed_first.close()
+        assert group.engines.index(group.session().engine) == 0, "closed sessions do not count"
+
+
+def test_group_errors_and_close(tiny_path):
+    with pytest.raises(fl.InvalidOptionError):
+        fl.EngineGroup.load(tiny_path, [])
+    with pytest.raises(fl.CheckpointError):
+        fl.EngineGroup.load(tiny_path.parent / "missing", ["cpu", "cpu"])
+    group = fl.EngineGroup.load(tiny_path, ["cpu"])
+    assert group.ask_sync("the agent", QUESTIONS, timeout=60)["stuck"].noul >= 0
+    group.close()
+    assert group.closed and all(engine.closed for engine in group.engines)
+    with pytest.raises(fl.EngineClosedError):
+        group.ask_sync("the agent", QUESTIONS)
+    with pytest.raises(fl.EngineClosedError):
+        group.session()
