@@ -28,6 +28,7 @@ from flide_sdk.errors import (
     InvalidStateError,
     MapInputError,
     QueueFullError,
+    ReplicaError,
     StateTooLongError,
 )
 from flide_sdk.group import EngineGroup
@@ -77,6 +78,7 @@ __all__ = [
     "Question",
     "Questions",
     "QueueFullError",
+    "ReplicaError",
     "Rendered",
     "RenderedQuestion",
     "Score",

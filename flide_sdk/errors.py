@@ -66,6 +66,11 @@ class DeviceError(FlideError, ValueError):
     """The device or dtype asked of `Engine.load` is unknown, unsupported, or not available in this torch."""
 
 
+class ReplicaError(FlideError, RuntimeError):
+    """The cluster replica holding an ask failed while it ran (`flide_sdk.cluster`): that ask has no answers; a
+    session's next ask continues on a live replica, recomputing its history once."""
+
+
 class QueueFullError(FlideError, TimeoutError):
     """The engine's queue stayed full for longer than the ask's `queue_timeout` (backpressure); retry later."""
 
