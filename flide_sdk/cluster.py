@@ -133,8 +133,11 @@ class ClusterClient:
         return ClusterSession(self, uuid.uuid4().hex)
 
     async def _session_ask(self, family: str, args: tuple) -> SessionReply:
+        return await self._call(family, "session_ask", args)
+
+    async def _call(self, family: str, method: str, args: tuple) -> Any:
         try:
-            return await self.handle.options(multiplexed_model_id=family).session_ask.remote(*args)
+            return await getattr(self.handle.options(multiplexed_model_id=family), method).remote(*args)
         except Exception as error:  # noqa: BLE001 - mapped to the SDK's errors
             _raise_as_flide(error)
 
@@ -166,6 +169,10 @@ class ClusterSession:
         self._acknowledged = reply.have
         self.replicas.append(reply.replica)
         return reply.response
+
+    async def replica_stats(self) -> dict[str, Any]:
+        """`stats()` of the replica this session's asks go to, with its name (`replica`)."""
+        return await self.client._call(self.family, "stats", ())
 
     def fork(self) -> ClusterSession:
         """A session with the same history, routed with its parent (whose checkpoints it resumes from)."""

@@ -102,7 +102,9 @@ async def test_sessions_stay_on_a_replica_and_continue_exactly_when_it_is_lost(t
     moved = [s for s in sessions if s.replicas[0] == replicas[0].name]
     assert len(moved) == 4 and all(set(s.replicas[5:]) == {replicas[1].name} for s in moved)
     assert all(set(s.replicas) == {replicas[1].name} for s in sessions if s not in moved)
-    first, second = [await replica.stats() for replica in replicas]
+    first = await replicas[0].stats()
+    second = await sessions[0].replica_stats()  # the replica its asks now go to: the one left
+    assert second["replica"] == replicas[1].name
     assert first["checkpoint_hits"] == 4 * 4, "steps 2-5 of its 4 sessions"
     assert second["checkpoint_hits"] == 4 * 9 + 4 * 4, "its own sessions' steps 2-10, the moved ones' 7-10"
     fork = sessions[1].fork()

@@ -42,7 +42,8 @@ def replica_actors() -> list:
 @pytest.mark.asyncio
 async def test_sessions_on_a_ray_cluster_stay_exact_through_a_replica_kill(client, tiny_path):
     """8 sessions x 10 steps: each step equals a single engine's answer; after the routing settles a session
-    stays on one replica; a replica killed after step 5 loses nothing (its sessions continue elsewhere).
+    stays on one replica, where its steps resume from checkpoints (the replicas' stats); a replica killed after
+    step 5 loses nothing (its sessions continue elsewhere).
     Bounded: 240 s."""
     await asyncio.wait_for(run_sessions(client, tiny_path), 240)
 
@@ -63,6 +64,11 @@ async def run_sessions(client: ClusterClient, tiny_path) -> None:
                 assert np.abs(probabilities(got) - probabilities(expected)).max() <= TOLERANCE
             if step == 0:
                 await asyncio.sleep(ROUTING_SETTLES_S)
+            if step == 4:  # steps 2-5 resumed from checkpoints, each on its session's replica
+                replicas = {stats["replica"]: stats for stats in
+                            await asyncio.gather(*(session.replica_stats() for session in sessions))}
+                assert all(session.replicas[-1] in replicas for session in sessions)
+                assert sum(stats["checkpoint_hits"] for stats in replicas.values()) == 8 * 4
         for session in sessions:
             assert len(set(session.replicas[1:5])) == 1, "steps 2-5 on one replica"
             assert len(set(session.replicas[6:])) == 1, "steps 7-10 on one replica"
