@@ -31,6 +31,17 @@ def probabilities(response: fl.SystemOneResponse) -> np.ndarray:
     return np.concatenate([answer_probabilities(response[name]) for name in QUESTIONS])
 
 
+async def step_all(sessions: list, texts: list[str], step: int, single: fl.Engine) -> None:
+    """Append step `step` to every session (and to its text in `texts`), ask them all at once, and check each
+    answer against `single` asked the whole text."""
+    for index, session in enumerate(sessions):
+        session.append(step_text(index, step))
+        texts[index] += step_text(index, step)
+    answers = await asyncio.gather(*(session.ask(QUESTIONS) for session in sessions))
+    for text, got in zip(texts, answers):
+        assert np.abs(probabilities(got) - probabilities(single.ask_sync(text, QUESTIONS))).max() <= TOLERANCE
+
+
 class FakeHandle:
     """`handle.ask.remote(...)`, `handle.options(multiplexed_model_id=f).session_ask.remote(...)`: a family
     goes to the live replica that served it, else to the next live one in turn; a lost replica raises."""
@@ -93,12 +104,7 @@ async def test_sessions_stay_on_a_replica_and_continue_exactly_when_it_is_lost(t
     for step in range(10):
         if step == 5:
             handle.lost.add(0)
-        for index, session in enumerate(sessions):
-            session.append(step_text(index, step))
-            texts[index] += step_text(index, step)
-        answers = await asyncio.gather(*(session.ask(QUESTIONS) for session in sessions))
-        for text, got in zip(texts, answers):
-            assert np.abs(probabilities(got) - probabilities(single.ask_sync(text, QUESTIONS))).max() <= TOLERANCE
+        await step_all(sessions, texts, step, single)
     moved = [s for s in sessions if s.replicas[0] == replicas[0].name]
     assert len(moved) == 4 and all(set(s.replicas[5:]) == {replicas[1].name} for s in moved)
     assert all(set(s.replicas) == {replicas[1].name} for s in sessions if s not in moved)

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
 
 import flide_sdk as fl
 from flide_sdk.cluster import ClusterClient, app_builder
 
-from .conftest import TOLERANCE
-from .test_cluster import QUESTIONS, probabilities, step_text
+from .test_cluster import step_all
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -55,13 +53,7 @@ async def run_sessions(client: ClusterClient, tiny_path) -> None:
         for step in range(10):
             if step == 5:
                 ray.kill(replica_actors()[0])
-            for index, session in enumerate(sessions):
-                session.append(step_text(index, step))
-                texts[index] += step_text(index, step)
-            answers = await asyncio.gather(*(session.ask(QUESTIONS) for session in sessions))
-            for text, got in zip(texts, answers):
-                expected = single.ask_sync(text, QUESTIONS)
-                assert np.abs(probabilities(got) - probabilities(expected)).max() <= TOLERANCE
+            await step_all(sessions, texts, step, single)
             if step == 0:
                 await asyncio.sleep(ROUTING_SETTLES_S)
             if step == 4:  # steps 2-5 resumed from checkpoints, each on its session's replica

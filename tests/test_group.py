@@ -5,26 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
 
 import flide_sdk as fl
 
-from .conftest import TOLERANCE, answer_probabilities
-
-QUESTIONS = {
-    "stuck": fl.Noul("Is the agent stuck in a loop?"),
-    "next": fl.Choice("What comes next?", {"read": "inspect code", "edit": None, "test": "run tests"}),
-}
-WORDS = "the agent opened the file read line 12 found an error edited the function and ran the tests again".split()
-
-
-def step_text(session: int, step: int) -> str:
-    return f" session {session} step {step}: " + " ".join(WORDS[(session + step) % 5 :] * 3)
-
-
-def probabilities(response: fl.SystemOneResponse) -> np.ndarray:
-    return np.concatenate([answer_probabilities(response[name]) for name in QUESTIONS])
+from .test_cluster import QUESTIONS, WORDS, step_all
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +28,7 @@ async def test_sessions_stay_on_their_engine_and_answer_as_one_engine(tiny_path,
         assert engines == [0, 1, 0, 1], "each new session goes to the engine with the fewest"
         texts = [""] * 4
         for step in range(4):
-            for index, session in enumerate(sessions):
-                session.append(step_text(index, step))
-                texts[index] += step_text(index, step)
-            answers = await asyncio.gather(*(session.ask(QUESTIONS) for session in sessions))
-            for text, got in zip(texts, answers):
-                expected = single.ask_sync(text, QUESTIONS)
-                assert np.abs(probabilities(got) - probabilities(expected)).max() <= TOLERANCE
+            await step_all(sessions, texts, step, single)
         stats = group.stats()
         assert [engine["checkpoint_hits"] for engine in stats["engines"]] == [6, 6], "3 resumed steps a session"
         assert [engine["asks"] for engine in stats["engines"]] == [8, 8]
