@@ -185,9 +185,8 @@ async def one_agent(engine, prelude, steps, baseline_points) -> tuple[dict, list
     return result, [(records[i], *states[i]) for i in chosen]
 
 
-async def many_agents(engine, trajectories, steps_cap: int) -> dict:
+async def many_agents(engine, agents: list[Agent]) -> dict:
     """Every agent replays its own trajectory concurrently; steps/s and the pool per agent as histories grow."""
-    agents = [Agent(engine, prelude, steps[:steps_cap]) for prelude, steps in trajectories]
     samples, times = [], []
     done = 0
 
@@ -235,7 +234,8 @@ def run_engine(checkpoint, where, args, settings):
         single["trajectory"] = str(solo.relative_to(data_path("trajectories")))
         engine.clear_pool()
         fleet = [load_trajectory(paths[i % len(paths)], f"agent {i}", chars) for i in range(settings["agents"])]
-        multi = await many_agents(engine, fleet, settings["multi_steps"])
+        multi = await many_agents(engine, [Agent(engine, prelude, steps[: settings["multi_steps"]])
+                                           for prelude, steps in fleet])
         return single, sampled, multi
 
     try:

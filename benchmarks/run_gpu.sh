@@ -4,6 +4,7 @@
 #   [SIZES="0.8B 4B"] bash benchmarks/run_gpu.sh [step ...]
 #   scoreboard steps: qps passages agent fidelity startup invariance attention gdn gdn-options conv graphs
 #   token-tree steps (0.8B): text packing
+#   several GPUs (every visible one; a machine of two or more): multi
 #   investigation steps (benchmarks/investigations/): check profile qps-threads host-wake
 #   (default: attention gdn fidelity)
 # JSON results land in $OUT (one <benchmark>-<size>.json per benchmark and size) with a combined log; on the
@@ -61,6 +62,7 @@ for step in $steps; do
     passages) for size in $sizes; do engine_bench short_passages $size; done ;;
     agent) for size in $sizes; do engine_bench agent_replay $size; done ;;
     startup) for size in $sizes; do engine_bench startup $size; done ;;
+    multi) for size in $sizes; do engine_bench multi_gpu $size; done ;;
     invariance) for size in $sizes; do engine_bench invariance $size; done ;;
     host-wake) python3 benchmarks/investigations/host_wake.py | tail -c 600 ;;  # the host's idle and thread wake-up costs
     text) python3 benchmarks/text_scoring.py --model-size 0.8B > /dev/null 2> /tmp/text.err; tail -c 1500 /tmp/text.err ;;

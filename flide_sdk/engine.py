@@ -23,7 +23,7 @@ from flide_sdk.errors import AskTimeoutError, EngineClosedError
 from flide_sdk.models.checkpoint import load_model, read_config
 from flide_sdk.models.ops import Ops, ops_for
 from flide_sdk.models.qwen35 import Qwen35Model
-from flide_sdk.options import check_modes, check_options, resolve_device, resolve_dtype
+from flide_sdk.options import check_modes, check_options, on_device, resolve_device, resolve_dtype
 from flide_sdk.questions import Questions, State, SystemOneResponse, parse_questions
 from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.executor import build_executor
@@ -90,7 +90,7 @@ class Engine:
         self.ops, self.pool = self._executor.ops, self._executor.pool  # ops: invariant projections need the ladder
         # rounds in flight at once: one per staging/readback buffer pair of the graphs (reused by the round after next)
         self._loop = RoundLoop(self._executor, deadline_s=round_deadline_ms / 1000.0, max_pending=max_pending,
-                               depth=BUFFERS)
+                               depth=BUFFERS, device=device)
         OPEN_ENGINES.add(self)
         self._stats.set(load_seconds=startup.elapsed())
         ladder = self._executor.graphs.ladder if self._executor.graphs else ()
@@ -121,9 +121,8 @@ class Engine:
         max_round_tokens: stream tokens per round before a round is split (default 16384 CUDA / 8192 CPU);
         max_round_requests: distinct trunks per round (each holds a scratch state row while it runs).
         round_deadline_ms: when the device is idle, how long a round waits for more asks (default: none).
-        graphs: CUDA graphs of the round forward (default: on CUDA), captured in the background from the smallest
-        capacity up while the engine already serves (`wait_for_graphs`); a round replays the smallest captured
-        graph it fits, else runs eagerly.
+        graphs: CUDA graphs of the round forward (default: on CUDA), captured in the background, smallest first,
+        while the engine serves (`wait_for_graphs`); a round replays the smallest captured one it fits, else eager.
         pool_bytes: the checkpoint pool's cap: it takes memory as sessions need it, up to this (default: 64 sessions
         of 32k tokens, or 40% of the free device memory if less; 512 MiB at most on CPU);
         pool_checkpoints: how many checkpoints it holds at most (default: a quarter of the budget's worth).
@@ -141,9 +140,10 @@ class Engine:
         check_options(config.max_position_embeddings, max_prompt_tokens=max_prompt_tokens,
                       max_round_tokens=max_round_tokens, **options)
         renderer = Renderer.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size)
-        return cls(load_model(path, device, dtype), renderer, device, graphs=graphs, batch_invariant=batch_invariant,
-                   max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192),
-                   name=Path(path).name, startup=startup, **options)
+        with on_device(device):  # what loading runs on the device runs on this one, the caller's device kept
+            return cls(load_model(path, device, dtype), renderer, device, graphs=graphs,
+                       batch_invariant=batch_invariant, name=Path(path).name, startup=startup,
+                       max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192), **options)
 
     @classmethod
     def tiny(cls, seed: int = 0, **load_options: Any) -> Engine:

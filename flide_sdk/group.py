@@ -21,6 +21,7 @@ from flide_sdk.engine import Engine
 from flide_sdk.errors import EngineClosedError, InvalidOptionError
 from flide_sdk.questions import Questions, State, SystemOneResponse
 from flide_sdk.session import Session
+from flide_sdk.text.render import Rendered
 
 
 class EngineGroup:
@@ -64,6 +65,10 @@ class EngineGroup:
             session = self.engines[index].session()
             self._sessions[index].add(session)
         return session
+
+    def render(self, state: State, questions: Questions) -> Rendered:
+        """`Engine.render` (the engines share one model and tokenizer)."""
+        return self.engines[0].render(state, questions)
 
     async def ask(self, state: State, questions: Questions, *, queue_timeout: float | None = None
                   ) -> SystemOneResponse:

@@ -3,6 +3,8 @@ size option (refused before anything loads)."""
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from flide_sdk.errors import DeviceError, InvalidOptionError
@@ -30,6 +32,13 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     elif resolved.type != "cpu":
         raise DeviceError(f"device {device!r} is not supported: flide_sdk runs on 'cpu' or 'cuda'")
     return resolved
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Make `device` the calling thread's current CUDA device inside (the previous one comes back after): Triton
+    launches, graph capture and replay, events and the driver's memory calls act on the current device, not on
+    their tensors' (nothing on CPU)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:

@@ -44,6 +44,8 @@ async def test_one_off_asks_go_to_the_engine_with_fewest_in_flight(tiny_path):
         answers = await asyncio.gather(*(group.ask(state, QUESTIONS) for state in states))
         assert all(set(answer.answers) == set(QUESTIONS) for answer in answers)
         assert [engine["asks"] for engine in group.stats()["engines"]] == [3, 3]
+        rendered, alone = group.render(states[0], QUESTIONS), group.engines[1].render(states[0], QUESTIONS)
+        assert list(rendered.state_ids) == list(alone.state_ids) and rendered.questions.keys() == set(QUESTIONS)
         closed_first = group.session()
         closed_first.close()
         assert group.engines.index(group.session().engine) == 0, "closed sessions do not count"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -42,19 +43,30 @@ def compile_ahead(call: Callable[[], object]) -> None:
         call()
 
 
+_LAUNCH = JITFunction.__getitem__
+_COMPILING: set[AsyncCompileMode] = set()  # the modes whose threads compile instead of launching
+_LOCK = threading.Lock()  # engines on several devices compile ahead at once
+
+
+def _compile_only(self: JITFunction, grid: object) -> Callable[..., object]:
+    """`kernel[grid](...)`: Triton's own warm-up call (a compile submitted to the thread's mode) in a thread
+    compiling ahead; the launch elsewhere."""
+    if active_mode.get() not in _COMPILING:
+        return _LAUNCH(self, grid)
+    return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=True, **kwargs)
+
+
 @contextlib.contextmanager
 def _launches_compile_only(mode: AsyncCompileMode) -> Iterator[None]:
-    """`kernel[grid](...)` compiles without launching in this thread while `mode` is its active compile mode
-    (Triton's own warm-up call, which submits the compile to the mode); other threads launch as usual."""
-    launch = JITFunction.__getitem__
-
-    def compile_only(self: JITFunction, grid: object) -> Callable[..., object]:
-        if active_mode.get() is not mode:
-            return launch(self, grid)
-        return lambda *args, **kwargs: self.run(*args, grid=grid, warmup=True, **kwargs)
-
-    JITFunction.__getitem__ = compile_only
+    """Launches compile without running in this thread while `mode` is its active compile mode; other threads
+    launch as usual (Triton's launch is replaced while any thread compiles ahead)."""
+    with _LOCK:
+        _COMPILING.add(mode)
+        JITFunction.__getitem__ = _compile_only
     try:
         yield
     finally:
-        JITFunction.__getitem__ = launch
+        with _LOCK:
+            _COMPILING.discard(mode)
+            if not _COMPILING:
+                JITFunction.__getitem__ = _LAUNCH

@@ -27,7 +27,7 @@ from flide_sdk.device.pool import Checkpoint, CheckpointPool, PlannedSave, token
 from flide_sdk.kernels.plans import GDN_CHUNK
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
-from flide_sdk.options import default_pool_bytes
+from flide_sdk.options import default_pool_bytes, on_device
 from flide_sdk.plan.capacity import capacity_ladder
 from flide_sdk.plan.layout import Branches, HostRound, RequestSpec, Resume, RoundPlan, Save
 from flide_sdk.questions import Answer, SystemOneResponse, Usage
@@ -248,7 +248,7 @@ class Executor:
 
     def release(self) -> None:
         """Free the checkpoint pool and the captured graphs (the weights stay)."""
-        with self.pool_lock:
+        with self.pool_lock, on_device(self.device):  # from any thread: the driver frees on the pool's device
             self.graphs = None
             self.caches = []
             self.pool.release()

@@ -18,6 +18,7 @@ Closing fails every queued ask with `EngineClosedError`; rounds already launched
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -25,7 +26,10 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import torch
+
 from flide_sdk.errors import EngineClosedError, QueueFullError
+from flide_sdk.options import on_device
 from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.executor import Executor, Launched
 from flide_sdk.serve.stats import Stats
@@ -38,8 +42,9 @@ class RoundLoop:
     """A bounded queue of asks and the thread that turns it into rounds on `executor`."""
 
     def __init__(self, executor: Executor, *, deadline_s: float, max_pending: int, depth: int,
-                 name: str = "flide-rounds") -> None:
+                 name: str = "flide-rounds", device: torch.device | None = None) -> None:
         self.executor = executor
+        self.device = device  # the thread's current device: rounds launch on the engine's, whichever it is
         self.deadline_s = deadline_s
         self.max_pending = max_pending
         self.depth = depth
@@ -121,15 +126,16 @@ class RoundLoop:
                 ask.future.set_exception(EngineClosedError(reason))
 
     def _run(self) -> None:
-        try:
-            while self._step():
-                pass
-        except BaseException as error:  # a bug in scheduling or launching: fail everyone, never hang callers
-            LOG.exception("the round loop failed; the engine is closed")
-            self._close_queue(f"the round loop failed: {error!r}")
-        finally:
-            while self._in_flight:
-                self._finish(self._in_flight.popleft())
+        with contextlib.nullcontext() if self.device is None else on_device(self.device):
+            try:
+                while self._step():
+                    pass
+            except BaseException as error:  # a bug in scheduling or launching: fail everyone, never hang callers
+                LOG.exception("the round loop failed; the engine is closed")
+                self._close_queue(f"the round loop failed: {error!r}")
+            finally:
+                while self._in_flight:
+                    self._finish(self._in_flight.popleft())
 
     def _idle(self) -> bool:
         return not self._in_flight and (not self._pending or self._held) and not self._closed
