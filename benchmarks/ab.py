@@ -9,8 +9,9 @@ the trees, each tree's replicas in turn), one worker busy at a time. A tree's va
 replicas' values, so what one process happens to get (its cores, its memory layout) weighs less; the spread
 between the replicas of one tree (an A/A ratio) is reported as the noise floor. Workloads: W1 (a ~2,000-token
 unique state, Q = 1, 4, 16, 64 yes/no questions, lone asks), RACE lone asks, MultiRC paragraphs with all their
-yes/no questions (up to 64) as lone asks, RACE with 64 concurrent clients (requests/s), and an agent session
-replayed to its step nearest 13,000 prompt tokens. Reported per workload: the median over blocks and the ratio
+yes/no questions (up to 64) as lone asks, RACE with 64 concurrent clients (requests/s), an agent session
+replayed to its step nearest 13,000 prompt tokens, and an agent session whose every step is also asked by a
+fork of it with one more message, both at once. Reported per workload: the median over blocks and the ratio
 after / before, with the median per-round stage times each tree counts and, where a tree counts them, its
 Gated DeltaNet chunk rows and stream tokens per round (`engine.stats()`).
 """
@@ -55,6 +56,7 @@ def worker(checkpoint: str, device: str, pool_bytes: int) -> None:
         rounds = max(1, stats["rounds"] - before["rounds"])
         counts = {f"{key}_per_round": (stats[key] - before[key]) / rounds
                   for key in ("gdn_chunks", "tokens_computed") if key in stats}
+        counts["rounds"] = stats["rounds"] - before["rounds"]
         print(json.dumps({**result, "stages_ms": stage_means(before, stats), "memory": memory, "counts": counts}),
               file=out, flush=True)
     engine.close()
@@ -116,7 +118,26 @@ async def agent(engine: Any, command: dict) -> dict:
     return {"median_ms": statistics.median(ms for _, ms in near)}
 
 
-WORKLOADS = {"lone": lone, "clients": clients, "agent": agent}
+async def forked(engine: Any, command: dict) -> dict:
+    """Replay the steps; after each, a fork of the session adds a message and both ask at once (the fork's
+    trunk continues the session's): the median time until both are answered."""
+    session = engine.session()
+    for message in command["prelude"]:
+        session.append(message)
+    times = []
+    for step in command["steps"]:
+        for message in step:
+            session.append(message)
+        child = session.fork()
+        child.append(command["what_if"])
+        started = time.perf_counter()
+        await asyncio.gather(session.ask(command["questions"]), child.ask(command["questions"]))
+        times.append(1000 * (time.perf_counter() - started))
+        child.close()
+    return {"median_ms": statistics.median(times)}
+
+
+WORKLOADS = {"lone": lone, "clients": clients, "agent": agent, "forked": forked}
 
 
 # ------------------------------------------------------------------------------------------------- driver
@@ -144,6 +165,11 @@ def workloads(block: int) -> dict[str, dict]:
     prelude, steps = load_trajectory(trajectory_paths()[0], marker=f"agent {block}")
     commands["agent_near_13k_median_ms"] = {
         "workload": "agent", "prelude": prelude, "steps": steps,
+        "questions": {name: question.to_dict() for name, question in QUESTIONS.items()}}
+    prelude, steps = load_trajectory(trajectory_paths()[1], marker=f"forked agent {block}")
+    commands["forked_agent_step_median_ms"] = {
+        "workload": "forked", "prelude": prelude, "steps": steps[:16],
+        "what_if": {"role": "user", "content": "Suppose the last command had failed with a permission error."},
         "questions": {name: question.to_dict() for name, question in QUESTIONS.items()}}
     return commands
 
