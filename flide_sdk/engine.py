@@ -131,8 +131,8 @@ class Engine:
         (fixed-order products, attention and GDN chunks from each question's fork, checkpoints every 64 tokens).
         progress: print the start-up stages and the graph capture on stderr (default: when it is a terminal).
         """
-        startup = Startup(progress)
         device = resolve_device(device)
+        startup = Startup(progress, label=None if device.index is None else str(device))  # "cuda:1", not "cuda"
         dtype = resolve_dtype(dtype, device)
         config, _ = read_config(path)  # config, tokenizer and template are checked before any weight is read
         options = {"pool_bytes": pool_bytes, "pool_checkpoints": pool_checkpoints, "max_pending": max_pending,

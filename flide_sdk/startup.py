@@ -24,8 +24,9 @@ BAR = 24  # characters of the capture bar
 class Startup:
     """The clock and the display of one engine's start."""
 
-    def __init__(self, progress: bool | None = None, stream: TextIO | None = None) -> None:
+    def __init__(self, progress: bool | None = None, stream: TextIO | None = None, label: str | None = None) -> None:
         self.stream = sys.stderr if stream is None else stream
+        self.prefix = "flide_sdk" if label is None else f"flide_sdk {label}"  # the lines of engines started at once
         terminal = bool(getattr(self.stream, "isatty", lambda: False)())
         self.show = terminal if progress is None else progress
         self.terminal = terminal
@@ -44,7 +45,7 @@ class Startup:
         message = f"{name}: {took:.1f} s" + (f" ({detail})" if detail else "")
         LOG.info("start-up %s", message)
         if self.show:
-            print(f"flide_sdk: {message}", file=self.stream, flush=True)
+            print(f"{self.prefix}: {message}", file=self.stream, flush=True)
 
     def graph_captured(self, captured: int, total: int, seconds: float, memory_bytes: int) -> None:
         """The round thread captured one more graph of `total` (`seconds`, `memory_bytes`: all so far)."""
@@ -55,7 +56,7 @@ class Startup:
         if not self.show or (not self.terminal and not done):
             return
         filled = BAR * captured // max(1, total)
-        line = (f"flide_sdk: CUDA graphs [{'#' * filled}{'.' * (BAR - filled)}] {captured}/{total} "
+        line = (f"{self.prefix}: CUDA graphs [{'#' * filled}{'.' * (BAR - filled)}] {captured}/{total} "
                 f"{seconds:.1f} s {memory_bytes / 1e9:.2f} GB")
         print(("\r" if self.terminal else "") + line, end="\n" if done else "", file=self.stream, flush=True)
 

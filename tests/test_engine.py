@@ -307,3 +307,6 @@ def test_start_up_is_shown_when_asked_and_timed_in_stats(tiny_path, capsys):
     with fl.Engine.load(tiny_path, device="cpu", progress=False) as engine:
         engine.ask_sync("a state", GOOD)
     assert capsys.readouterr().err == ""
+    with fl.Engine.load(tiny_path, device="cpu:0", progress=True):  # a numbered device: engines loaded together
+        shown = capsys.readouterr().err
+        assert "flide_sdk cpu:0: weights:" in shown and "flide_sdk cpu:0: serving:" in shown
