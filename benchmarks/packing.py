@@ -1,12 +1,12 @@
 """Sibling packing: Gated DeltaNet chunk rows and device time per round, packed against unpacked, same run.
 
     PYTHONPATH=$PWD python benchmarks/packing.py --model-size 0.8B
-    PYTHONPATH=$PWD python benchmarks/packing.py --tiny          (CPU smoke test: counts and errors, no timing)
+    TRITON_INTERPRET=1 PYTHONPATH=$PWD python benchmarks/packing.py --tiny   (CPU smoke test: counts and errors)
 
 Rounds as the engine plans them (rendered with the Qwen3.5 tokenizer and chat template): each of 6 MultiRC
 paragraphs with all its yes/no questions (up to 64) as a lone round; a 2,000-token QuALITY cut with 64 yes/no
 questions; a RACE passage with one Choice of 8 options of 10-30 tokens scored by text. Per round: chunk rows
-(all levels) packed and unpacked (`RoundPlan(pack=...)`; the batch-invariant mode never packs); the Gated
+(all levels) packed and unpacked (`plan_round(..., pack=...)`; the batch-invariant mode never packs); the Gated
 DeltaNet forward of one layer (`gated_delta_triton`, the model's shapes, random bf16 inputs) replayed in a CUDA
 graph, packed and unpacked (median ms over 100 replays); and the relative error of each against the float32
 reference of the unpacked plan. End-to-end latency before/after packing is `benchmarks/ab.py`'s
