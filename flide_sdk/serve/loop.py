@@ -18,7 +18,6 @@ Closing fails every queued ask with `EngineClosedError`; rounds already launched
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -42,7 +41,7 @@ class RoundLoop:
     """A bounded queue of asks and the thread that turns it into rounds on `executor`."""
 
     def __init__(self, executor: Executor, *, deadline_s: float, max_pending: int, depth: int,
-                 name: str = "flide-rounds", device: torch.device | None = None) -> None:
+                 name: str = "flide-rounds", device: torch.device = torch.device("cpu")) -> None:
         self.executor = executor
         self.device = device  # the thread's current device: rounds launch on the engine's, whichever it is
         self.deadline_s = deadline_s
@@ -126,7 +125,7 @@ class RoundLoop:
                 ask.future.set_exception(EngineClosedError(reason))
 
     def _run(self) -> None:
-        with contextlib.nullcontext() if self.device is None else on_device(self.device):
+        with on_device(self.device):
             try:
                 while self._step():
                     pass
