@@ -97,6 +97,14 @@ def measure(front, engines: list, settings: dict, marker: str) -> dict:
     return asyncio.run(run())
 
 
+def one_engine(checkpoint, device: str, dtype: str, graphs: bool, options: dict, settings: dict) -> tuple:
+    engine, load_info = load_engine(checkpoint, device, dtype, graphs, **options)
+    try:
+        return measure(engine, [engine], settings, "one"), load_info
+    finally:
+        engine.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_engine_args(parser)
@@ -122,12 +130,8 @@ def main() -> None:
     checkpoint, where = bench_checkpoint(args)
     graphs, options = engine_settings(args)
 
-    engine, load_info = load_engine(checkpoint, devices[0], where["dtype"], graphs, **options)
-    try:
-        one = measure(engine, [engine], settings, "one")
-    finally:
-        engine.close()
-    release_device_memory()
+    one, load_info = one_engine(checkpoint, devices[0], where["dtype"], graphs, options, settings)
+    release_device_memory()  # the engine and its weights are gone before the group loads
 
     started = time.perf_counter()
     group = fl.EngineGroup.load(checkpoint, devices, dtype=where["dtype"], graphs=graphs,
