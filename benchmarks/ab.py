@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,15 +101,21 @@ async def clients(engine: Any, command: dict) -> dict:
     return {"requests_per_s": len(command["asks"]) / (time.perf_counter() - started)}
 
 
-async def agent(engine: Any, command: dict) -> dict:
-    """Replay the steps; the median latency of the steps whose prompt is nearest NEAR_TOKENS."""
+def replay(engine: Any, command: dict) -> Iterator[Any]:
+    """The command's agent session, yielded after each step's messages are appended (its prelude first)."""
     session = engine.session()
     for message in command["prelude"]:
         session.append(message)
-    steps = []
     for step in command["steps"]:
         for message in step:
             session.append(message)
+        yield session
+
+
+async def agent(engine: Any, command: dict) -> dict:
+    """Replay the steps; the median latency of the steps whose prompt is nearest NEAR_TOKENS."""
+    steps = []
+    for session in replay(engine, command):
         started = time.perf_counter()
         response = await session.ask(command["questions"])
         steps.append((abs(response.usage.input_tokens - NEAR_TOKENS), 1000 * (time.perf_counter() - started)))
@@ -121,13 +128,8 @@ async def agent(engine: Any, command: dict) -> dict:
 async def forked(engine: Any, command: dict) -> dict:
     """Replay the steps; after each, a fork of the session adds a message and both ask at once (the fork's
     trunk continues the session's): the median time until both are answered."""
-    session = engine.session()
-    for message in command["prelude"]:
-        session.append(message)
     times = []
-    for step in command["steps"]:
-        for message in step:
-            session.append(message)
+    for session in replay(engine, command):
         child = session.fork()
         child.append(command["what_if"])
         started = time.perf_counter()
