@@ -32,6 +32,13 @@ def tiny_path() -> Path:
     return tiny_checkpoint()
 
 
+@pytest.fixture(scope="module")
+def single(tiny_path: Path):
+    """One engine with no checkpoints: every ask computed from scratch, the answers others are compared to."""
+    with fl.Engine.load(tiny_path, device="cpu", pool_bytes=0) as engine:
+        yield engine
+
+
 @pytest.fixture(scope="session")
 def hf_tiny(tiny_path: Path):
     from transformers import Qwen3_5ForCausalLM

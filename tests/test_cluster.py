@@ -85,12 +85,6 @@ class FakeHandle:
             return self.handle.call(self.family, self.name, args)
 
 
-@pytest.fixture(scope="module")
-def single(tiny_path):
-    with fl.Engine.load(tiny_path, device="cpu", pool_bytes=0) as engine:
-        yield engine
-
-
 @pytest.mark.asyncio
 async def test_sessions_stay_on_a_replica_and_continue_exactly_when_it_is_lost(tiny_path, single):
     """8 sessions x 10 steps on 2 replicas: each session's asks go to one replica and every step after its

@@ -12,12 +12,6 @@ import flide_sdk as fl
 from .test_cluster import QUESTIONS, WORDS, step_all
 
 
-@pytest.fixture(scope="module")
-def single(tiny_path):
-    with fl.Engine.load(tiny_path, device="cpu", pool_bytes=0) as engine:
-        yield engine
-
-
 @pytest.mark.asyncio
 async def test_sessions_stay_on_their_engine_and_answer_as_one_engine(tiny_path, single):
     """4 sessions x 4 steps on two engines: sessions placed by load, two on each; every step equals one

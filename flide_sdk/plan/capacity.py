@@ -4,8 +4,8 @@ A captured graph reads fixed-size buffers, so every round quantity has a capacit
 ladder, 128 to 16,384 by default), requests, questions, label columns, history pages, and per Gated
 DeltaNet level its chunks and segments. A round with text-scored options needs rows for their token reads and
 levels for its option pieces, a round with forks levels for them: each capacity has a twin with both
-(`text_capacity`), captured when such a round first needs it. Requests and questions scale with T (a request needs tokens; a
-question's branch needs some too), so a small graph also has small tables. `choose` picks the smallest
+(`text_capacity`), captured when such a round first needs it. Requests and questions scale with T (a request
+needs tokens; a question's branch needs some too), so a small graph also has small tables. `choose` picks the smallest
 capacity a round fits; the round is then staged at the capacity's `shape` (`RoundPlan.stage`, padded at the
 tail). Everything here is host code, tested on CPU against the unpadded layout.
 """

@@ -14,9 +14,9 @@ Gated DeltaNet runs level by level, the levels being depths of the tree: the roo
 the root trunk past it, then one level per depth from 1. Each piece is a segment of its level that starts from
 a row of the state arena (`StateRows`) and may write its final state to another (a scratch row where other
 pieces continue it, a pool slot at a save point), so resuming and saving move no state. Short siblings of one
-parent share chunk rows (`pack_siblings`). Within a level, segments are sorted by chunk count, longest first, so at scan step j the active segments are exactly the first `active[j]`;
-the segments' first chunks are the level's first rows, then each segment's later chunks follow one segment
-after the other (`step_base`). A trunk's first part names its remainder in the next level (`chain`), so the scan
+parent share chunk rows (`pack_siblings`). Within a level, segments are sorted by chunk count, longest first,
+so at scan step j the active segments are exactly the first `active[j]`; the segments' first chunks are the
+level's first rows, then each segment's later chunks follow one segment after the other (`step_base`). A trunk's first part names its remainder in the next level (`chain`), so the scan
 carries the state from one into the other without a launch between.
 
 `RoundPlan.stage` writes the round's staged form into arrays of any `RoundShape` it fits, padded at the tail

@@ -32,7 +32,7 @@ from flide_sdk.plan.capacity import capacity_ladder
 from flide_sdk.plan.layout import Branches, HostRound, RequestSpec, Resume, RoundPlan, Save
 from flide_sdk.questions import Answer, SystemOneResponse, Usage
 from flide_sdk.serve.asks import Ask
-from flide_sdk.serve.scheduler import Request, RoundBatch, RoundLimits, schedule
+from flide_sdk.serve.scheduler import Request, RoundBatch, RoundLimits, asks_of, schedule
 from flide_sdk.serve.stats import Stats
 from flide_sdk.startup import Startup
 from flide_sdk.text.render import Renderer
@@ -235,10 +235,9 @@ class Executor:
 
     def fail(self, launched: Launched, error: BaseException) -> None:
         """Fail the asks of a round that could not be finished."""
-        for root in launched.requests:
-            for ask in (ask for request in root.tree() for ask in request.asks):
-                if not ask.future.done():
-                    ask.future.set_exception(error)
+        for ask in asks_of(launched.requests):
+            if not ask.future.done():
+                ask.future.set_exception(error)
 
     def clear_pool(self) -> None:
         """Evict every checkpoint not in use; their memory is given back at the next idle step."""
@@ -291,7 +290,7 @@ class Executor:
     def _answers(self, requests: list[Request], probabilities: np.ndarray) -> list[tuple[Ask, SystemOneResponse]]:
         # Python floats, one conversion a round of the label columns its questions use: the answer formulas on
         # a few floats each are cheaper than on numpy rows
-        asks = [ask for root in requests for request in root.tree() for ask in request.asks]
+        asks = asks_of(requests)
         width = max(max(ask.option_counts) for ask in asks)
         rows = iter(probabilities[:, :width].astype(np.float64).tolist())
         results = []

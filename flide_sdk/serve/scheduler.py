@@ -85,14 +85,19 @@ class RoundBatch:
 
     @property
     def asks(self) -> list[Ask]:
-        return [ask for root in self.requests for request in root.tree() for ask in request.asks]
+        return asks_of(self.requests)
+
+
+def asks_of(requests: Iterable[Request]) -> list[Ask]:
+    """The asks of `requests` and of their forks, in tree order (the order of their questions in a round)."""
+    return [ask for root in requests for request in root.tree() for ask in request.asks]
 
 
 def waits_for(ask: Ask, resume_length: int, producer: Request, at: int) -> bool:
     """Whether `ask` (resuming `resume_length` tokens) should rather continue `producer`'s state at its save
     point `at` in this round (a fork of it) or from its checkpoint in the next: worth it only when it saves
     DEFER_MIN_TOKENS more."""
-    trunk, theirs = ask.trunk, producer.lead.trunk
+    trunk, theirs = ask.trunk, producer.trunk
     if not resume_length + DEFER_MIN_TOKENS <= at < len(trunk) or at <= producer.resume_length:
         return False
     blocks = at // BLOCK  # when both hashes are stored, they give a quick no before comparing tokens
@@ -119,14 +124,14 @@ def schedule(queue: Iterable[Ask], lookup: Callable[[Trunk], Checkpoint | None],
         producer = None
         if shared is None:  # the furthest save point it continues (a fork's, past its parent's)
             producer = max((p for p in by_first_block.get(first_block, ())
-                            if waits_for(ask, resume_length, p, limits.save_point(p.lead.trunk))),
-                           key=lambda p: limits.save_point(p.lead.trunk), default=None)
+                            if waits_for(ask, resume_length, p, limits.save_point(p.trunk))),
+                           key=lambda p: limits.save_point(p.trunk), default=None)
         # one fork per save point (the next waits for its checkpoint), none in the batch-invariant mode
         if producer is not None and (producer.forks or limits.batch_invariant):
             batch.kept.append(ask)
             batch.deferred += 1
             continue
-        fork_at = 0 if producer is None else limits.save_point(producer.lead.trunk)
+        fork_at = 0 if producer is None else limits.save_point(producer.trunk)
         cost = ask.branch_tokens + (0 if shared else len(ask.trunk) - max(resume_length, fork_at))
         history = 0 if shared or producer else -(-resume_length // PAGE)
         # state rows: a trunk's, one per piece others continue, and a split row for a request with a fork
