@@ -11,8 +11,6 @@ import atexit
 import concurrent.futures
 import time
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +25,7 @@ from flide_sdk.options import check_modes, check_options, on_device, resolve_dev
 from flide_sdk.questions import Questions, State, SystemOneResponse, parse_questions
 from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.executor import build_executor
-from flide_sdk.serve.loop import RoundLoop, room_waits
+from flide_sdk.serve.loop import RoundLoop, Staging, room_waits
 from flide_sdk.serve.stats import Stats
 from flide_sdk.startup import Startup, load_kernels, memory_split, size, weight_bytes
 from flide_sdk.text.history import Trunk, prompt_text
@@ -91,6 +89,7 @@ class Engine:
         # rounds in flight at once: one per staging/readback buffer pair of the graphs (reused by the round after next)
         self._loop = RoundLoop(self._executor, deadline_s=round_deadline_ms / 1000.0, max_pending=max_pending,
                                depth=BUFFERS, device=device)
+        self._staging = Staging(self._loop, self._stats)
         OPEN_ENGINES.add(self)
         self._stats.set(load_seconds=startup.elapsed())
         ladder = self._executor.graphs.ladder if self._executor.graphs else ()
@@ -182,11 +181,7 @@ class Engine:
     async def submit(self, ask: Ask, queue_timeout: float | None = None) -> SystemOneResponse:
         """Queue a prepared ask (waiting for room while the queue is full) and await its answers.
         queue_timeout: seconds to wait for room before raising QueueFullError (None: wait as long as it takes)."""
-        answered = asyncio.wrap_future(ask.future)  # before queueing: once queued, this thread only awaits
-        waits = room_waits(queue_timeout, self._stats)
-        while not self._loop.try_submit(ask):
-            await asyncio.sleep(next(waits))
-        return await answered
+        return await self._staging.stage(ask, queue_timeout)  # queued with this loop's asks of this iteration
 
     async def ask(self, state: State, questions: Questions, *, queue_timeout: float | None = None) -> SystemOneResponse:
         """Answer `questions` (name -> Noul/Choice/Score, a TypeSafe question, or a dict) about `state`
@@ -208,7 +203,7 @@ class Engine:
             self._loop.submit(ask)
         else:
             waits = room_waits(queue_timeout, self._stats)
-            while not self._loop.try_submit(ask):
+            while not self._loop.offer([ask]):
                 time.sleep(next(waits))
         try:
             return ask.future.result(timeout)
@@ -218,12 +213,6 @@ class Engine:
             if ask.future.done():  # answered just now
                 return ask.future.result()
             raise AskTimeoutError(float(timeout), withdrawn=False) from None
-
-    @contextmanager
-    def admission_paused(self) -> Iterator[None]:
-        """Asks queued inside this block are admitted together when it exits (deterministic batching)."""
-        with self._loop.hold():
-            yield
 
     def wait_for_graphs(self, timeout: float | None = None) -> bool:
         """Block until no CUDA graph is left to capture (or capturing gave up); False after `timeout` s."""

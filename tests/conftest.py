@@ -7,6 +7,10 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"  # CI has no GPU: Triton kernels run in the interpreter (set before triton loads)
 
 import random
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +18,7 @@ import pytest
 import torch
 
 import flide_sdk as fl
+from flide_sdk.models.ops import reference_ops
 from flide_sdk.testing import tiny_checkpoint
 from flide_sdk.text.render import Rendered
 
@@ -50,6 +55,47 @@ def hf_tiny(tiny_path: Path):
 def engine(tiny_path: Path):
     with fl.Engine.load(tiny_path, device="cpu", dtype="float32") as engine:
         yield engine
+
+
+class Gate:
+    """Holds the engine's rounds at their first projection while closed, as a long round holds the device:
+    the asks queued meanwhile stay queued (a test's busy engine, passed in as the engine's ops)."""
+
+    def __init__(self) -> None:
+        self._open = threading.Event()
+        self._open.set()
+        self._holding = threading.Event()
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if not self._open.is_set():
+            self._holding.set()
+            assert self._open.wait(60), "a test left its gate closed"
+        return reference_ops.linear(x, weight)
+
+    @contextmanager
+    def closed(self) -> Iterator[None]:
+        """Rounds launched inside wait until the block exits."""
+        self._holding.clear()
+        self._open.clear()
+        try:
+            yield
+        finally:
+            self._open.set()
+
+    def wait_held(self) -> None:
+        """Wait until a round is held at the gate (from a coroutine: `await asyncio.to_thread(gate.wait_held)`)."""
+        assert self._holding.wait(30), "no round reached the gate"
+
+
+@contextmanager
+def gated_engine(path: Path, **options) -> Iterator[tuple[fl.Engine, Gate]]:
+    """A float32 CPU engine over `path` whose rounds pass `Gate` (open until a test closes it)."""
+    with fl.Engine.load(path, device="cpu", dtype="float32") as loaded:
+        model, renderer = loaded.model, loaded.renderer
+    gate = Gate()
+    with fl.Engine(model, renderer, torch.device("cpu"), ops=replace(reference_ops, linear=gate.linear),
+                   **options) as engine:
+        yield engine, gate
 
 
 def text_of_tokens(renderer, target: int, seed: int = 0) -> str:

@@ -337,10 +337,8 @@ def test_rounds_split_at_request_boundaries_and_large_requests_run_alone(two_lay
     question = {"q": fl.Noul("Is it long?")}
 
     async def run(engine):
-        with engine.admission_paused():
-            tasks = [asyncio.ensure_future(engine.ask(state, question)) for state in states]
-            await asyncio.sleep(0.05)
-        return [r["q"].noul for r in await asyncio.gather(*tasks)], engine.stats()
+        answers = await asyncio.gather(*(engine.ask(state, question) for state in states))
+        return [r["q"].noul for r in answers], engine.stats()
 
     small = fl.Engine.load(two_layer_path, device="cpu", max_round_tokens=128)
     roomy = fl.Engine.load(two_layer_path, device="cpu", max_round_tokens=8192)

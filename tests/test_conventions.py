@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ import typesafe_sdk as ts
 import flide_sdk as fl
 from flide_sdk.__main__ import main as cli
 from flide_sdk.adapters.typesafe import LOCAL_BASE_URL, as_typesafe_error, async_client, client
+
+from .conftest import gated_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = {
@@ -57,21 +60,25 @@ def test_answers_and_questions_carry_their_type_and_a_dict_form(engine):
                                              "criteria": {"refund": "refund the order", "replace": None}}
 
 
-def test_a_timed_out_blocking_ask_is_withdrawn_before_any_round_takes_it(engine):
-    session = engine.session()
-    session.append("The agent ran the tests.")
-    with engine.admission_paused():
-        with pytest.raises(fl.AskTimeoutError, match="withdrawn") as timed_out:
-            engine.ask_sync("a one-off state", QUESTIONS, timeout=0.05)
-        assert timed_out.value.withdrawn and isinstance(timed_out.value, TimeoutError)
-        with pytest.raises(fl.AskTimeoutError, match="withdrawn"):
-            session.ask_sync(QUESTIONS, timeout=0.05)
-    # admission resumes: the withdrawn asks are never computed, and the next asks are
-    answered = engine.ask_sync("a one-off state", QUESTIONS)
-    assert set(answered) == set(QUESTIONS)
-    assert set(session.ask_sync(QUESTIONS)) == set(QUESTIONS)
-    stats = engine.stats()
-    assert stats["asks"] == 2 and stats["rounds"] == 2
+def test_a_timed_out_blocking_ask_is_withdrawn_before_any_round_takes_it(tiny_path):
+    with gated_engine(tiny_path) as (engine, gate), ThreadPoolExecutor(1) as other_thread:
+        session = engine.session()
+        session.append("The agent ran the tests.")
+        with gate.closed():
+            busy = other_thread.submit(engine.ask_sync, "a round that holds the device", QUESTIONS)
+            gate.wait_held()
+            with pytest.raises(fl.AskTimeoutError, match="withdrawn") as timed_out:
+                engine.ask_sync("a one-off state", QUESTIONS, timeout=0.05)
+            assert timed_out.value.withdrawn and isinstance(timed_out.value, TimeoutError)
+            with pytest.raises(fl.AskTimeoutError, match="withdrawn"):
+                session.ask_sync(QUESTIONS, timeout=0.05)
+        # the device is free again: the withdrawn asks are never computed, and the next asks are
+        assert set(busy.result(30)) == set(QUESTIONS)
+        answered = engine.ask_sync("a one-off state", QUESTIONS)
+        assert set(answered) == set(QUESTIONS)
+        assert set(session.ask_sync(QUESTIONS)) == set(QUESTIONS)
+        stats = engine.stats()
+        assert stats["asks"] == 3 and stats["rounds"] == 3
 
 
 def test_the_library_prints_nothing_when_a_round_fails(tmp_path):

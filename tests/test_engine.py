@@ -10,7 +10,7 @@ import pytest
 
 import flide_sdk as fl
 
-from .conftest import answer_probabilities
+from .conftest import answer_probabilities, gated_engine
 
 GOOD = {"n": fl.Noul("Is it late?"), "c": fl.Choice("Next?", {"wait": None, "act": None})}
 
@@ -140,10 +140,7 @@ async def test_aclose_fails_pending_asks(tiny_path):
 async def test_large_rounds_split_at_request_boundaries(tiny_path):
     async with fl.Engine.load(tiny_path, device="cpu", max_round_tokens=200) as engine:
         states = [f"request {i} " + "word " * 60 for i in range(4)]
-        with engine.admission_paused():
-            tasks = [asyncio.ensure_future(engine.ask(state, GOOD)) for state in states]
-            await asyncio.sleep(0.05)  # all four queued before admission resumes
-        answers = await asyncio.gather(*tasks)
+        answers = await asyncio.gather(*(engine.ask(state, GOOD) for state in states))
         stats = engine.stats()
         assert all(set(a) == {"n", "c"} for a in answers)
         assert stats["rounds"] == 4  # each request is ~130 tokens: two never fit in 200
@@ -216,10 +213,7 @@ async def test_asks_are_rendered_and_tokenized_on_the_asking_thread(tiny_path):
         rendered = _record_calls(engine.renderer, "render_questions", _thread_name)
         for i in range(2):
             assert set(await engine.ask(f"lone ask {i}", GOOD)) == {"n", "c"}
-        with engine.admission_paused():
-            tasks = [asyncio.ensure_future(engine.ask(f"held {i}", GOOD)) for i in range(2)]
-            await asyncio.sleep(0.05)
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*(engine.ask(f"gathered {i}", GOOD) for i in range(2)))
         me = threading.current_thread().name
         assert tokenized == [me] * 4 and rendered == [me] * 4 and engine.stats()["asks"] == 4
 
@@ -229,16 +223,36 @@ async def test_questions_refused_at_rendering_raise_in_the_caller(tiny_path):
     """A question with more options than single-token labels raises in the caller, idle engine or busy; it is
     not counted, and the asks around it are answered."""
     too_many = {"q": fl.Choice("Which?", {f"o{i}": None for i in range(27)})}
-    async with fl.Engine.load(tiny_path, device="cpu") as engine:
+    with gated_engine(tiny_path) as (engine, gate):
         with pytest.raises(fl.InvalidQuestionError, match="27 options"):
             await engine.ask("idle engine", too_many)
-        with engine.admission_paused():
+        with gate.closed():
             good = asyncio.ensure_future(engine.ask("held", GOOD))
-            await asyncio.sleep(0.05)
+            await asyncio.to_thread(gate.wait_held)
             with pytest.raises(fl.InvalidQuestionError, match="27 options"):
                 await engine.ask("busy engine", too_many)
         assert set(await asyncio.wait_for(good, timeout=30)) == {"n", "c"}
         assert engine.stats()["asks"] == 1 and not engine.closed
+
+
+@pytest.mark.asyncio
+async def test_an_ask_cancelled_in_the_iteration_it_was_made_takes_no_room(tiny_path):
+    """Cancelled before its event loop's iteration ends, an ask is never queued: in a full queue, the ask
+    staged after it takes the room."""
+    with gated_engine(tiny_path, max_pending=1) as (engine, gate):
+        with gate.closed():
+            busy = asyncio.ensure_future(engine.ask("holds the device", GOOD))
+            await asyncio.to_thread(gate.wait_held)
+            dropped = asyncio.ensure_future(engine.ask("dropped", GOOD))
+            kept = asyncio.ensure_future(engine.ask("kept", GOOD, queue_timeout=0.05))
+            await asyncio.sleep(0)  # both tasks have staged their asks; the iteration's flush has not run yet
+            dropped.cancel()
+            await asyncio.sleep(0.2)
+            assert not kept.done(), "queued, not refused for want of room"
+        assert set(await kept) == set(await busy) == {"n", "c"}
+        with pytest.raises(asyncio.CancelledError):
+            await dropped
+        assert engine.stats()["asks"] == 2
 
 
 @pytest.mark.asyncio

@@ -67,10 +67,7 @@ async def test_async_guard_with_a_state_callable_and_an_async_reroute(engine):
 
 @pytest.mark.asyncio
 async def test_a_guarded_function_called_from_64_tasks_is_answered_in_fewer_rounds(engine):
-    states = []
-
     def state(ticket: int) -> str:
-        states.append(ticket)
         return f"Ticket {ticket}: please delete my account and all my data."
 
     @fl.guard(engine, ts.Noul(instructions="Does the user ask to delete data?"), block_above=1.0, state=state)
@@ -78,14 +75,7 @@ async def test_a_guarded_function_called_from_64_tasks_is_answered_in_fewer_roun
         return ticket * 2
 
     before = engine.stats()
-    with engine.admission_paused():
-        tasks = [asyncio.ensure_future(handle(i)) for i in range(64)]
-        for _ in range(10_000):  # each task queues its ask right after building its state
-            if len(states) == 64:
-                break
-            await asyncio.sleep(0)
-        assert len(states) == 64
-    results = await asyncio.gather(*tasks)
+    results = await asyncio.gather(*(handle(i) for i in range(64)))
     after = engine.stats()
     assert results == [2 * i for i in range(64)]
     assert after["asks"] - before["asks"] == 64

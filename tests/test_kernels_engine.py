@@ -88,10 +88,7 @@ async def test_kernel_engine_session_and_nested_forks_in_one_round(small_tiny_pa
         grandchild = child.fork()
         grandchild.append(texts[2][len(texts[1]):])
         questions = pick(["urgent", "action"])
-        with engine.admission_paused():
-            tasks = [asyncio.ensure_future(s.ask(questions)) for s in (parent, child, grandchild)]
-            await asyncio.sleep(0.05)
-        answers = await asyncio.gather(*tasks)
+        answers = await asyncio.gather(*(s.ask(questions) for s in (parent, child, grandchild)))
         assert engine.stats()["rounds"] == 1 and engine.stats()["deferred"] == 0
         for text, got in zip(texts, answers):
             assert_exact(hf_small_tiny, engine, text, questions, got)

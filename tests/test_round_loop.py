@@ -115,9 +115,7 @@ def test_rounds_pipeline_up_to_the_depth(asker):
     executor = FakeExecutor(device_seconds=0.02, limits=RoundLimits(tokens=10_000, requests=1, questions=10_000))
     loop = run_loop(executor, depth=2)
     asks = [asker(f"ask {i}") for i in range(4)]
-    with loop.hold():
-        for ask in asks:
-            loop.submit(ask)
+    assert loop.offer(asks) == 4
     assert [ask.future.result(10) for ask in asks] == [1, 2, 3, 4]
     loop.close()
     order = [(call, i) for call, _, i in executor.calls]
@@ -128,15 +126,11 @@ def test_rounds_pipeline_up_to_the_depth(asker):
         assert in_flight <= 2
 
 
-def test_held_admission_admits_queued_asks_together(asker):
+def test_asks_offered_together_share_a_round(asker):
     executor = FakeExecutor()
     loop = run_loop(executor)
-    with loop.hold():
-        asks = [asker(f"held {i}") for i in range(5)]
-        for ask in asks:
-            loop.submit(ask)
-        time.sleep(0.02)
-        assert executor.rounds == 0
+    asks = [asker(f"together {i}") for i in range(5)]
+    assert loop.offer(asks) == 5
     assert {ask.future.result(10) for ask in asks} == {1}
     loop.close()
 
@@ -203,9 +197,7 @@ def test_the_first_asks_run_before_any_capture(asker):
     executor = FakeExecutor(captures=3, capture_seconds=0.01)
     loop = run_loop(executor)
     asks = [asker(f"first {i}") for i in range(3)]
-    with loop.hold():
-        for ask in asks:
-            loop.submit(ask)
+    loop.offer(asks)
     assert [ask.future.result(10) for ask in asks] == [1, 1, 1]
     deadline = time.monotonic() + 10
     while executor.capturing and time.monotonic() < deadline:
@@ -270,27 +262,32 @@ def test_a_full_queue_refuses_and_then_admits(asker):
     first = asker("first")
     loop.submit(first)
     time.sleep(0.02)  # taken by the round thread, held at launch
-    queued = [asker(f"q {i}") for i in range(2)]
-    assert all(loop.try_submit(ask) for ask in queued)
-    assert not loop.try_submit(asker("one too many"))
+    queued = [asker(f"q {i}") for i in range(3)]
+    assert loop.offer(queued) == 2  # the leading two fit
+    assert loop.offer(queued[2:]) == 0
     executor.launch_gate.set()
-    assert first.future.result(10) == 1 and all(ask.future.result(10) >= 2 for ask in queued)
+    assert first.future.result(10) == 1 and all(ask.future.result(10) >= 2 for ask in queued[:2])
+    assert not queued[2].future.done()
     loop.close()
 
 
 @pytest.mark.asyncio
 async def test_a_cancelled_ask_is_dropped_before_its_round(asker):
     executor = FakeExecutor()
+    executor.launch_gate = threading.Event()
     loop = run_loop(executor)
-    with loop.hold():
-        ask, kept = asker("cancelled"), asker("kept")
-        loop.submit(ask)
-        loop.submit(kept)
-        waiting = asyncio.ensure_future(asyncio.wrap_future(ask.future))
-        await asyncio.sleep(0)
-        waiting.cancel()
-        await asyncio.sleep(0.01)
-    assert await asyncio.wrap_future(kept.future) == 1 and ask.future.cancelled()
+    busy = asker("holds the device")
+    loop.submit(busy)
+    time.sleep(0.02)  # taken by the round thread, held at launch
+    ask, kept = asker("cancelled"), asker("kept")
+    loop.offer([ask, kept])
+    waiting = asyncio.ensure_future(asyncio.wrap_future(ask.future))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    await asyncio.sleep(0.01)
+    executor.launch_gate.set()
+    assert await asyncio.wrap_future(kept.future) == 2 and ask.future.cancelled()
+    assert executor.rounds == 2
     loop.close()
 
 

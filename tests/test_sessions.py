@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import threading
 
 import numpy as np
@@ -16,7 +17,7 @@ import flide_sdk as fl
 from flide_sdk.device.pool import CheckpointPool
 from flide_sdk.serve.scheduler import DEFER_MIN_TOKENS, RoundLimits, schedule
 
-from .conftest import TOLERANCE, answer_probabilities, reference_probabilities
+from .conftest import TOLERANCE, answer_probabilities, gated_engine, reference_probabilities
 
 QUESTIONS = {
     "stuck": fl.Noul("Is the agent stuck in a loop?"),
@@ -53,6 +54,16 @@ def check(answers, fresh_engine, hf_model, state, against_transformers: bool = T
 def fresh(tiny_path):
     with fl.Engine.load(tiny_path, device="cpu", pool_bytes=0) as engine:  # no checkpoints: computes everything
         yield engine
+
+
+@pytest.fixture
+def eager_round_thread():
+    """The GIL handed over every microsecond: asks queued one by one would let the round thread take the first
+    alone, so a test of asks admitted together fails if they are not."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(interval)
 
 
 def test_text_session_and_fork_stay_exact_and_compute_only_new_tokens(engine, fresh, hf_tiny):
@@ -162,22 +173,40 @@ def test_fork_shares_pages_without_copies(engine):
 
 
 @pytest.mark.asyncio
+async def test_eight_sessions_gathered_take_one_round_and_answer_as_alone(tiny_path, fresh, hf_tiny, eager_round_thread):
+    """Asks created in one event-loop iteration are admitted together, with no round deadline: each of four
+    agent steps of eight sessions is one round."""
+    async with fl.Engine.load(tiny_path, device="cpu") as engine:
+        sessions = [engine.session() for _ in range(8)]
+        texts = [""] * len(sessions)
+        for step in range(4):
+            for i, session in enumerate(sessions):
+                session.append(f" step {step} of agent {i} " + " ".join(WORDS[i + step:]))
+                texts[i] += f" step {step} of agent {i} " + " ".join(WORDS[i + step:])
+            before = engine.stats()["rounds"]
+            answers = await asyncio.gather(*(s.ask(QUESTIONS) for s in sessions))
+            assert engine.stats()["rounds"] - before == 1, f"step {step}"
+        assert engine.stats()["asks"] == 32
+        for text, got in zip(texts, answers):
+            check(got, fresh, hf_tiny, text, against_transformers=text is texts[-1])
+
+
+@pytest.mark.asyncio
 async def test_many_sessions_share_rounds(tiny_path):
     async with fl.Engine.load(tiny_path, device="cpu") as engine:
         sessions = [engine.session() for _ in range(64)]
         for i, session in enumerate(sessions):
             session.append(f"agent {i} " + " ".join(WORDS[i % 5 :]))
-        with engine.admission_paused():
-            tasks = [asyncio.ensure_future(s.ask(QUESTIONS)) for s in sessions]
-            await asyncio.sleep(0.05)
-        answers = await asyncio.gather(*tasks)
+        answers = await asyncio.gather(*(s.ask(QUESTIONS) for s in sessions))
         stats = engine.stats()
         assert len(answers) == 64 and stats["asks"] == 64
-        assert stats["rounds"] < 64
+        fewest = -(-stats["tokens_computed"] // engine.max_round_tokens)  # the stream exceeds one round's tokens
+        assert fewest == 2 and stats["rounds"] == fewest
 
 
 @pytest.mark.asyncio
-async def test_a_session_and_two_nested_forks_asked_together_take_one_round(tiny_path, fresh, hf_tiny):
+async def test_a_session_and_two_nested_forks_asked_together_take_one_round(tiny_path, fresh, hf_tiny,
+                                                                            eager_round_thread):
     """A parent session, a fork of it and a fork of the fork, each appended to and all asked at once, are
     computed in one round (each fork continues its parent's state at the parent's save point) and answer as
     fresh engines and transformers do; each then resumes from the checkpoint the round saved for it."""
@@ -192,10 +221,7 @@ async def test_a_session_and_two_nested_forks_asked_together_take_one_round(tiny
         grandchild.append(" and the grandchild " + " ".join(WORDS * 4))
         texts["grandchild"] = texts["child"] + " and the grandchild " + " ".join(WORDS * 4)
         sessions = {"parent": parent, "child": child, "grandchild": grandchild}
-        with engine.admission_paused():
-            tasks = {name: asyncio.ensure_future(session.ask(QUESTIONS)) for name, session in sessions.items()}
-            await asyncio.sleep(0.05)
-        answers = {name: await task for name, task in tasks.items()}
+        answers = dict(zip(sessions, await asyncio.gather(*(s.ask(QUESTIONS) for s in sessions.values()))))
         stats = engine.stats()
         assert stats["rounds"] == 1 and stats["deferred"] == 0
         assert stats["checkpoints_saved"] == 3, "each of the three saves its checkpoint in the round"
@@ -234,12 +260,9 @@ async def test_a_second_fork_of_one_save_point_waits_for_its_checkpoint(tiny_pat
             task.add_done_callback(lambda _: finished.append(name))
             return task
 
-        with engine.admission_paused():
-            first = track("session", asyncio.ensure_future(session.ask(QUESTIONS)))
-            await asyncio.sleep(0.01)
-            tasks = [track(f"fork{i}", asyncio.ensure_future(fork.ask(QUESTIONS))) for i, fork in enumerate(forks)]
-            independent = [track(f"other{i}", asyncio.ensure_future(o.ask(QUESTIONS))) for i, o in enumerate(others)]
-            await asyncio.sleep(0.05)
+        first = track("session", asyncio.ensure_future(session.ask(QUESTIONS)))
+        tasks = [track(f"fork{i}", asyncio.ensure_future(fork.ask(QUESTIONS))) for i, fork in enumerate(forks)]
+        independent = [track(f"other{i}", asyncio.ensure_future(o.ask(QUESTIONS))) for i, o in enumerate(others)]
         results = await asyncio.gather(first, *tasks, *independent)
         stats = engine.stats()
         assert stats["rounds"] == 2 and stats["deferred"] == 1
@@ -253,10 +276,7 @@ async def test_a_second_fork_of_one_save_point_waits_for_its_checkpoint(tiny_pat
 async def test_identical_trunks_in_a_round_are_computed_once(tiny_path):
     async with fl.Engine.load(tiny_path, device="cpu") as engine:
         state = " ".join(WORDS * 4)
-        with engine.admission_paused():
-            tasks = [asyncio.ensure_future(engine.ask(state, {name: q})) for name, q in QUESTIONS.items()]
-            await asyncio.sleep(0.05)
-        await asyncio.gather(*tasks)
+        await asyncio.gather(*(engine.ask(state, {name: q}) for name, q in QUESTIONS.items()))
         stats = engine.stats()
         rendered = engine.render(state, QUESTIONS)
         assert stats["rounds"] == 1 and stats["merged_trunks"] == 2
@@ -265,11 +285,15 @@ async def test_identical_trunks_in_a_round_are_computed_once(tiny_path):
 
 @pytest.mark.asyncio
 async def test_cancel_bad_ask_and_backpressure_with_sessions(tiny_path):
-    async with fl.Engine.load(tiny_path, device="cpu", max_pending=2) as engine:
+    """While a round holds the device: a queue of 2 makes a third ask wait for room, a cancelled ask is
+    withdrawn, a bad question raises in its caller; the rest are answered once the round ends."""
+    with gated_engine(tiny_path, max_pending=2) as (engine, gate):
         a, b, c = engine.session(), engine.session(), engine.session()
         for s in (a, b, c):
             s.append("a short history of the agent")
-        with engine.admission_paused():
+        with gate.closed():
+            busy = asyncio.ensure_future(engine.ask("a round that holds the device", QUESTIONS))
+            await asyncio.to_thread(gate.wait_held)
             keep = asyncio.ensure_future(a.ask(QUESTIONS))
             drop = asyncio.ensure_future(b.ask(QUESTIONS))
             waiting = asyncio.ensure_future(c.ask(QUESTIONS))  # the queue holds 2: this one waits for room
@@ -278,10 +302,11 @@ async def test_cancel_bad_ask_and_backpressure_with_sessions(tiny_path):
             drop.cancel()
             with pytest.raises(fl.InvalidQuestionError):
                 await a.ask({"bad": fl.Choice("?", {f"o{i}": None for i in range(30)})})
-        results = await asyncio.gather(keep, waiting)
+        results = await asyncio.gather(keep, waiting, busy)
         with pytest.raises(asyncio.CancelledError):
             await drop
         assert all(set(r) == set(QUESTIONS) for r in results)
+        assert engine.stats()["asks"] == 3, "the cancelled ask was never computed"
         alone = await a.ask(QUESTIONS)
         assert np.abs(probabilities(alone) - probabilities(results[0])).max() < 1e-5
 
@@ -309,19 +334,23 @@ def test_sessions_on_several_threads_resolve_on_their_own_loops(engine):
 
 
 @pytest.mark.asyncio
-async def test_aclose_fails_pending_session_asks(tiny_path):
-    engine = fl.Engine.load(tiny_path, device="cpu")
-    session = engine.session()
-    session.append("history")
-    with engine.admission_paused():
-        pending = [asyncio.ensure_future(session.ask(QUESTIONS)) for _ in range(3)]
-        await asyncio.sleep(0.05)
-        await asyncio.wait_for(engine.aclose(), timeout=30)
-    for task in pending:
+async def test_aclose_fails_queued_session_asks_and_answers_the_round_in_flight(tiny_path):
+    with gated_engine(tiny_path) as (engine, gate):
+        session = engine.session()
+        session.append("history")
+        with gate.closed():
+            running = asyncio.ensure_future(engine.ask("a round that holds the device", QUESTIONS))
+            await asyncio.to_thread(gate.wait_held)
+            pending = [asyncio.ensure_future(session.ask(QUESTIONS)) for _ in range(3)]
+            await asyncio.sleep(0.05)
+            closing = asyncio.ensure_future(engine.aclose())
+            for task in pending:  # failed at once, while the round still holds the device
+                with pytest.raises(fl.errors.EngineClosed):
+                    await asyncio.wait_for(task, timeout=30)
+        await asyncio.wait_for(closing, timeout=30)
+        assert set(await running) == set(QUESTIONS)
         with pytest.raises(fl.errors.EngineClosed):
-            await asyncio.wait_for(task, timeout=30)
-    with pytest.raises(fl.errors.EngineClosed):
-        await session.ask(QUESTIONS)
+            await session.ask(QUESTIONS)
 
 
 def test_closed_session_refuses(engine):

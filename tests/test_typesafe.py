@@ -18,6 +18,8 @@ from backports import zstd
 import flide_sdk as fl
 from flide_sdk.adapters.typesafe import as_typesafe_error, transport
 
+from .conftest import gated_engine
+
 ROOT = Path(__file__).resolve().parents[1]
 NO_RETRY = ts.RetryPolicy(max_retries=0)
 STATE = "Customer: my order #17 arrived broken and I need it for tomorrow's party. " * 20  # > 1 KiB: zstd body
@@ -152,8 +154,10 @@ def test_malformed_bodies_and_other_routes_answer_http_errors(engine):
 @pytest.mark.asyncio
 async def test_a_full_queue_is_a_rate_limit_with_retry_after(tiny_path):
     questions = {"n": fl.Noul("ok?")}
-    with fl.Engine.load(tiny_path, device="cpu", dtype="float32", max_pending=1) as engine:
-        with engine.admission_paused():
+    with gated_engine(tiny_path, max_pending=1) as (engine, gate):
+        with gate.closed():
+            busy = asyncio.ensure_future(engine.ask("holds the device", questions))
+            await asyncio.to_thread(gate.wait_held)
             first = asyncio.ensure_future(engine.ask("fills the queue", questions))
             await asyncio.sleep(0.01)
             with pytest.raises(fl.QueueFullError) as native:
@@ -165,7 +169,7 @@ async def test_a_full_queue_is_a_rate_limit_with_retry_after(tiny_path):
                 with pytest.raises(ts.TypeSafeRateLimitError) as limited:
                     await client.system_one(state="no room", questions={"n": ts.Noul(instructions="ok?")})
             assert limited.value.status == 429 and limited.value.retry_after_ms >= 1
-        assert set(await first) == {"n"}  # the queued ask still runs once admission resumes
+        assert set(await first) == set(await busy) == {"n"}  # the queued ask runs once the device is free
         answered = await engine.ask("room again", questions, queue_timeout=0.02)
         assert 0.0 <= answered["n"].noul <= 1.0
 
@@ -174,8 +178,10 @@ def test_a_full_queue_is_a_rate_limit_for_the_sync_client_too(tiny_path):
     questions = {"n": ts.Noul(instructions="ok?")}
     loop = asyncio.new_event_loop()
     try:
-        with fl.Engine.load(tiny_path, device="cpu", dtype="float32", max_pending=1) as engine:
-            with engine.admission_paused():
+        with gated_engine(tiny_path, max_pending=1) as (engine, gate):
+            with gate.closed():
+                busy = loop.create_task(engine.ask("holds the device", questions))
+                loop.run_until_complete(asyncio.to_thread(gate.wait_held))
                 first = loop.create_task(engine.ask("fills the queue", questions))
                 loop.run_until_complete(asyncio.sleep(0.01))  # the task has queued its ask
                 with pytest.raises(fl.QueueFullError):
@@ -184,7 +190,7 @@ def test_a_full_queue_is_a_rate_limit_for_the_sync_client_too(tiny_path):
                     with pytest.raises(ts.TypeSafeRateLimitError) as limited:
                         client.system_one(state="no room", questions=questions)
                 assert limited.value.retry_after_ms >= 1
-            assert set(loop.run_until_complete(first)) == {"n"}
+            assert set(loop.run_until_complete(first)) == set(loop.run_until_complete(busy)) == {"n"}
     finally:
         loop.close()
 

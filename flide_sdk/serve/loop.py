@@ -2,8 +2,10 @@
 
 Asks come from any thread or event loop, validated and tokenized there. Each carries a
 `concurrent.futures.Future`; async callers await it through `asyncio.wrap_future`, so results resolve on the
-caller's own loop, and cancelling the awaiting task withdraws the ask as long as no round has taken it. The
-queue is bounded: `submit` waits for room (backpressure), nothing is dropped.
+caller's own loop, and cancelling the awaiting task withdraws the ask as long as no round has taken it. An
+event loop's asks are staged and queued together by one callback at the end of the loop's iteration
+(`Staging`), so asks created at once (`asyncio.gather`) reach the round thread at once and share a round. The
+queue is bounded: submitters wait for room (backpressure), nothing is dropped.
 
 Rounds are pipelined: while a round runs, the thread schedules and launches the next one (up to `depth`
 rounds in flight), and finishes the oldest round when there is nothing to launch or the pipeline is full, so
@@ -18,12 +20,14 @@ Closing fails every queued ask with `EngineClosedError`; rounds already launched
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
+import weakref
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -50,7 +54,6 @@ class RoundLoop:
         self._pending: deque[Ask] = deque()
         self._in_flight: deque[Launched] = deque()
         self._closed = False
-        self._held = 0
         self._worked_at = time.monotonic()  # when a round was last launched or finished (or the loop started)
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -65,34 +68,22 @@ class RoundLoop:
         """Whether the round thread is still alive (it ends once closed and its rounds are finished)."""
         return self._thread.is_alive()
 
-    def try_submit(self, ask: Ask) -> bool:
-        """Queue `ask` if there is room; False when the queue is full."""
+    def offer(self, asks: Sequence[Ask]) -> int:
+        """Queue the leading asks that there is room for, all at once; how many were queued."""
         with self._cond:
-            self._check_open()
-            if len(self._pending) >= self.max_pending:
-                return False
-            self._queue(ask)
-            return True
+            self.check_open()
+            taken = asks[: max(0, self.max_pending - len(self._pending))]
+            for ask in taken:
+                self._queue(ask)
+            return len(taken)
 
     def submit(self, ask: Ask) -> None:
         """Queue `ask`, waiting for room while the queue is full."""
         with self._cond:
             while not self._closed and len(self._pending) >= self.max_pending:
                 self._cond.wait()
-            self._check_open()
+            self.check_open()
             self._queue(ask)
-
-    @contextmanager
-    def hold(self) -> Iterator[None]:
-        """Pause admission while inside: queued asks wait, then are admitted together on exit."""
-        with self._cond:
-            self._held += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._held -= 1
-                self._cond.notify_all()
 
     def wake(self) -> None:
         """Have the loop look for idle work again (the executor has some now: a cleared pool to trim)."""
@@ -105,7 +96,7 @@ class RoundLoop:
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
         if self._closed:
             raise EngineClosedError("the engine is closed")
 
@@ -121,8 +112,7 @@ class RoundLoop:
             self._pending.clear()
             self._cond.notify_all()
         for ask in dropped:
-            if ask.future.set_running_or_notify_cancel():
-                ask.future.set_exception(EngineClosedError(reason))
+            fail(ask, EngineClosedError(reason))
 
     def _run(self) -> None:
         with on_device(self.device):
@@ -137,7 +127,7 @@ class RoundLoop:
                     self._finish(self._in_flight.popleft())
 
     def _idle(self) -> bool:
-        return not self._in_flight and (not self._pending or self._held) and not self._closed
+        return not self._in_flight and not self._pending and not self._closed
 
     def _step(self) -> bool:
         """Launch a round, or finish the oldest one in flight, or (idle) do idle work; False once closed."""
@@ -157,11 +147,11 @@ class RoundLoop:
                 batch, idle_work = None, True
             else:
                 idle_work = False
-                launch = bool(self._pending) and not self._held and len(self._in_flight) < self.depth
+                launch = bool(self._pending) and len(self._in_flight) < self.depth
                 if launch and not self._in_flight and self.deadline_s > 0:
                     self._wait_for_a_full_round()
-                    if self._closed or self._held:
-                        return not self._closed
+                    if self._closed:
+                        return False
                 batch = self.executor.select(self._pending) if launch else None
                 if batch is not None:
                     self._pending = deque(batch.kept)
@@ -181,8 +171,7 @@ class RoundLoop:
     def _wait_for_a_full_round(self) -> None:
         """Wait (locked) until the queued asks fill a round or the deadline passes."""
         deadline = time.monotonic() + self.deadline_s
-        while (not self._closed and not self._held
-               and sum(ask.tokens for ask in self._pending) < self.executor.limits.tokens):
+        while not self._closed and sum(ask.tokens for ask in self._pending) < self.executor.limits.tokens:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -196,14 +185,103 @@ class RoundLoop:
             self.executor.fail(launched, error)
 
 
+@dataclass
+class Staged:
+    """An ask waiting for the end of its event loop's iteration (or for room in the queue)."""
+
+    ask: Ask
+    answered: asyncio.Future  # what its coroutine awaits (cancelled: withdrawn before it was queued)
+    queue_timeout: float | None  # seconds to wait for room (None: as long as it takes)
+    deadline: float | None  # time.monotonic() past which it fails with QueueFullError
+
+
+class Staging:
+    """Queues the asks of coroutines: each event loop's asks are staged, and one callback at the end of that
+    loop's iteration hands every staged ask to the round loop at once (`RoundLoop.offer`). A lone ask pays
+    that one callback; asks that find the queue full are offered again after growing pauses."""
+
+    def __init__(self, rounds: RoundLoop, stats: Stats) -> None:
+        self.rounds, self.stats = rounds, stats
+        self._stages: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopStage] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def stage(self, ask: Ask, queue_timeout: float | None) -> asyncio.Future:
+        """From a coroutine: queue `ask` with the other asks its event loop stages in this iteration; the future
+        of its answers on this loop (cancelling it withdraws the ask as long as no round has taken it)."""
+        self.rounds.check_open()
+        loop = asyncio.get_running_loop()
+        answered = asyncio.wrap_future(ask.future, loop=loop)
+        stage = self._stages.get(loop)
+        if stage is None:
+            with self._lock:
+                stage = self._stages.setdefault(loop, _LoopStage(self))
+        deadline = None if queue_timeout is None else time.monotonic() + queue_timeout
+        stage.add(Staged(ask, answered, queue_timeout, deadline), loop)
+        return answered
+
+
+class _LoopStage:
+    """One event loop's staged asks; touched only on that loop's thread. It holds no reference to the loop (the
+    loop keys it weakly)."""
+
+    def __init__(self, staging: Staging) -> None:
+        self.staging = staging
+        self.staged: list[Staged] = []
+        self.flush_scheduled = False
+        self.pause = ROOM_PAUSES_S[0]
+
+    def add(self, staged: Staged, loop: asyncio.AbstractEventLoop) -> None:
+        self.staged.append(staged)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        staged = [s for s in self.staged if not s.answered.cancelled()]  # withdrawn by its caller
+        self.staged = []
+        try:
+            queued = self.staging.rounds.offer([s.ask for s in staged])
+        except EngineClosedError as error:
+            for s in staged:
+                fail(s.ask, error)
+            return
+        now = time.monotonic()
+        for s in staged[queued:]:
+            if s.deadline is not None and now >= s.deadline:
+                fail(s.ask, queue_full(s.queue_timeout, self.staging.stats))
+            else:
+                self.staged.append(s)
+        if not self.staged:
+            self.pause = ROOM_PAUSES_S[0]
+            return
+        self.flush_scheduled = True
+        asyncio.get_running_loop().call_later(self.pause, self.flush)
+        self.pause = min(2 * self.pause, ROOM_PAUSES_S[1])
+
+
+def fail(ask: Ask, error: BaseException) -> None:
+    """Fail an ask that no round has taken (unless its caller withdrew it)."""
+    if ask.future.set_running_or_notify_cancel():
+        ask.future.set_exception(error)
+
+
+ROOM_PAUSES_S = (0.0005, 0.05)  # the first and the longest pause between attempts to queue into a full queue
+
+
 def room_waits(queue_timeout: float | None, stats: Stats) -> Iterator[float]:
-    """Growing pauses between attempts to queue an ask; QueueFullError once `queue_timeout` has passed, with a
-    retry hint of one mean round (1 ms before the first round)."""
+    """Growing pauses between attempts to queue an ask; QueueFullError once `queue_timeout` has passed."""
     deadline = None if queue_timeout is None else time.monotonic() + queue_timeout
-    delay = 0.0005
+    delay = ROOM_PAUSES_S[0]
     while deadline is None or time.monotonic() < deadline:
         yield delay
-        delay = min(delay * 2, 0.05)
+        delay = min(delay * 2, ROOM_PAUSES_S[1])
+    raise queue_full(queue_timeout, stats)
+
+
+def queue_full(queue_timeout: float, stats: Stats) -> QueueFullError:
+    """The error of an ask that found no room for `queue_timeout` s, with a retry hint of one mean round (1 ms
+    before the first round)."""
     counts = stats.snapshot()
     rounds, seconds = counts["rounds"], counts["round_seconds"]
-    raise QueueFullError(float(queue_timeout), max(1, round(1000 * seconds / rounds)) if rounds else 1)
+    return QueueFullError(float(queue_timeout), max(1, round(1000 * seconds / rounds)) if rounds else 1)
