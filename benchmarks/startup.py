@@ -10,7 +10,7 @@ background, serving meanwhile), records the device memory the engine holds befor
 question about a RACE passage, then a second about another, waits for every graph, and prints its timings as
 JSON. The parent records the wall time from launch to the child's first answer. Runs, in order: "cold" (an
 empty Triton cache, no bundle: every kernel compiles), "warm" (the cache the cold run filled), then the bundle
-is built by `python -m flide_sdk.kernels bundle build` (timed) and "bundle" runs on an empty Triton cache with
+is built by `python -m flide_sdk bundle build` (timed) and "bundle" runs on an empty Triton cache with
 that bundle in the bundle directory.
 """
 
@@ -164,7 +164,7 @@ def parent(args) -> None:
     if graphs:
         bundles = work / "sdk-bundle"
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "flide_sdk.kernels", "bundle", "build", str(checkpoint)],
+        done = subprocess.run([sys.executable, "-m", "flide_sdk", "bundle", "build", str(checkpoint)],
                               env={**os.environ, "FLIDE_SDK_CACHE": str(bundles)}, capture_output=True, text=True,
                               timeout=args.child_timeout, check=False)
         files = sorted((bundles / "kernels").glob("*.tar"))

@@ -3,6 +3,7 @@ ask that withdraws on timeout, a library that prints nothing, errors naming the 
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import importlib.resources
 import io
@@ -194,3 +195,18 @@ def test_cli_info_runs_as_a_module():
     assert info["capacities"] == [] and set(info["memory_bytes"]) == {
         "weights_bytes", "graph_memory_bytes", "pool_reserved_bytes", "pool_used_bytes", "workspace_bytes"}
     assert info["memory_bytes"]["weights_bytes"] > 0
+
+
+def test_the_kernels_import_nothing_of_the_sdk():
+    """The kernels package reads plain tensors in its own structs: no module of it imports another SDK module
+    (the bundle command that drives an engine is the SDK's CLI, `python -m flide_sdk bundle`)."""
+    outside = {}
+    for path in sorted((ROOT / "flide_sdk" / "kernels").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            found = [name for name in names if name.split(".")[:2] != ["flide_sdk", "kernels"]
+                     and name.split(".")[0] == "flide_sdk"]
+            if found:
+                outside[path.name] = found
+    assert outside == {}

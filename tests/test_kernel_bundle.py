@@ -13,6 +13,7 @@ import tarfile
 
 import pytest
 
+from flide_sdk.__main__ import main as cli
 from flide_sdk.kernels.bundle import (
     BundleError,
     BundleKey,
@@ -109,10 +110,19 @@ def test_a_truncated_bundle_file_is_ignored(bundle, tmp_path, caplog):
 
 def test_the_command_line_adds_and_lists_bundles(bundle, tmp_path):
     env = {"FLIDE_SDK_CACHE": str(tmp_path / "sdk"), "PATH": "", "HOME": str(tmp_path)}
-    run = [sys.executable, "-m", "flide_sdk.kernels", "bundle"]
+    run = [sys.executable, "-m", "flide_sdk", "bundle"]
     added = subprocess.run([*run, "add", str(bundle)], capture_output=True, text=True, env=env, check=False)
     assert added.returncode == 0, added.stderr
     assert (tmp_path / "sdk" / "kernels" / KEY.file_name).exists()
     listed = subprocess.run([*run, "info"], capture_output=True, text=True, env=env, check=False)
     assert listed.returncode == 0, listed.stderr
     assert KEY.file_name in listed.stdout and "6 files" in listed.stdout
+
+
+def test_the_command_line_rejects_a_corrupted_bundle_in_one_line(bundle, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLIDE_SDK_CACHE", str(tmp_path / "sdk"))
+    bundle.write_bytes(bundle.read_bytes()[:700])
+    assert cli(["bundle", "add", str(bundle)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1
+    assert not (tmp_path / "sdk" / "kernels").exists() or not any((tmp_path / "sdk" / "kernels").iterdir())

@@ -1,7 +1,7 @@
 """Kernel bundles: the compiled Triton kernels of this package, saved once and loaded at start.
 
 A bundle is a tar file holding a manifest and the files Triton's cache wrote while an engine compiled every
-kernel it runs (`python -m flide_sdk.kernels bundle build`). Its key is the Triton version, the GPU
+kernel it runs (`python -m flide_sdk bundle build`). Its key is the Triton version, the GPU
 architecture and a hash of this package's kernel sources; an engine on a matching machine copies the
 bundle's files into Triton's cache before its first kernel runs, so nothing compiles. Triton itself finds
 a kernel's files by a hash of its source, options and target, so a file is only ever used for the kernel it
@@ -191,7 +191,7 @@ def load_bundle(key: BundleKey, cache: Path | None = None, directory: Path | Non
     path = (directory or bundle_dir()) / key.file_name
     if not path.exists():
         LOG.info("no kernel bundle for %s in %s: kernels compile on first use "
-                 "(build one: python -m flide_sdk.kernels bundle build CHECKPOINT)", key.describe(), path.parent)
+                 "(build one: python -m flide_sdk bundle build CHECKPOINT)", key.describe(), path.parent)
         return None
     try:
         report = install(path, key, cache or triton_cache_dir())
