@@ -23,6 +23,7 @@ from typing import Any
 
 from flide_sdk.engine import Engine
 from flide_sdk.errors import FlideError, QueueFullError, ReplicaError
+from flide_sdk.options import MAX_PENDING
 from flide_sdk.questions import Questions, State, SystemOneResponse
 from flide_sdk.session import Session
 
@@ -80,7 +81,12 @@ def deployment(path: str | Path, *, num_replicas: int = 1, ray_actor_options: Ma
     so Serve routes the family's next asks there."""
     from ray import serve
 
-    @serve.deployment(num_replicas=num_replicas, ray_actor_options=dict(ray_actor_options or {}))
+    # a replica takes as many asks at once as its engine queues (Serve's default of 5 would cap its rounds at 5
+    # asks, and send a busy replica's sessions elsewhere)
+    ongoing = int(load_options.get("max_pending", MAX_PENDING))
+
+    @serve.deployment(num_replicas=num_replicas, ray_actor_options=dict(ray_actor_options or {}),
+                      max_ongoing_requests=ongoing)
     class FlideDeployment(FlideReplica):
         @serve.multiplexed(max_num_models_per_replica=MAX_SESSION_FAMILIES)
         async def route(self, family: str) -> str:

@@ -21,7 +21,7 @@ from flide_sdk.errors import AskTimeoutError, EngineClosedError
 from flide_sdk.models.checkpoint import load_model, read_config
 from flide_sdk.models.ops import Ops, ops_for
 from flide_sdk.models.qwen35 import Qwen35Model
-from flide_sdk.options import check_modes, check_options, on_device, resolve_device, resolve_dtype
+from flide_sdk.options import MAX_PENDING, check_modes, check_options, on_device, resolve_device, resolve_dtype
 from flide_sdk.questions import Questions, State, SystemOneResponse, parse_questions
 from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.executor import build_executor
@@ -58,7 +58,7 @@ class Engine:
         max_round_tokens: int = 8192,
         max_round_requests: int = 64,
         round_deadline_ms: float = 0.0,
-        max_pending: int = 4096,
+        max_pending: int = MAX_PENDING,
         graphs: bool | None = None,
         batch_invariant: bool = False,
         name: str = "qwen3.5",
@@ -108,7 +108,7 @@ class Engine:
         round_deadline_ms: float = 0.0,
         pool_bytes: int | None = None,
         pool_checkpoints: int | None = None,
-        max_pending: int = 4096,
+        max_pending: int = MAX_PENDING,
         graphs: bool | None = None,
         batch_invariant: bool = False,
         progress: bool | None = None,

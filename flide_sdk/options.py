@@ -12,6 +12,7 @@ from flide_sdk.errors import DeviceError, InvalidOptionError
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CPU_POOL_BYTES = 512 << 20
 CUDA_POOL_FRACTION = 0.4  # of the free device memory after the weights are loaded
+MAX_PENDING = 4096  # queued asks before an ask waits for room (Engine.load's max_pending)
 POOL_SESSIONS, POOL_SESSION_TOKENS = 64, 32768  # the default cap holds this many sessions of this many tokens
 
 

@@ -62,5 +62,5 @@ async def run_sessions(client: ClusterClient, tiny_path) -> None:
                 assert all(session.replicas[-1] in replicas for session in sessions)
                 assert sum(stats["checkpoint_hits"] for stats in replicas.values()) == 8 * 4
         for session in sessions:
-            assert len(set(session.replicas[1:5])) == 1, "steps 2-5 on one replica"
-            assert len(set(session.replicas[6:])) == 1, "steps 7-10 on one replica"
+            assert len(set(session.replicas[1:5])) == 1, f"steps 2-5 on one replica: {session.replicas}"
+            assert len(set(session.replicas[6:])) == 1, f"steps 7-10 on one replica: {session.replicas}"
