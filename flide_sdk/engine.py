@@ -111,6 +111,7 @@ class Engine:
         max_pending: int = MAX_PENDING,
         graphs: bool | None = None,
         batch_invariant: bool = False,
+        rendering: str = "flide",
         progress: bool | None = None,
     ) -> Engine:
         """Load an HF-format Qwen3.5 checkpoint directory (text-only or release layout).
@@ -128,6 +129,8 @@ class Engine:
         max_pending: queued asks before `ask` waits for room.
         batch_invariant: every answer keeps its bits whatever else shares its round, alone, forked or resumed
         (fixed-order products, attention and GDN chunks from each question's fork, checkpoints every 64 tokens).
+        rendering: how questions are written into prompts: "flide" (flide_sdk's own), or "transformers" (the
+        generic prompt of transformers' `pipeline("decision")`, whose probabilities it then gives).
         progress: print the start-up stages and the graph capture on stderr (default: when it is a terminal).
         """
         device = resolve_device(device)
@@ -138,7 +141,8 @@ class Engine:
                    "max_round_requests": max_round_requests, "round_deadline_ms": round_deadline_ms}
         check_options(config.max_position_embeddings, max_prompt_tokens=max_prompt_tokens,
                       max_round_tokens=max_round_tokens, **options)
-        renderer = Renderer.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size)
+        renderer = Renderer.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size,
+                                            rendering)
         with on_device(device):  # what loading runs on the device runs on this one, the caller's device kept
             return cls(load_model(path, device, dtype), renderer, device, graphs=graphs,
                        batch_invariant=batch_invariant, name=Path(path).name, startup=startup,
@@ -253,6 +257,7 @@ class Engine:
             "max_round_tokens": self.max_round_tokens,
             "max_round_requests": self.max_round_requests,
             "batch_invariant": self.batch_invariant,
+            "rendering": self.renderer.rendering,
             "capacities": [] if self._executor.graphs is None else [c.tokens for c in self._executor.graphs.ladder],
             "kernel_bundle": None if self.kernel_bundle is None else str(self.kernel_bundle.bundle),
             "memory_bytes": self._memory(self._stats.snapshot()),

@@ -23,7 +23,7 @@ import os
 import string
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,11 +35,13 @@ from tokenizers import Tokenizer
 
 from flide_sdk.errors import (
     CheckpointError,
+    InvalidOptionError,
     InvalidQuestionError,
     StateTooLongError,
 )
 from flide_sdk.models.checkpoint import read_json
 from flide_sdk.questions import Choice, Content, Noul, Question, Score
+from flide_sdk.text import decision_prompt
 from flide_sdk.text.cuts import BoundaryFinder
 from flide_sdk.text.history import SEPARATOR, History, Trunk, prompt_text
 from flide_sdk.text.pretokenizer import check_pretokenizer
@@ -232,12 +234,29 @@ def _reply(question: Question, labels: tuple[str, ...]) -> str:
     return REPLY_SCORE if labels[0] == DIGITS[0] else REPLY_LETTERED_SCORE
 
 
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a question is written after the state's blank line (up to the end of the user turn), and the labels
+    its options are read by."""
+
+    text: Callable[[Question], str]
+    labels: Callable[[Question], tuple[str, ...]]
+
+
+# Engine.load's `rendering`: flide_sdk's own prompt, or transformers' generic decision prompt (`decision_prompt`)
+RENDERINGS = {"flide": PromptFormat(question_text, question_labels),
+              "transformers": PromptFormat(decision_prompt.question_text, decision_prompt.labels)}
 
 
 class Renderer:
-    """Turns (state, questions) into token ids with the checkpoint's tokenizer and chat template."""
+    """Turns (state, questions) into token ids with the checkpoint's tokenizer and chat template, questions
+    written in the format named by `rendering` (`RENDERINGS`)."""
 
-    def __init__(self, tokenizer: Tokenizer, template_source: str, max_prompt_tokens: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, template_source: str, max_prompt_tokens: int,
+                 rendering: str = "flide") -> None:
+        if rendering not in RENDERINGS:
+            raise InvalidOptionError(f"rendering must be one of {', '.join(map(repr, RENDERINGS))}, got {rendering!r}")
+        self.rendering, self.format = rendering, RENDERINGS[rendering]
         check_pretokenizer(tokenizer)
         self.tokenizer = tokenizer
         self.head, self.tail = split_user_turn(template_source)
@@ -252,7 +271,8 @@ class Renderer:
         self._label_ids: dict[str, int] = {}
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, max_prompt_tokens: int, vocab_size: int | None = None) -> Renderer:
+    def from_checkpoint(cls, path: str | Path, max_prompt_tokens: int, vocab_size: int | None = None,
+                        rendering: str = "flide") -> Renderer:
         """The renderer of a checkpoint directory: its tokenizer.json and chat template. CheckpointError, naming
         the file, for a tokenizer that does not load or is not Qwen3.5's, one with token ids from `vocab_size`
         on (the model's embedding rows), or a chat template that does not render."""
@@ -275,7 +295,7 @@ class Renderer:
                                       f"{vocab_size} (config.json); every id of the tokenizer needs an embedding row")
         template, source = _chat_template(path)
         try:
-            return cls(tokenizer, template, max_prompt_tokens)
+            return cls(tokenizer, template, max_prompt_tokens, rendering)
         except CheckpointError as error:  # the tokenizer passed its checks above: this is the template's
             raise CheckpointError(f"{source}: {error}") from error
 
@@ -332,7 +352,7 @@ class Renderer:
 
     def prompt_text(self, state: Any, question: Question) -> str:
         """The whole standalone prompt of one question, as text."""
-        return self.trunk_text(state) + question_text(question) + self.tail
+        return self.trunk_text(state) + self.format.text(question) + self.tail
 
     def render_questions(self, questions: Mapping[str, Question]) -> dict[str, RenderedQuestion]:
         """Each question's branch. A question of plain-text content is rendered once, then served from a cache
@@ -351,7 +371,7 @@ class Renderer:
             return rendered
         parts = {}
         for name in missing:  # validation errors raise in question order
-            text, labels = question_text(questions[name]), question_labels(questions[name])
+            text, labels = self.format.text(questions[name]), self.format.labels(questions[name])
             label_ids = np.array([self.label_id(label) for label in labels], dtype=np.int64)
             label_ids.flags.writeable = False  # shared through the cache
             replies = self.replies(name, questions[name]) if scored_by_text(questions[name]) else ()
