@@ -68,7 +68,7 @@ class Engine:
                        pool_bytes=pool_bytes, pool_checkpoints=pool_checkpoints, max_round_tokens=max_round_tokens,
                        max_round_requests=max_round_requests, round_deadline_ms=round_deadline_ms,
                        max_pending=max_pending)
-        check_modes(device, graphs, batch_invariant, custom_ops=ops is not None)
+        check_modes(device, graphs, batch_invariant, custom_ops=ops is not None, moe=model.config.is_moe)
         self.model = model
         self.renderer = renderer
         self.device = device
@@ -141,6 +141,7 @@ class Engine:
                    "max_round_requests": max_round_requests, "round_deadline_ms": round_deadline_ms}
         check_options(config.max_position_embeddings, max_prompt_tokens=max_prompt_tokens,
                       max_round_tokens=max_round_tokens, **options)
+        check_modes(device, graphs, batch_invariant, custom_ops=False, moe=config.is_moe)
         renderer = Renderer.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size,
                                             rendering)
         with on_device(device):  # what loading runs on the device runs on this one, the caller's device kept

@@ -52,13 +52,18 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     raise DeviceError(f"dtype must be one of {sorted(DTYPES)} (a name or the torch.dtype), got {dtype!r}")
 
 
-def check_modes(device: torch.device, graphs: bool | None, batch_invariant: bool, custom_ops: bool) -> None:
+def check_modes(device: torch.device, graphs: bool | None, batch_invariant: bool, custom_ops: bool,
+                moe: bool = False) -> None:
     """Refuse a combination of modes the engine cannot run: CUDA graphs off CUDA, or the batch-invariant mode
-    with ops of the caller's (its guarantee rests on the engine's own fixed-order ops)."""
+    with ops of the caller's (its guarantee rests on the engine's own fixed-order ops) or on an MoE model (its
+    routed experts have no fixed-order form)."""
     if graphs and device.type != "cuda":
         raise DeviceError("CUDA graphs need a CUDA device (graphs=True on cpu)")
     if batch_invariant and custom_ops:
         raise InvalidOptionError("batch_invariant=True picks the engine's own fixed-order ops: give no `ops`")
+    if batch_invariant and moe:
+        raise InvalidOptionError("batch_invariant=True is not available for MoE models (qwen3_5_moe): their routed "
+                                 "experts have no fixed-order kernels")
 
 
 def check_options(positions: int, **options: float | None) -> None:

@@ -1,8 +1,8 @@
 """Reading Qwen3.5 checkpoints in Hugging Face format, and building random ones of any shape.
 
-Two layouts load: the text-only one written by `Qwen3_5ForCausalLM.save_pretrained` (`model_type`
-`qwen3_5_text`, decoder keys under `model.`, `lm_head.weight` unless tied) and the published release
-(`model_type` `qwen3_5`, `text_config` nested, decoder keys under `model.language_model.`, vision tower
+Two layouts load, dense or MoE: the text-only one written by `Qwen3_5ForCausalLM.save_pretrained` (`model_type`
+`qwen3_5_text` / `qwen3_5_moe_text`, decoder keys under `model.`, `lm_head.weight` unless tied; one tensor per
+routed expert's projection) and the published release (`model_type` `qwen3_5` / `qwen3_5_moe`, `text_config` nested, decoder keys under `model.language_model.`, vision tower
 `model.visual.*` and `mtp.*` ignored). Weights come from `*.safetensors` files, sharded or not; only the
 text decoder's tensors are read, straight to the target device and dtype. Whatever is wrong with a checkpoint
 (unreadable JSON or safetensors, a config out of range, a tensor of the wrong shape or dtype or not finite)
@@ -21,7 +21,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from flide_sdk.errors import CheckpointError
-from flide_sdk.models.config import Qwen35Config
+from flide_sdk.models.config import MOE_TYPES, Qwen35Config
 from flide_sdk.models.qwen35 import Qwen35Model
 
 FLOAT32_PARAMETERS = ("A_log", "dt_bias")
@@ -51,20 +51,21 @@ def read_config(path: str | Path) -> tuple[Qwen35Config, str]:
         raise CheckpointError(f"{config_path}: must hold a JSON object, got a {type(raw).__name__}")
     model_type = raw.get("model_type")
     where = config_path
+    moe = model_type in MOE_TYPES
     try:
-        if model_type == "qwen3_5":
+        if model_type in ("qwen3_5", "qwen3_5_moe"):
             where = f"{config_path}: text_config"
             text = raw.get("text_config")
             if not isinstance(text, dict):
                 raise TypeError(f"must be a JSON object, got {type(text).__name__}")
             tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-            return Qwen35Config.from_text_config(text, tie_word_embeddings=tie), "model.language_model."
-        if model_type == "qwen3_5_text":
-            return Qwen35Config.from_text_config(raw), "model."
+            return Qwen35Config.from_text_config(text, tie_word_embeddings=tie, moe=moe), "model.language_model."
+        if model_type in ("qwen3_5_text", "qwen3_5_moe_text"):
+            return Qwen35Config.from_text_config(raw, moe=moe), "model."
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{where}: {error}") from error
     raise CheckpointError(f"{config_path}: model_type {model_type!r} is not supported "
-                          "(expected qwen3_5 or qwen3_5_text)")
+                          "(expected qwen3_5, qwen3_5_text, qwen3_5_moe or qwen3_5_moe_text)")
 
 
 def _tensor_files(path: Path) -> list[Path]:

@@ -1,5 +1,7 @@
 """The Qwen3.5 text decoder's hyper-parameters (`Qwen35Config`), read from either checkpoint layout's config.json
-and validated before any weight is read, so that a bad checkpoint fails naming the field and its value.
+and validated before any weight is read, so that a bad checkpoint fails naming the field and its value. One
+config covers the dense family and Qwen3.5-MoE (`num_experts` > 0: every layer's FFN is routed experts plus a
+shared expert of `intermediate_size`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ _SIZES = {  # each integer field of `Qwen35Config` and its name in config.json, 
     "gdn_key_dim": "linear_key_head_dim", "gdn_value_dim": "linear_value_head_dim",
     "conv_kernel": "linear_conv_kernel_dim", "max_position_embeddings": "max_position_embeddings",
 }
+_MOE_SIZES = {"num_experts": "num_experts", "experts_per_token": "num_experts_per_tok",
+              "expert_size": "moe_intermediate_size"}
+MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
+"""The model types of Qwen3.5-MoE (release layout, text-only layout)."""
 _REQUIRED = object()
 
 
@@ -46,6 +52,15 @@ class Qwen35Config:
     tie_word_embeddings: bool
     max_position_embeddings: int
     eos_token_id: int | None = None
+    num_experts: int = 0
+    """Routed experts per layer (Qwen3.5-MoE); 0 for the dense models."""
+    experts_per_token: int = 0
+    expert_size: int = 0
+    """Each routed expert's intermediate size (`moe_intermediate_size`)."""
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def num_layers(self) -> int:
@@ -97,6 +112,14 @@ class Qwen35Config:
         eos = self.eos_token_id
         if eos is not None and (type(eos) is not int or eos < 0):
             raise ValueError(f"eos_token_id must be a token id, got {_shown(eos)}")
+        if self.is_moe:
+            for name, key in _MOE_SIZES.items():
+                value = getattr(self, name)
+                if type(value) is not int or value <= 0:
+                    raise ValueError(f"{key} must be a positive integer, got {_shown(value)}")
+            if self.experts_per_token > self.num_experts:
+                raise ValueError(f"num_experts_per_tok ({self.experts_per_token}) must be at most num_experts "
+                                 f"({self.num_experts})")
 
     def check_cuda_kernels(self) -> None:
         """ValueError unless the CUDA kernels take these head sizes (attention: a power-of-two head_dim; Gated
@@ -111,8 +134,11 @@ class Qwen35Config:
                                  f"{value}")
 
     @classmethod
-    def from_text_config(cls, text: dict[str, Any], tie_word_embeddings: bool | None = None) -> Qwen35Config:
-        """From a `qwen3_5_text` config dict (the release layout's `text_config`, or a text-only config.json).
+    def from_text_config(
+        cls, text: dict[str, Any], tie_word_embeddings: bool | None = None, moe: bool = False
+    ) -> Qwen35Config:
+        """From a `qwen3_5_text` config dict (the release layout's `text_config`, or a text-only config.json), or
+        with `moe` a `qwen3_5_moe_text` one (its shared expert's size is `intermediate_size`).
 
         ValueError, naming the field and its value, for anything but a Qwen3.5 decoder this engine runs: a
         missing or non-integer size (integral floats are taken), a value out of range (`validate`), a rope type
@@ -153,10 +179,15 @@ class Qwen35Config:
         eos = text.get("eos_token_id")
         if isinstance(eos, list):
             eos = eos[0] if eos else None
+        experts = {}
+        if moe:
+            experts = {"num_experts": _size(text, "num_experts"),
+                       "experts_per_token": _size(text, "num_experts_per_tok"),
+                       "expert_size": _size(text, "moe_intermediate_size")}
         return cls(
             vocab_size=_size(text, "vocab_size"),
             hidden_size=_size(text, "hidden_size"),
-            intermediate_size=_size(text, "intermediate_size"),
+            intermediate_size=_size(text, "shared_expert_intermediate_size" if moe else "intermediate_size"),
             layer_types=tuple(layer_types),
             num_heads=_size(text, "num_attention_heads"),
             num_kv_heads=_size(text, "num_key_value_heads"),
@@ -172,6 +203,7 @@ class Qwen35Config:
             tie_word_embeddings=tie,
             max_position_embeddings=_size(text, "max_position_embeddings", 32768),
             eos_token_id=eos,
+            **experts,
         )
 
 

@@ -6,7 +6,8 @@ embedding, the keys and values saved into the pool) read it from the round's met
 functions. The RMS norms (plain, with the residual add folded in, the Gated DeltaNet's gated one), the MLP's
 SwiGLU, the readout's label softmax and its token log-probabilities go through here too, so that each is one kernel on CUDA instead of a
 chain of elementwise ops.
-The projections (`linear`) go through here as well, so the batch-invariant mode can swap in its fixed-order GEMM.
+So do an MoE FFN's routed experts (`moe_experts`: grouped GEMMs on CUDA). The projections (`linear`) go
+through here as well, so the batch-invariant mode can swap in its fixed-order GEMM.
 `reference_ops` binds the pure-torch definitions (CPU); `invariant_reference_ops` their fixed-order forms
 (`kernels.fixed_order`); `kernel_ops()` the Triton kernels; another kernel set drops in by providing an `Ops`
 with the same signatures.
@@ -30,6 +31,7 @@ from flide_sdk.kernels.reference import (
     gated_rms_norm_reference,
     gdn_front_reference,
     label_softmax_reference,
+    moe_experts_reference,
     rms_norm_reference,
     swiglu_reference,
     token_logprobs_reference,
@@ -72,6 +74,9 @@ class Ops:
     """(x [..., D], gate [..., D], weight [D], eps) -> weight * rmsnorm(x) * silu(gate) in x's dtype."""
     swiglu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     """(gate [T, I], up [T, I]) -> silu(gate) * up in their dtype."""
+    moe_experts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    """(x [T, H], gate_up [E, 2I, H], down [E, H, I], experts [T, k], weights [T, k] float32) -> the weighted sum
+    of each token's experts' SwiGLU MLPs [T, H] in x's dtype (`kernels.reference.moe_experts_reference`)."""
     label_softmax: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     """(h [R, hidden], head weight [vocab, hidden], label ids [R, L], -1 for none) -> float32 softmax over each
     row's label logits (float32 dot products) [R, L]."""
@@ -96,6 +101,7 @@ reference_ops = Ops(
     add_rms_norm=add_rms_norm_reference,
     gated_rms_norm=gated_rms_norm_reference,
     swiglu=swiglu_reference,
+    moe_experts=moe_experts_reference,
     label_softmax=label_softmax_reference,
     token_logprobs=token_logprobs_reference,
 )
@@ -129,6 +135,7 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
     from flide_sdk.kernels.gdn_front import gdn_front_triton
     from flide_sdk.kernels.label_softmax import label_softmax_triton
     from flide_sdk.kernels.matmul import linear_triton
+    from flide_sdk.kernels.moe import moe_experts_grouped
     from flide_sdk.kernels.rms_norm import (
         add_rms_norm_triton,
         gated_rms_norm_triton,
@@ -158,6 +165,7 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
         add_rms_norm=add_rms_norm_triton,
         gated_rms_norm=gated_rms_norm_triton,
         swiglu=swiglu_triton,
+        moe_experts=moe_experts_grouped,
         label_softmax=label_softmax_triton,
         token_logprobs=token_logprobs_triton,
     )

@@ -1,4 +1,5 @@
-"""Qwen3.5 text decoder (Gated DeltaNet + gated full attention, 3:1) over a round's flat stream.
+"""Qwen3.5 text decoder (Gated DeltaNet + gated full attention, 3:1) over a round's flat stream; the MoE
+models' FFN is routed experts plus a shared expert (`SparseMoE`, the experts through `ops.moe_experts`).
 
 Parameter names mirror the Hugging Face checkpoints (`layers.N.linear_attn.in_proj_qkv.weight`, ...), so a
 state dict loads by name. The forward reads request structure only through `RoundTensors` and the four
@@ -124,11 +125,12 @@ class RMSNorm(Weight):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: Qwen35Config) -> None:
+    def __init__(self, config: Qwen35Config, intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.gate_proj = Linear(config.hidden_size, config.intermediate_size)
-        self.up_proj = Linear(config.hidden_size, config.intermediate_size)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
+        size = config.intermediate_size if intermediate_size is None else intermediate_size
+        self.gate_proj = Linear(config.hidden_size, size)
+        self.up_proj = Linear(config.hidden_size, size)
+        self.down_proj = Linear(size, config.hidden_size)
         self.fused: FusedProjections | None = None
 
     def fuse(self) -> None:
@@ -137,6 +139,49 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         gate, up = project(self.fused, [self.gate_proj, self.up_proj], x, ops)
         return self.down_proj(ops.swiglu(gate, up), ops)
+
+
+class SparseMoE(nn.Module):
+    """Qwen3.5-MoE's FFN: top-k of the router's softmax, renormalised, weighting the chosen experts' SwiGLU MLPs,
+    plus a shared expert scaled by a sigmoid gate. The experts keep the checkpoint's names
+    (`experts.N.gate_proj.weight`, ...); `fuse` stacks them into gate|up [E, 2I, hidden] and down [E, hidden, I]
+    for `ops.moe_experts` (their parameters become views), and runs the router, the shared expert's gate and its
+    gate|up, which read the same input, as one GEMM."""
+
+    def __init__(self, config: Qwen35Config) -> None:
+        super().__init__()
+        self.top_k = config.experts_per_token
+        self.gate = Linear(config.hidden_size, config.num_experts)
+        self.experts = nn.ModuleList(MLP(config, config.expert_size) for _ in range(config.num_experts))
+        self.shared_expert = MLP(config)
+        self.shared_expert_gate = Linear(config.hidden_size, 1)
+        self.fused: FusedProjections | None = None
+        self.gate_up: torch.Tensor | None = None
+        self.down: torch.Tensor | None = None
+
+    @property
+    def inputs(self) -> list[Linear]:
+        return [self.gate, self.shared_expert_gate, self.shared_expert.gate_proj, self.shared_expert.up_proj]
+
+    def fuse(self) -> None:
+        self.fused = FusedProjections(self.inputs)
+        size = self.experts[0].gate_proj.weight.shape[0]
+        self.gate_up = torch.stack([torch.cat([e.gate_proj.weight.detach(), e.up_proj.weight.detach()])
+                                    for e in self.experts])
+        self.down = torch.stack([e.down_proj.weight.detach() for e in self.experts])
+        for index, expert in enumerate(self.experts):
+            expert.gate_proj.weight.data = self.gate_up[index, :size]
+            expert.up_proj.weight.data = self.gate_up[index, size:]
+            expert.down_proj.weight.data = self.down[index]
+
+    def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
+        router, shared_gate, gate, up = project(self.fused, self.inputs, x, ops)
+        probabilities = torch.softmax(router.float(), dim=-1)
+        weights, experts = torch.topk(probabilities, self.top_k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        routed = ops.moe_experts(x, self.gate_up, self.down, experts, weights)
+        shared = self.shared_expert.down_proj(ops.swiglu(gate, up), ops)
+        return routed + torch.sigmoid(shared_gate) * shared
 
 
 class GatedAttention(nn.Module):
@@ -244,7 +289,7 @@ class DecoderLayer(nn.Module):
             self.self_attn = GatedAttention(config)
         else:
             self.linear_attn = GatedDeltaNet(config)
-        self.mlp = MLP(config)
+        self.mlp = SparseMoE(config) if config.is_moe else MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -300,7 +345,9 @@ class Qwen35Model(nn.Module):
         """The weight shapes the forward passes to `ops.linear`: every projection's, fused or not (not the head's:
         the label softmax reads its rows)."""
         head = getattr(self, "lm_head", None)
-        shapes = {tuple(m.weight.shape) for m in self.modules() if isinstance(m, Linear) and m is not head}
+        experts = {m for layer in self.layers if isinstance(layer.mlp, SparseMoE) for m in layer.mlp.experts.modules()}
+        shapes = {tuple(m.weight.shape) for m in self.modules()
+                  if isinstance(m, Linear) and m is not head and m not in experts}
         for layer in self.layers:
             for part in (layer.self_attn if layer.is_attention else layer.linear_attn, layer.mlp):
                 if part.fused is not None:
