@@ -1,0 +1,256 @@
+"""The ecosystem's decision models on flide_sdk against transformers' `pipeline("decision")`, on one device.
+
+    PYTHONPATH=$PWD python benchmarks/decision_models.py --model moe          (Qwen3.5-MoE at 35B-A3B shapes)
+    PYTHONPATH=$PWD python benchmarks/decision_models.py --model moe --tiny   (CPU smoke test)
+
+W1 (a unique ~2,000-token QuALITY state, Q = 1, 16, 64 yes/no questions): the lone latency (wall time of one ask,
+median) and the throughput of 64 closed-loop clients (requests/s), each request about a state of its own. The
+model is built in device memory from random bf16 weights with the real shapes (transformers' `Qwen3_5MoeTextConfig`
+defaults are the 35B-A3B's: 40 layers, 256 experts, top-8); its 70 GB do not fit the device's disk, so no
+checkpoint is written: the engine is built on the model, and the transformers model reads the same tensors. Both
+render with transformers' generic decision prompt (`rendering="transformers"`), so max |dp| between them is
+reported. The pipeline answers one prompt at a time, one request at a time: its 64-client throughput is its
+sequential requests/s (concurrent callers only queue on the same device).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import flide_sdk as fl
+from benchmarks.common import (
+    Phases,
+    command_line,
+    data_path,
+    latency_stats,
+    release_device_memory,
+    run_metadata,
+    stats_delta,
+    write_result,
+)
+from benchmarks.questions_per_state import UniqueStates
+from flide_sdk.models.checkpoint import random_state_dict
+from flide_sdk.models.config import Qwen35Config
+from flide_sdk.models.qwen35 import Qwen35Model
+from flide_sdk.text.render import Renderer
+
+Q_COUNTS = (1, 16, 64)
+CLIENTS = 64
+TINY_MOE = {"vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
+
+
+def moe_directory(tiny: bool) -> tuple[Path, dict[str, Any]]:
+    """A checkpoint directory without weights: the MoE config.json and a tokenizer (the tiny one, or Qwen3.5's)."""
+    from transformers import Qwen3_5MoeTextConfig
+
+    path = Path(tempfile.mkdtemp(prefix="flide-moe-"))
+    if tiny:
+        from flide_sdk.testing import tiny_checkpoint
+
+        source = tiny_checkpoint()
+        text = Qwen3_5MoeTextConfig(**TINY_MOE, eos_token_id=json.loads((source / "config.json").read_text())[
+            "eos_token_id"]).to_dict()
+    else:
+        source = data_path("tokenizer", "qwen3.5")
+        text = Qwen3_5MoeTextConfig().to_dict()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, path / name)
+    (path / "config.json").write_text(json.dumps(text))
+    return path, text
+
+
+def random_model(config: Qwen35Config, device: str, dtype: torch.dtype) -> Qwen35Model:
+    """The decoder with random weights (`random_state_dict`) made on the device, fused as a loaded one is."""
+    with torch.device("meta"):
+        model = Qwen35Model(config)
+    model.load_state_dict(random_state_dict(config, seed=0, dtype=dtype, device=device), assign=True)
+    model.fuse_projections()
+    return model.eval()
+
+
+def transformers_twin(model: Qwen35Model, text: dict[str, Any], device: str):
+    """transformers' `Qwen3_5MoeForCausalLM` on the engine model's tensors (the stacked experts are its
+    gate_up_proj / down_proj), with its rotary buffers made on the device."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    config = Qwen3_5MoeTextConfig(**text)
+    with torch.device("meta"):
+        twin = Qwen3_5MoeForCausalLM(config)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if ".mlp.experts." in name:
+            continue
+        state[name if name == "lm_head.weight" else "model." + name] = tensor
+    for index, layer in enumerate(model.layers):
+        state[f"model.layers.{index}.mlp.experts.gate_up_proj"] = layer.mlp.gate_up
+        state[f"model.layers.{index}.mlp.experts.down_proj"] = layer.mlp.down
+    twin.load_state_dict(state, assign=True, strict=True)
+    with torch.device(device):
+        twin.model.rotary_emb = type(twin.model.rotary_emb)(config)
+    left = [name for name, buffer in twin.named_buffers() if buffer.is_meta]
+    if left:
+        raise RuntimeError(f"buffers left unmade: {left}")
+    return twin.eval()
+
+
+def grouped_vs_reference(model: Qwen35Model, tokens: int = 512) -> dict[str, float]:
+    """The routed experts of layer 0 on random inputs: the grouped GEMMs (the CUDA op) against the per-expert
+    reference, in the weights' dtype."""
+    from flide_sdk.kernels.moe import moe_experts_grouped
+    from flide_sdk.kernels.reference import moe_experts_reference
+
+    moe = model.layers[0].mlp
+    x = torch.randn(tokens, model.config.hidden_size, device=moe.down.device).to(moe.down.dtype)
+    weights, experts = torch.topk(torch.softmax((x @ moe.gate.weight.T).float(), -1), moe.top_k, dim=-1)
+    weights = weights / weights.sum(-1, keepdim=True)
+    expected = moe_experts_reference(x, moe.gate_up, moe.down, experts, weights).float()
+    got = moe_experts_grouped(x, moe.gate_up, moe.down, experts, weights).float()
+    return {"max_abs_diff": float((got - expected).abs().max()), "mean_abs": float(expected.abs().mean())}
+
+
+def questions_of(count: int) -> dict[str, dict[str, str]]:
+    from benchmarks.common import STORY_QUESTIONS
+
+    return {f"q{i}": {"type": "noul", "instructions": text} for i, text in enumerate(STORY_QUESTIONS[:count])}
+
+
+async def engine_point(engine, states: UniqueStates, q: int, repeat: int, requests: int) -> dict[str, Any]:
+    """Lone latency over `repeat` asks, then `requests` asks from CLIENTS closed-loop clients; each about a new state."""
+    questions = questions_of(q)
+    lone = [states.next() for _ in range(repeat + 2)]
+    times = []
+    for index, state in enumerate(lone):
+        started = time.perf_counter()
+        await engine.ask(state, questions)
+        if index >= 2:  # two warm-up asks
+            times.append(1000.0 * (time.perf_counter() - started))
+    supply = iter([states.next() for _ in range(requests + CLIENTS)])
+    budget = itertools.count()
+
+    async def client() -> None:
+        while next(budget) < requests:
+            await engine.ask(next(supply), questions)
+
+    await asyncio.gather(*(engine.ask(next(supply), questions) for _ in range(CLIENTS)))  # warm-up
+    before = engine.stats()
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(CLIENTS)))
+    elapsed = time.perf_counter() - started
+    return {"lone": latency_stats(times), "clients": CLIENTS, "requests": requests, "seconds": elapsed,
+            "requests_per_s": requests / elapsed, "engine_stats": stats_delta(before, engine.stats())["per_round"]}
+
+
+def pipeline_point(decide, states: list[str], q: int, device: str) -> tuple[dict[str, Any], list[dict]]:
+    """The pipeline's latency per request over `states` (the first one a warm-up) and its answers."""
+    questions, times, answers = questions_of(q), [], []
+    for index, state in enumerate(states):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        answers.append(decide({"state": state, "questions": questions}))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if index:
+            times.append(1000.0 * (time.perf_counter() - started))
+    latency = latency_stats(times)
+    return {"lone": latency, "requests_per_s": 1000.0 / latency["median_ms"]}, answers[1:]
+
+
+def max_abs_dp(ours: list, theirs: list[dict]) -> float:
+    return max(abs(float(a[name].noul) - float(t[name]["noul"])) for a, t in zip(ours, theirs) for name in t)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["moe"], default="moe")
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny shapes, float32, small counts")
+    parser.add_argument("--repeat", type=int, default=None, help="lone asks per Q (default 10, tiny 2)")
+    parser.add_argument("--requests", type=int, default=None, help="64-client requests per Q (default 256, tiny 70)")
+    parser.add_argument("--pipeline-repeat", type=int, default=None, help="pipeline requests per Q (default 3, tiny 1)")
+    parser.add_argument("--q", default=",".join(map(str, Q_COUNTS)))
+    args = parser.parse_args()
+    tiny = args.tiny
+    device, dtype = ("cpu", torch.float32) if tiny else ("cuda", torch.bfloat16)
+    repeat, requests = args.repeat or (2 if tiny else 10), args.requests or (70 if tiny else 256)
+    pipeline_repeat = args.pipeline_repeat or (1 if tiny else 3)
+    q_values = [int(q) for q in args.q.split(",")]
+    phases = Phases()
+
+    with phases("build"):
+        path, text = moe_directory(tiny)
+        config = Qwen35Config.from_text_config(text, moe=True)
+        model = random_model(config, device, dtype)
+        renderer = Renderer.from_checkpoint(path, config.max_position_embeddings, config.vocab_size, "transformers")
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    with phases("op check"):
+        op_check = grouped_vs_reference(model)
+    with phases("engine start"):
+        engine = fl.Engine(model, renderer, torch.device(device), graphs=not tiny, name="qwen3.5-moe-random",
+                           max_round_tokens=8192 if tiny else 16384)
+        engine.wait_for_graphs()
+        info = engine.info()
+    results: dict[str, Any] = {}
+    kept: dict[int, tuple[list[str], list]] = {}
+    states = UniqueStates(renderer, 300 if tiny else 2000)
+    try:
+        for q in q_values:
+            with phases(f"flide_sdk Q={q}"):
+                results[f"q{q}"] = {"flide_sdk": asyncio.run(engine_point(engine, states, q, repeat, requests))}
+                asked = [states.next() for _ in range(pipeline_repeat + 1)]
+                kept[q] = asked, [engine.ask_sync(state, questions_of(q)) for state in asked]
+    finally:
+        engine.close()
+    del engine
+    release_device_memory()
+
+    with phases("pipeline load"):
+        from transformers import AutoTokenizer, pipeline
+
+        twin = transformers_twin(model, text, device)
+        decide = pipeline("decision", model=twin, tokenizer=AutoTokenizer.from_pretrained(path))
+    for q in q_values:
+        with phases(f"pipeline Q={q}"):
+            timing, theirs = pipeline_point(decide, kept[q][0], q, device)
+            point = results[f"q{q}"]
+            point["pipeline"] = timing
+            point["lone_speedup"] = timing["lone"]["median_ms"] / point["flide_sdk"]["lone"]["median_ms"]
+            point["throughput_ratio"] = point["flide_sdk"]["requests_per_s"] / timing["requests_per_s"]
+            point["max_abs_dp"] = max_abs_dp(kept[q][1][1:], theirs)
+    shutil.rmtree(path, ignore_errors=True)
+    write_result(f"decision_models-{args.model}-{'tiny' if tiny else '35B-A3B'}", {
+        "benchmark": "decision_models", "model": args.model, **run_metadata(command_line()),
+        "settings": {"shapes": "tiny" if tiny else "Qwen3.5-35B-A3B (transformers' Qwen3_5MoeTextConfig defaults)",
+                     "device": device, "dtype": str(dtype).removeprefix("torch."), "weights_bytes": weights,
+                     "q_values": q_values, "repeat": repeat, "requests": requests, "clients": CLIENTS,
+                     "pipeline_repeat": pipeline_repeat, "rendering": "transformers",
+                     "state_tokens": {"min": min(states.lengths), "max": max(states.lengths)},
+                     "transformers_experts_implementation": twin.config._experts_implementation,
+                     "engine": {key: info[key] for key in ("capacities", "memory_bytes", "max_round_tokens")}},
+        "grouped_vs_reference": op_check,
+        "phases_s": phases.seconds,
+        "results": results,
+        "summary": {key: {"flide_ms": value["flide_sdk"]["lone"]["median_ms"],
+                          "pipeline_ms": value["pipeline"]["lone"]["median_ms"],
+                          "lone_speedup": value["lone_speedup"],
+                          "flide_rps_64": value["flide_sdk"]["requests_per_s"],
+                          "pipeline_rps": value["pipeline"]["requests_per_s"],
+                          "throughput_ratio": value["throughput_ratio"], "max_abs_dp": value["max_abs_dp"]}
+                    for key, value in results.items()},
+    })
+
+
+if __name__ == "__main__":
+    main()
