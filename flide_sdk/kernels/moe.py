@@ -2,8 +2,9 @@
 
 The (token, expert) pairs are sorted by expert; each expert's rows are one group of the gate|up GEMM and of the
 down GEMM, whose group ends are the running counts of pairs per expert (computed on the device). The outputs go
-back to pair order and each token sums its k weighted rows in float32 in slot order, so the result does not
-depend on how pairs were grouped (no atomics). `moe_experts_reference` is the definition.
+back to pair order and each token sums its k weighted rows in one batched product (float32 accumulation, slot
+order), so the result does not depend on how pairs were grouped (no atomics) and no float32 copy of the rows is
+made. `moe_experts_reference` is the definition.
 """
 
 from __future__ import annotations
@@ -28,5 +29,5 @@ def moe_experts_grouped(
     y = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=ends)
     pairs = torch.empty_like(y)
     pairs[order] = y
-    weighted = pairs.view(tokens, k, -1).float() * weights[:, :, None]
-    return weighted.sum(dim=1).to(x.dtype)
+    # [T, 1, k] x [T, k, H]: each token's k rows weighted and summed in float32 inside the product, in slot order
+    return torch.bmm(weights.to(x.dtype)[:, None, :], pairs.view(tokens, k, -1))[:, 0]

@@ -437,8 +437,8 @@ def moe_experts_reference(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
     """The routed experts' weighted sum (the definition): token t's output is sum_j weights[t, j] *
-    down_e(silu(gate_e(x_t)) * up_e(x_t)) over its experts e = experts[t, j], each expert's projections in x's
-    dtype, the weighting and the sum in float32; returned in x's dtype. x [T, H], gate_up [E, 2I, H], down
+    down_e(silu(gate_e(x_t)) * up_e(x_t)) over its experts e = experts[t, j], each expert's projections and the
+    weights in x's dtype, the sum in float32; returned in x's dtype. x [T, H], gate_up [E, 2I, H], down
     [E, H, I], experts [T, k] (int64), weights [T, k] (float32)."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     size = down.shape[-1]
@@ -446,5 +446,5 @@ def moe_experts_reference(
         tokens, slots = torch.where(experts == expert)
         gate, up = F.linear(x[tokens], gate_up[expert]).split(size, dim=-1)
         y = F.linear(F.silu(gate) * up, down[expert])
-        out.index_add_(0, tokens, y.float() * weights[tokens, slots, None])
+        out.index_add_(0, tokens, y.float() * weights[tokens, slots, None].to(x.dtype).float())
     return out.to(x.dtype)
