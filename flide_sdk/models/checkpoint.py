@@ -41,11 +41,41 @@ def read_json(file: Path) -> Any:
         raise CheckpointError(f"{file}: not readable as JSON ({error})") from error
 
 
+DECISION_FILES = {
+    "decision.json": "a decision config (labels, temperatures, template)",
+    "decision_template.jinja": "a decision template",
+    "judge_config.json": "a JEV decision head",
+    "head.safetensors": "a decision head's weights",
+    "readout.safetensors": "a decision head's weights",
+}
+"""Files of transformers' decision models that change the answers; a checkpoint holding one is refused (rather
+than answered as its plain language model) until the engine serves it."""
+
+
+def refuse_decision_files(path: Path) -> None:
+    """CheckpointError, naming the file (and the field), for a decision model's file the engine does not serve:
+    answering without it would give other probabilities than the model's own."""
+    vllm = path / "decision_config.json"
+    if vllm.is_file():
+        raw = read_json(vllm)
+        mode = raw.get("attention_mode") if isinstance(raw, dict) else None
+        if mode not in (None, "causal"):
+            raise CheckpointError(f"{vllm}: attention_mode {mode!r} cannot be served (a round forks questions from "
+                                  "their trunk's causal state)")
+        raise CheckpointError(f"{vllm}: vLLM-style decision models (codes, temperature) are not served yet")
+    for name, what in DECISION_FILES.items():
+        if (path / name).is_file():
+            raise CheckpointError(f"{path / name}: {what} is not served yet; flide_sdk would answer as the plain "
+                                  "language model, not as the decision model")
+
+
 def read_config(path: str | Path) -> tuple[Qwen35Config, str]:
-    """The decoder config of a checkpoint directory, and the key prefix of its decoder weights."""
+    """The decoder config of a checkpoint directory, and the key prefix of its decoder weights; CheckpointError for
+    a decision model's files the engine does not serve (`refuse_decision_files`)."""
     config_path = Path(path) / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{path}: no config.json (expected a Hugging Face checkpoint directory)")
+    refuse_decision_files(Path(path))
     raw = read_json(config_path)
     if not isinstance(raw, dict):
         raise CheckpointError(f"{config_path}: must hold a JSON object, got a {type(raw).__name__}")
