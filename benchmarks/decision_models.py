@@ -20,6 +20,7 @@ import asyncio
 import itertools
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -181,6 +182,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=None, help="64-client requests per Q (default 256, tiny 70)")
     parser.add_argument("--pipeline-repeat", type=int, default=None, help="pipeline requests per Q (default 3, tiny 1)")
     parser.add_argument("--q", default=",".join(map(str, Q_COUNTS)))
+    parser.add_argument("--pool-gib", type=float, default=4.0,
+                        help="the checkpoint pool's cap (W1's states are unique: each needs one checkpoint; 70 GB of "
+                             "weights leave an H100 little room, and the pool's default cap is a share of the free "
+                             "memory at start, before the rounds' activations)")
     args = parser.parse_args()
     tiny = args.tiny
     device, dtype = ("cpu", torch.float32) if tiny else ("cuda", torch.bfloat16)
@@ -197,9 +202,10 @@ def main() -> None:
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
     with phases("op check"):
         op_check = grouped_vs_reference(model)
+        print(f"grouped vs reference: {op_check}", file=sys.stderr)
     with phases("engine start"):
         engine = fl.Engine(model, renderer, torch.device(device), graphs=not tiny, name="qwen3.5-moe-random",
-                           max_round_tokens=8192 if tiny else 16384)
+                           max_round_tokens=8192 if tiny else 16384, pool_bytes=int(args.pool_gib * 2**30))
         engine.wait_for_graphs()
         info = engine.info()
     results: dict[str, Any] = {}
@@ -235,7 +241,7 @@ def main() -> None:
         "settings": {"shapes": "tiny" if tiny else "Qwen3.5-35B-A3B (transformers' Qwen3_5MoeTextConfig defaults)",
                      "device": device, "dtype": str(dtype).removeprefix("torch."), "weights_bytes": weights,
                      "q_values": q_values, "repeat": repeat, "requests": requests, "clients": CLIENTS,
-                     "pipeline_repeat": pipeline_repeat, "rendering": "transformers",
+                     "pipeline_repeat": pipeline_repeat, "rendering": "transformers", "pool_gib": args.pool_gib,
                      "state_tokens": {"min": min(states.lengths), "max": max(states.lengths)},
                      "transformers_experts_implementation": twin.config._experts_implementation,
                      "engine": {key: info[key] for key in ("capacities", "memory_bytes", "max_round_tokens")}},
