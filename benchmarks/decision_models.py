@@ -37,6 +37,7 @@ from benchmarks.common import (
     release_device_memory,
     run_metadata,
     stats_delta,
+    target,
     write_result,
 )
 from benchmarks.questions_per_state import UniqueStates
@@ -236,7 +237,10 @@ def main() -> None:
             point["throughput_ratio"] = point["flide_sdk"]["requests_per_s"] / timing["requests_per_s"]
             point["max_abs_dp"] = max_abs_dp(kept[q][1][1:], theirs)
     shutil.rmtree(path, ignore_errors=True)
-    write_result(f"decision_models-{args.model}-{'tiny' if tiny else '35B-A3B'}", {
+    targets = {f"q{q}_{name}": target(results[f"q{q}"][key], 1.0, "min") for q in q_values
+               for name, key in (("lone_speedup_vs_pipeline", "lone_speedup"),
+                                 ("throughput_ratio_vs_pipeline", "throughput_ratio"))}
+    write_result(f"decision_models_{args.model}-{'tiny' if tiny else '35B'}", {
         "benchmark": "decision_models", "model": args.model, **run_metadata(command_line()),
         "settings": {"shapes": "tiny" if tiny else "Qwen3.5-35B-A3B (transformers' Qwen3_5MoeTextConfig defaults)",
                      "device": device, "dtype": str(dtype).removeprefix("torch."), "weights_bytes": weights,
@@ -245,6 +249,7 @@ def main() -> None:
                      "state_tokens": {"min": min(states.lengths), "max": max(states.lengths)},
                      "transformers_experts_implementation": twin.config._experts_implementation,
                      "engine": {key: info[key] for key in ("capacities", "memory_bytes", "max_round_tokens")}},
+        "targets": targets,
         "grouped_vs_reference": op_check,
         "phases_s": phases.seconds,
         "results": results,
