@@ -183,6 +183,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=None, help="64-client requests per Q (default 256, tiny 70)")
     parser.add_argument("--pipeline-repeat", type=int, default=None, help="pipeline requests per Q (default 3, tiny 1)")
     parser.add_argument("--q", default=",".join(map(str, Q_COUNTS)))
+    parser.add_argument("--max-round-tokens", type=int, default=None, help="the engine's (default 16384, tiny 8192)")
     parser.add_argument("--pool-gib", type=float, default=4.0,
                         help="the checkpoint pool's cap (W1's states are unique: each needs one checkpoint; 70 GB of "
                              "weights leave an H100 little room, and the pool's default cap is a share of the free "
@@ -206,8 +207,9 @@ def main() -> None:
         print(f"grouped vs reference: {op_check}", file=sys.stderr)
     with phases("engine start"):
         engine = fl.Engine(model, renderer, torch.device(device), graphs=not tiny, name="qwen3.5-moe-random",
-                           max_round_tokens=8192 if tiny else 16384, pool_bytes=int(args.pool_gib * 2**30))
+                           max_round_tokens=args.max_round_tokens or (8192 if tiny else 16384), pool_bytes=int(args.pool_gib * 2**30))
         engine.wait_for_graphs()
+        release_device_memory()  # what capture cached goes back to the driver, where the pool maps its pages
         info = engine.info()
     results: dict[str, Any] = {}
     kept: dict[int, tuple[list[str], list]] = {}
