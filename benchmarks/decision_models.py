@@ -108,6 +108,7 @@ def transformers_twin(model: Qwen35Model, text: dict[str, Any], device: str):
     return twin.eval()
 
 
+@torch.inference_mode()
 def grouped_vs_reference(model: Qwen35Model, tokens: int = 512) -> dict[str, float]:
     """The routed experts of layer 0 on random inputs: the grouped GEMMs (the CUDA op) against the per-expert
     reference, in the weights' dtype."""
@@ -195,6 +196,12 @@ def main() -> None:
     pipeline_repeat = args.pipeline_repeat or (1 if tiny else 3)
     q_values = [int(q) for q in args.q.split(",")]
     phases = Phases()
+    from transformers.pipelines import SUPPORTED_TASKS
+
+    if "decision" not in SUPPORTED_TASKS:  # before the engine's part: the baseline is the point
+        import transformers
+
+        raise SystemExit(f"transformers {transformers.__version__} has no decision pipeline (5.2x has)")
 
     with phases("build"):
         path, text = moe_directory(tiny)
