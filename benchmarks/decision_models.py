@@ -180,6 +180,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["moe"], default="moe")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny shapes, float32, small counts")
+    parser.add_argument("--tiny-device", default="cpu", help="where --tiny runs (cuda: the CUDA ops in float32)")
     parser.add_argument("--repeat", type=int, default=None, help="lone asks per Q (default 10, tiny 2)")
     parser.add_argument("--requests", type=int, default=None, help="64-client requests per Q (default 256, tiny 70)")
     parser.add_argument("--pipeline-repeat", type=int, default=None, help="pipeline requests per Q (default 3, tiny 1)")
@@ -191,7 +192,7 @@ def main() -> None:
                              "memory at start, before the rounds' activations)")
     args = parser.parse_args()
     tiny = args.tiny
-    device, dtype = ("cpu", torch.float32) if tiny else ("cuda", torch.bfloat16)
+    device, dtype = (args.tiny_device, torch.float32) if tiny else ("cuda", torch.bfloat16)
     repeat, requests = args.repeat or (2 if tiny else 10), args.requests or (70 if tiny else 256)
     pipeline_repeat = args.pipeline_repeat or (1 if tiny else 3)
     q_values = [int(q) for q in args.q.split(",")]
@@ -213,7 +214,7 @@ def main() -> None:
         op_check = grouped_vs_reference(model)
         print(f"grouped vs reference: {op_check}", file=sys.stderr)
     with phases("engine start"):
-        engine = fl.Engine(model, renderer, torch.device(device), graphs=not tiny, name="qwen3.5-moe-random",
+        engine = fl.Engine(model, renderer, torch.device(device), graphs=device == "cuda", name="qwen3.5-moe-random",
                            max_round_tokens=args.max_round_tokens or (8192 if tiny else 16384), pool_bytes=int(args.pool_gib * 2**30))
         engine.wait_for_graphs()
         release_device_memory()  # what capture cached goes back to the driver, where the pool maps its pages
