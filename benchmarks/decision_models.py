@@ -50,7 +50,7 @@ Q_COUNTS = (1, 16, 64)
 CLIENTS = 64
 TINY_MOE = {"vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
             "num_key_value_heads": 2, "head_dim": 32, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
-            "linear_key_head_dim": 16, "linear_value_head_dim": 16, "num_experts": 8, "num_experts_per_tok": 2,
+            "linear_key_head_dim": 16, "linear_value_head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2,
             "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
 
 
