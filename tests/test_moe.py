@@ -155,3 +155,23 @@ def test_what_the_engine_cannot_serve_is_an_error(tiny_path, moe, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(fl.CheckpointError, match="moe_intermediate_size is missing"):
         fl.Engine.load(tmp_path, device="cpu")
+
+
+@pytest.mark.asyncio
+async def test_the_kernel_op_set_stays_exact(moe):
+    # mutation: `pairs[:] = y` in moe_experts_grouped (the rows left in expert order) -> fails
+    from flide_sdk.engine import Engine
+    from flide_sdk.models.ops import kernel_ops
+
+    from .test_exactness import pick
+
+    path, model = moe
+    base = fl.Engine.load(path, device="cpu", dtype="float32")
+    base.close()
+    async with Engine(base.model, base.renderer, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
+        requests = [("the", pick(["urgent"])),
+                    (text_of_tokens(engine.renderer, 90, seed=4), pick(["action", "severity"]))]
+        answers = await asyncio.gather(*(engine.ask(state, questions) for state, questions in requests))
+        assert engine.stats()["rounds"] == 1
+        for (state, questions), got in zip(requests, answers):
+            assert_exact(model, engine, state, questions, got)
