@@ -114,7 +114,7 @@ class Engine:
         rendering: str = "flide",
         progress: bool | None = None,
     ) -> Engine:
-        """Load an HF-format Qwen3.5 checkpoint directory (text-only or release layout).
+        """Load an HF-format Qwen3.5 checkpoint directory, dense or MoE (text-only or release layout).
 
         device: "cuda" when available, else "cpu". dtype: bfloat16 on CUDA, float32 on CPU.
         max_prompt_tokens: longest standalone prompt accepted (default: the model's max positions).

@@ -78,25 +78,31 @@ def test_a_json_state_and_typed_questions_give_the_pipelines_probabilities(engin
     assert_as_pipeline(decide, state, as_json, engine.ask_sync(state, typed))
 
 
-def test_sessions_and_forks_stay_as_the_pipeline(engine, decide):
-    # mutation: the transformers format's trunk ending before the state's blank line (SEPARATOR moved into the
-    # branch) -> the resumed answers stay right but the prompt ids differ from the pipeline's; labels "A", "B"
-    # read as "a", "b" -> fails every choice
-    rng = random.Random(3)
+def assert_session_and_fork_as_pipeline(engine, decide, seed: int, steps: int, fork_at: int) -> None:
+    """A session's `steps` asks, each after a new piece of history, and from `fork_at` on a fork's too, each as
+    the pipeline answers the whole state."""
+    rng = random.Random(seed)
     session, state = engine.session(), ""
     fork = fork_state = None
-    for step in range(6):
+    for step in range(steps):
         piece = " " + " ".join(rng.choice(STEP.split()) for _ in range(rng.randint(20, 200)))
         session.append(piece)
         state += piece
         assert_as_pipeline(decide, state, QUESTIONS, session.ask_sync(QUESTIONS))
-        if step == 2:
+        if step == fork_at:
             fork, fork_state = session.fork(), state
-        if fork is not None and step > 2:
+        if fork is not None and step > fork_at:
             fork.append(" the fork went on")
             fork_state += " the fork went on"
             assert_as_pipeline(decide, fork_state, QUESTIONS, fork.ask_sync(QUESTIONS))
     assert engine.stats()["checkpoint_hits"] > 0
+
+
+def test_sessions_and_forks_stay_as_the_pipeline(engine, decide):
+    # mutation: the transformers format's trunk ending before the state's blank line (SEPARATOR moved into the
+    # branch) -> the resumed answers stay right but the prompt ids differ from the pipeline's; labels "A", "B"
+    # read as "a", "b" -> fails every choice
+    assert_session_and_fork_as_pipeline(engine, decide, seed=3, steps=6, fork_at=2)
 
 
 def test_the_prompt_ids_are_the_pipelines(engine, decide):

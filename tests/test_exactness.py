@@ -54,14 +54,19 @@ def assert_exact(hf_model, engine, state, questions, answers) -> float:
     return worst
 
 
-@pytest.mark.asyncio
-async def test_mixed_round_matches_transformers(tiny_path, hf_tiny):
-    async with fl.Engine.load(tiny_path, device="cpu", round_deadline_ms=500) as engine:
+async def assert_mixed_round_exact(path, hf_model, **load_options) -> None:
+    """The `mixed_requests` asked together take one round of an engine loaded from `path`, each exact."""
+    async with fl.Engine.load(path, device="cpu", round_deadline_ms=500, **load_options) as engine:
         requests = mixed_requests(engine.renderer)
         answers = await asyncio.gather(*(engine.ask(state, questions) for state, questions in requests))
         assert engine.stats()["rounds"] == 1, "the requests must share one round for this test to mean anything"
         for (state, questions), got in zip(requests, answers):
-            assert_exact(hf_tiny, engine, state, questions, got)
+            assert_exact(hf_model, engine, state, questions, got)
+
+
+@pytest.mark.asyncio
+async def test_mixed_round_matches_transformers(tiny_path, hf_tiny):
+    await assert_mixed_round_exact(tiny_path, hf_tiny)
 
 
 def test_question_asked_alone_matches(engine, hf_tiny):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import shutil
 
 import pytest
@@ -19,8 +18,8 @@ from flide_sdk.models.checkpoint import random_state_dict
 from flide_sdk.models.config import Qwen35Config
 
 from .conftest import text_of_tokens
-from .test_decision_pipeline import QUESTIONS, STEP, assert_as_pipeline
-from .test_exactness import assert_exact, mixed_requests
+from .test_decision_pipeline import QUESTIONS, assert_as_pipeline, assert_session_and_fork_as_pipeline
+from .test_exactness import assert_exact, assert_mixed_round_exact, pick
 
 EXPERTS, TOP_K, LAYERS = 8, 2, 4
 
@@ -97,32 +96,12 @@ def test_lone_asks_give_the_pipelines_probabilities(engine, decide, tokens):
 @pytest.mark.asyncio
 async def test_a_mixed_round_matches_the_causal_lm(moe):
     # mutation: the shared expert unscaled by sigmoid(shared_expert_gate) -> fails
-    path, model = moe
-    async with fl.Engine.load(path, device="cpu", dtype="float32", round_deadline_ms=500) as engine:
-        requests = mixed_requests(engine.renderer)
-        answers = await asyncio.gather(*(engine.ask(state, questions) for state, questions in requests))
-        assert engine.stats()["rounds"] == 1, "the requests must share one round for this test to mean anything"
-        for (state, questions), got in zip(requests, answers):
-            assert_exact(model, engine, state, questions, got)
+    await assert_mixed_round_exact(*moe, dtype="float32")
 
 
 def test_sessions_and_forks_stay_as_the_pipeline(engine, decide):
     # mutation: route to the k least probable experts (topk largest=False) -> fails
-    rng = random.Random(9)
-    session, state = engine.session(), ""
-    fork = fork_state = None
-    for step in range(5):
-        piece = " " + " ".join(rng.choice(STEP.split()) for _ in range(rng.randint(20, 200)))
-        session.append(piece)
-        state += piece
-        assert_as_pipeline(decide, state, QUESTIONS, session.ask_sync(QUESTIONS))
-        if step == 1:
-            fork, fork_state = session.fork(), state
-        if fork is not None and step > 1:
-            fork.append(" the fork went on")
-            fork_state += " the fork went on"
-            assert_as_pipeline(decide, fork_state, QUESTIONS, fork.ask_sync(QUESTIONS))
-    assert engine.stats()["checkpoint_hits"] > 0
+    assert_session_and_fork_as_pipeline(engine, decide, seed=9, steps=5, fork_at=1)
 
 
 def test_the_grouped_gemm_form_computes_the_reference():
@@ -162,8 +141,6 @@ async def test_the_kernel_op_set_stays_exact(moe):
     # mutation: `pairs[:] = y` in moe_experts_grouped (the rows left in expert order) -> fails
     from flide_sdk.engine import Engine
     from flide_sdk.models.ops import kernel_ops
-
-    from .test_exactness import pick
 
     path, model = moe
     base = fl.Engine.load(path, device="cpu", dtype="float32")
