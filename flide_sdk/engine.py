@@ -17,19 +17,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flide_sdk.device.graphs import BUFFERS
-from flide_sdk.errors import AskTimeoutError, EngineClosedError
-from flide_sdk.models.checkpoint import load_model, read_config
+from flide_sdk.errors import AskTimeoutError, EngineClosedError, InvalidOptionError
+from flide_sdk.models.checkpoint import load_model, read_config, read_raw_config
+from flide_sdk.models.decision import read_decision
 from flide_sdk.models.ops import Ops, ops_for
 from flide_sdk.models.qwen35 import Qwen35Model
 from flide_sdk.options import MAX_PENDING, check_modes, check_options, on_device, resolve_device, resolve_dtype
-from flide_sdk.questions import Questions, State, SystemOneResponse, parse_questions
-from flide_sdk.serve.asks import Ask
+from flide_sdk.questions import Question, Questions, State, SystemOneResponse, parse_questions
+from flide_sdk.serve.asks import Ask, AskGroup
 from flide_sdk.serve.executor import build_executor
 from flide_sdk.serve.loop import RoundLoop, Staging, room_waits
 from flide_sdk.serve.stats import Stats
 from flide_sdk.startup import Startup, load_kernels, memory_split, size, weight_bytes
-from flide_sdk.text.history import Trunk, prompt_text
-from flide_sdk.text.render import Rendered, Renderer
+from flide_sdk.text.decision_template import DecisionTemplate, special_tokens_of
+from flide_sdk.text.history import StateLog, Trunk, prompt_text
+from flide_sdk.text.render import Rendered, RenderedQuestion, Renderer, load_chat_template
 
 if TYPE_CHECKING:
     from flide_sdk.session import Session
@@ -63,6 +65,7 @@ class Engine:
         batch_invariant: bool = False,
         name: str = "qwen3.5",
         startup: Startup | None = None,
+        decision: DecisionTemplate | None = None,
     ) -> None:
         check_options(model.config.max_position_embeddings, max_prompt_tokens=renderer.max_prompt_tokens,
                        pool_bytes=pool_bytes, pool_checkpoints=pool_checkpoints, max_round_tokens=max_round_tokens,
@@ -71,6 +74,7 @@ class Engine:
         check_modes(device, graphs, batch_invariant, custom_ops=ops is not None, moe=model.config.is_moe)
         self.model = model
         self.renderer = renderer
+        self.decision = decision  # a decision model's own prompts and reads (None: the renderer's prompt)
         self.device = device
         self.batch_invariant = batch_invariant
         self.name = name
@@ -130,13 +134,19 @@ class Engine:
         batch_invariant: every answer keeps its bits whatever else shares its round, alone, forked or resumed
         (fixed-order products, attention and GDN chunks from each question's fork, checkpoints every 64 tokens).
         rendering: how questions are written into prompts: "flide" (flide_sdk's own), or "transformers" (the
-        generic prompt of transformers' `pipeline("decision")`, whose probabilities it then gives).
+        generic prompt of transformers' `pipeline("decision")`, whose probabilities it then gives). A decision
+        model (`decision.json` / `decision_template.jinja`, a JEV head, a vLLM-style `decision_config.json`) is
+        asked with its own prompt, labels, head and temperatures, as that pipeline asks it.
         progress: print the start-up stages and the graph capture on stderr (default: when it is a terminal).
         """
         device = resolve_device(device)
         startup = Startup(progress, label=None if device.index is None else str(device))  # "cuda:1", not "cuda"
         dtype = resolve_dtype(dtype, device)
         config, _ = read_config(path)  # config, tokenizer and template are checked before any weight is read
+        spec = read_decision(Path(path), read_raw_config(Path(path)))
+        if spec is not None and rendering != "flide":
+            raise InvalidOptionError(f"rendering={rendering!r} is for plain models; {spec.source} gives this "
+                                     "decision model's own prompt")
         options = {"pool_bytes": pool_bytes, "pool_checkpoints": pool_checkpoints, "max_pending": max_pending,
                    "max_round_requests": max_round_requests, "round_deadline_ms": round_deadline_ms}
         check_options(config.max_position_embeddings, max_prompt_tokens=max_prompt_tokens,
@@ -144,9 +154,12 @@ class Engine:
         check_modes(device, graphs, batch_invariant, custom_ops=False, moe=config.is_moe)
         renderer = Renderer.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size,
                                             rendering)
+        decision = None if spec is None else DecisionTemplate(
+            spec, renderer.tokenizer, load_chat_template(Path(path)), special_tokens_of(Path(path)), renderer.boundaries)
         with on_device(device):  # what loading runs on the device runs on this one, the caller's device kept
-            return cls(load_model(path, device, dtype), renderer, device, graphs=graphs,
-                       batch_invariant=batch_invariant, name=Path(path).name, startup=startup,
+            return cls(load_model(path, device, dtype, None if spec is None else spec.head), renderer, device,
+                       graphs=graphs, batch_invariant=batch_invariant, name=Path(path).name, startup=startup,
+                       decision=decision,
                        max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192), **options)
 
     @classmethod
@@ -158,34 +171,68 @@ class Engine:
         return cls.load(tiny_checkpoint(seed), **load_options)
 
     def render(self, state: State, questions: Questions) -> Rendered:
-        """The token-level view of an ask: trunk ids, and per question its branch ids, label ids and labels."""
-        return self.renderer.render(state, parse_questions(questions))
+        """The token-level view of an ask: trunk ids, and per question its branch ids, label ids and labels (a
+        decision model's prompts may give questions trunks of their own: `Rendered.trunks`)."""
+        if self.decision is None:
+            return self.renderer.render(state, parse_questions(questions))
+        asks = self._decision_asks(state, parse_questions(questions))
+        rendered = {name: q for ask in asks for name, q in ask.rendered.items()}
+        trunks = {name: ask.trunk.tokens() for ask in asks for name in ask.questions}
+        return Rendered(asks[0].trunk.tokens(), rendered, trunks)
 
     def session(self) -> Session:
         """A new, empty session: an agent's growing history whose asks resume from checkpoints."""
         from flide_sdk.session import Session
 
-        return Session(self, self.renderer.new_history())
+        return Session(self, self.renderer.new_history() if self.decision is None else StateLog())
 
-    def prepare(self, trunk: Trunk | State, questions: Questions) -> Ask:
+    def prepare(self, trunk: Trunk | State, questions: Questions) -> Ask | AskGroup:
         """Validate `questions` and render them against a trunk (a session's snapshot, or a one-off state to
-        tokenize): the queued form of an ask. Bad input raises here."""
+        tokenize): the queued form of an ask (a group of asks when a decision model's prompts give its
+        questions several trunks). Bad input raises here."""
         if self._loop.closed:
             raise EngineClosedError("the engine is closed")
         started, cpu_started = time.perf_counter(), time.thread_time()
         parsed = parse_questions(questions)
-        rendered = self.renderer.render_questions(parsed)
-        if not isinstance(trunk, Trunk):
-            trunk = self.renderer.trunk(prompt_text(trunk))
-        self.renderer.check_length(len(trunk), rendered)
-        ask = Ask(trunk, parsed, rendered)
+        if self.decision is not None:
+            asks = self._decision_asks(trunk, parsed)
+            ask: Ask | AskGroup = asks[0] if len(asks) == 1 else AskGroup(asks, list(parsed))
+        else:
+            rendered = self.renderer.render_questions(parsed)
+            if not isinstance(trunk, Trunk):
+                trunk = self.renderer.trunk(prompt_text(trunk))
+            self.renderer.check_length(len(trunk), rendered)
+            ask = Ask(trunk, parsed, rendered)
         self._stats.add(submit_seconds=time.perf_counter() - started,
                         submit_cpu_seconds=time.thread_time() - cpu_started)
         return ask
 
-    async def submit(self, ask: Ask, queue_timeout: float | None = None) -> SystemOneResponse:
+    def _decision_asks(self, state: State, parsed: dict[str, Question]) -> list[Ask]:
+        """A decision model's asks of `state`: one per trunk its prompts share."""
+        decision = self.decision
+        prompt_text(state)  # a state no prompt can hold raises InvalidStateError here
+        views = {name: decision.question(name, question) for name, question in parsed.items()}
+        groups, texts = decision.groups(state, list(views.values()))
+        asks = []
+        for group in groups:
+            rendered = {}
+            for name, branch in group.branches.items():
+                view = views[name]
+                branch.flags.writeable = False
+                rendered[name] = RenderedQuestion(branch, decision.read_ids(view),
+                                                  tuple(view.labels[i] for i in view.order), texts[name],
+                                                  temperature=decision.temperature(view.kind))
+            trunk = group.as_trunk()
+            self.renderer.check_length(len(trunk), rendered)
+            asks.append(Ask(trunk, {name: parsed[name] for name in group.branches}, rendered))
+        return asks
+
+    async def submit(self, ask: Ask | AskGroup, queue_timeout: float | None = None) -> SystemOneResponse:
         """Queue a prepared ask (waiting for room while the queue is full) and await its answers.
         queue_timeout: seconds to wait for room before raising QueueFullError (None: wait as long as it takes)."""
+        if isinstance(ask, AskGroup):  # staged in this iteration together: they share a round
+            futures = [self._staging.stage(one, queue_timeout) for one in ask.asks]
+            return ask.merge(list(await asyncio.gather(*futures)))
         return await self._staging.stage(ask, queue_timeout)  # queued with this loop's asks of this iteration
 
     async def ask(self, state: State, questions: Questions, *, queue_timeout: float | None = None) -> SystemOneResponse:
@@ -200,10 +247,17 @@ class Engine:
         return self.submit_sync(self.prepare(state, questions), timeout, queue_timeout)
 
     def submit_sync(
-        self, ask: Ask, timeout: float | None = None, queue_timeout: float | None = None
+        self, ask: Ask | AskGroup, timeout: float | None = None, queue_timeout: float | None = None
     ) -> SystemOneResponse:
         """Queue a prepared ask (waiting for room, at most `queue_timeout` s) and block until its answers arrive.
         After `timeout` s, AskTimeoutError; an ask no round has taken yet is withdrawn then (as when cancelled)."""
+        if isinstance(ask, AskGroup):
+            deadline = None if timeout is None else time.monotonic() + timeout
+            responses = []
+            for one in ask.asks:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                responses.append(self.submit_sync(one, left, queue_timeout))
+            return ask.merge(responses)
         if queue_timeout is None:
             self._loop.submit(ask)
         else:
@@ -259,6 +313,7 @@ class Engine:
             "max_round_requests": self.max_round_requests,
             "batch_invariant": self.batch_invariant,
             "rendering": self.renderer.rendering,
+            "decision": None if self.decision is None else self.decision.spec.source,
             "capacities": [] if self._executor.graphs is None else [c.tokens for c in self._executor.graphs.ladder],
             "kernel_bundle": None if self.kernel_bundle is None else str(self.kernel_bundle.bundle),
             "memory_bytes": self._memory(self._stats.snapshot()),

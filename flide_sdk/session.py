@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from flide_sdk.errors import InvalidStateError
 from flide_sdk.questions import Questions
-from flide_sdk.text.history import History, Trunk
+from flide_sdk.text.history import History, StateLog, Trunk
 
 if TYPE_CHECKING:
     from flide_sdk.engine import Engine
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class Session:
     """Create with `engine.session()`; `append` text or messages, `await ask(questions)`, `fork()`."""
 
-    def __init__(self, engine: Engine, history: History) -> None:
+    def __init__(self, engine: Engine, history: History | StateLog) -> None:
         self.engine = engine
         self._history = history
         self._closed = False
@@ -44,7 +44,11 @@ class Session:
         return self.engine.submit_sync(self.engine.prepare(self._history.snapshot(), questions), timeout)
 
     def trunk(self) -> Trunk:
-        """The history so far as token ids: a snapshot (its stable part and the mutable tail)."""
+        """The history so far as token ids: a snapshot (its stable part and the mutable tail). A decision
+        model's prompt prints the state inside its template, one trunk per group of questions: see `render`."""
+        if isinstance(self._history, StateLog):
+            raise InvalidStateError("a decision model's session has no single trunk; "
+                                    "engine.render(state, questions) shows each question's")
         return self._history.snapshot()
 
     def fork(self) -> Session:

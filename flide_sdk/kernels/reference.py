@@ -353,12 +353,24 @@ def gdn_front_reference(
     return mixed, g, beta
 
 
-def label_softmax_reference(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
-    """softmax over each row's labels of h[r] . head[label_ids[r, l]] in float32 ([R, L]; 0 where l is -1).
+def head_logits(logits: torch.Tensor, label_ids: torch.Tensor, bias: torch.Tensor | None,
+                softcap: float | None) -> torch.Tensor:
+    """A decision head's scores from its rows' dot products [R, L]: plus the rows' bias, soft-capped."""
+    if bias is not None:
+        logits = logits + bias.float()[label_ids.clamp(min=0)]
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return logits
 
-    h [R, hidden]; head [vocab, hidden]; label_ids [R, L] (-1: no label)."""
+
+def label_softmax_reference(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Tensor,
+                            bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+    """softmax over each row's labels of h[r] . head[label_ids[r, l]] in float32 ([R, L]; 0 where l is -1);
+    a decision head's rows add `bias` and are soft-capped (`softcap * tanh(x / softcap)`) first.
+
+    h [R, hidden]; head [vocab or head rows, hidden]; label_ids [R, L] (-1: no label); bias [rows] or None."""
     label_rows = head[label_ids.clamp(min=0)]  # [R, L, hidden]
-    logits = torch.einsum("rh,rlh->rl", h.float(), label_rows.float())
+    logits = head_logits(torch.einsum("rh,rlh->rl", h.float(), label_rows.float()), label_ids, bias, softcap)
     return torch.softmax(logits.masked_fill(label_ids < 0, float("-inf")), dim=-1)
 
 

@@ -23,7 +23,8 @@ from safetensors.torch import save_file
 
 from flide_sdk.errors import CheckpointError
 from flide_sdk.models.config import MOE_TYPES, Qwen35Config
-from flide_sdk.models.qwen35 import Qwen35Model
+from flide_sdk.models.decision import HeadSpec
+from flide_sdk.models.qwen35 import DecisionHead, Qwen35Model
 
 FLOAT32_PARAMETERS = ("A_log", "dt_bias")
 """Parameters kept in float32 whatever the engine dtype (they feed exp/softplus of the decay)."""
@@ -42,46 +43,24 @@ def read_json(file: Path) -> Any:
         raise CheckpointError(f"{file}: not readable as JSON ({error})") from error
 
 
-DECISION_FILES = {
-    "decision.json": "a decision config (labels, temperatures, template)",
-    "decision_template.jinja": "a decision template",
-    "judge_config.json": "a JEV decision head",
-    "head.safetensors": "a decision head's weights",
-    "readout.safetensors": "a decision head's weights",
-}
-"""Files of transformers' decision models that change the answers; a checkpoint holding one is refused (rather
-than answered as its plain language model) until the engine serves it."""
-
-
-def refuse_decision_files(path: Path) -> None:
-    """CheckpointError, naming the file (and the field), for a decision model's file the engine does not serve:
-    answering without it would give other probabilities than the model's own."""
-    vllm = path / "decision_config.json"
-    if vllm.is_file():
-        raw = read_json(vllm)
-        mode = raw.get("attention_mode") if isinstance(raw, dict) else None
-        if mode not in (None, "causal"):
-            raise CheckpointError(f"{vllm}: attention_mode {mode!r} cannot be served (a round forks questions from "
-                                  "their trunk's causal state)")
-        raise CheckpointError(f"{vllm}: vLLM-style decision models (codes, temperature) are not served yet")
-    for name, what in DECISION_FILES.items():
-        if (path / name).is_file():
-            raise CheckpointError(f"{path / name}: {what} is not served yet; flide_sdk would answer as the plain "
-                                  "language model, not as the decision model")
-
-
 def read_config(path: str | Path) -> tuple[Qwen35Config, str]:
-    """The decoder config of a checkpoint directory, and the key prefix of its decoder weights; CheckpointError for
-    a decision model's files the engine does not serve (`refuse_decision_files`)."""
+    """The decoder config of a checkpoint directory, and the key prefix of its decoder weights."""
     config_path = Path(path) / "config.json"
-    if not config_path.is_file():
-        raise CheckpointError(f"{path}: no config.json (expected a Hugging Face checkpoint directory)")
-    refuse_decision_files(Path(path))
-    raw = read_json(config_path)
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{config_path}: must hold a JSON object, got a {type(raw).__name__}")
+    raw = read_raw_config(Path(path))
     model_type = raw.get("model_type")
     where = config_path
+    try:
+        if model_type == "jev":  # a saved JevForDecision: its base model's config nested, its decoder under model.
+            where = f"{config_path}: text_config"
+            text = raw.get("text_config")
+            if not isinstance(text, dict):
+                raise TypeError(f"must be a JSON object, got {type(text).__name__}")
+            base = text.get("model_type")
+            if base not in ("qwen3_5_text", "qwen3_5_moe_text"):
+                raise ValueError(f"model_type {base!r}: a JEV head is served on qwen3_5_text or qwen3_5_moe_text")
+            return Qwen35Config.from_text_config(text, moe=base in MOE_TYPES), "model."
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{where}: {error}") from error
     moe = model_type in MOE_TYPES
     try:
         if model_type in ("qwen3_5", "qwen3_5_moe"):
@@ -96,7 +75,18 @@ def read_config(path: str | Path) -> tuple[Qwen35Config, str]:
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{where}: {error}") from error
     raise CheckpointError(f"{config_path}: model_type {model_type!r} is not supported "
-                          "(expected qwen3_5, qwen3_5_text, qwen3_5_moe or qwen3_5_moe_text)")
+                          "(expected qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text or jev)")
+
+
+def read_raw_config(path: Path) -> dict[str, Any]:
+    """The JSON object of a checkpoint's config.json."""
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{path}: no config.json (expected a Hugging Face checkpoint directory)")
+    raw = read_json(config_path)
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{config_path}: must hold a JSON object, got a {type(raw).__name__}")
+    return raw
 
 
 def _tensor_files(path: Path) -> list[Path]:
@@ -126,14 +116,17 @@ def _target_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if name.rsplit(".", 1)[-1] in FLOAT32_PARAMETERS else dtype
 
 
-def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype) -> Qwen35Model:
-    """Build the decoder of the checkpoint at `path` on `device` in `dtype`, reading only its tensors.
+def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype,
+               head: HeadSpec | None = None) -> Qwen35Model:
+    """Build the decoder of the checkpoint at `path` on `device` in `dtype`, reading only its tensors, and its
+    decision head when `head` says where it is (a saved JEV has no language-model head: it is not read).
 
     The config is validated first (nothing is allocated for a bad one); each tensor's shape and dtype are checked
     before it is read, and all are checked finite on the device with one read of the device at the end."""
     path = Path(path)
     device = torch.device(device)
     config, prefix = read_config(path)
+    saved_jev = read_raw_config(path).get("model_type") == "jev"
     if device.type == "cuda":
         try:
             config.check_cuda_kernels()
@@ -141,27 +134,36 @@ def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype)
             raise CheckpointError(f"{path / 'config.json'}: {error}") from error
     try:
         with torch.device("meta"):  # shapes only, no memory
-            model = Qwen35Model(config)
+            decision_head = None if head is None else DecisionHead(config.hidden_size, head.rows, head.softcap)
+            model = Qwen35Model(config, decision_head, lm_head=not saved_jev)
     except (OverflowError, RuntimeError, TypeError) as error:  # a shape past int64
         first_line = str(error).splitlines()[0]
         message = f"{path / 'config.json'}: its sizes make tensors too large to describe ({first_line})"
         raise CheckpointError(message) from error
 
-    def key_of(name: str) -> str:
-        return name if name == "lm_head.weight" else prefix + name
+    head_keys = {} if head is None else {head.weight_key: "decision_head.weight"}
+    if head is not None and head.bias_key is not None:
+        head_keys[head.bias_key] = "decision_head.bias"
 
-    wanted = {key_of(name): name for name in model.state_dict()}
-    if not config.tie_word_embeddings:
-        wanted["lm_head.weight"] = "lm_head.weight"
+    def key_of(name: str) -> str:
+        keys = {"lm_head.weight": "lm_head.weight", **{ours: key for key, ours in head_keys.items()}}
+        return keys.get(name, prefix + name)
+
     expected_shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    wanted = {key_of(name): name for name in expected_shapes if not name.startswith("decision_head.")}
+    files = _tensor_files(path)
+    head_files = files if head is None or head.file is None else [head.file]
     found: dict[str, torch.Tensor] = {}
     sources: dict[str, Path] = {}
     finite: list[torch.Tensor] = []  # per tensor found, whether it is all finite (on the device, read once)
-    for file in _tensor_files(path):
+    for file in dict.fromkeys([*files, *head_files]):
+        in_head = file in head_files
+        if in_head and head is not None and head.file is not None:  # a head's own file holds only the head
+            _check_head_file(file, head_keys)
         try:
             with safe_open(str(file), framework="pt", device="cpu") as reader:
                 for key in reader.keys():  # noqa: SIM118 (a safe_open reader is not iterable)
-                    name = wanted.get(key)
+                    name = head_keys.get(key) if in_head and key in head_keys else wanted.get(key)
                     if name is None:
                         continue
                     if name in found:
@@ -178,6 +180,9 @@ def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype)
                     finite.append(torch.isfinite(tensor).all())
         except (OSError, SafetensorError) as error:
             raise CheckpointError(f"{file}: not a readable safetensors file ({error})") from error
+    if head is not None and "decision_head.bias" not in found:  # none stored: zeros, transformers' init
+        found["decision_head.bias"] = torch.zeros(head.rows, device=device, dtype=dtype)
+        finite.append(torch.isfinite(found["decision_head.bias"]).all())
     missing = sorted(set(expected_shapes) - set(found))
     if missing:
         shown = ", ".join(key_of(name) for name in missing[:5])
@@ -191,6 +196,19 @@ def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype)
     model.load_state_dict(found, assign=True)
     model.fuse_projections()
     return model.eval()
+
+
+def _check_head_file(file: Path, head_keys: dict[str, str]) -> None:
+    """A head file holds the head's tensors and nothing else (another tensor would be one it cannot read)."""
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as reader:
+            keys = list(reader.keys())
+    except (OSError, SafetensorError) as error:
+        raise CheckpointError(f"{file}: not a readable safetensors file ({error})") from error
+    unknown = [key for key in keys if key not in head_keys]
+    if unknown:
+        raise CheckpointError(f"{file}: tensor {unknown[0]!r} is not a decision head's (expected "
+                              f"{', '.join(head_keys)})")
 
 
 def random_state_dict(

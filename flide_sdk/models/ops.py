@@ -77,9 +77,10 @@ class Ops:
     moe_experts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     """(x [T, H], gate_up [E, 2I, H], down [E, H, I], experts [T, k], weights [T, k] float32) -> the weighted sum
     of each token's experts' SwiGLU MLPs [T, H] in x's dtype (`kernels.reference.moe_experts_reference`)."""
-    label_softmax: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-    """(h [R, hidden], head weight [vocab, hidden], label ids [R, L], -1 for none) -> float32 softmax over each
-    row's label logits (float32 dot products) [R, L]."""
+    label_softmax: Callable[..., torch.Tensor]
+    """(h [R, hidden], head weight [vocab, hidden], label ids [R, L], -1 for none[, bias [rows], softcap]) ->
+    float32 softmax over each row's label logits (float32 dot products, plus a decision head's bias, soft-capped)
+    [R, L]."""
     token_logprobs: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     """(h [X, hidden], head weight [vocab, hidden], target ids [X]) -> float32 log-probability of each row's target
     under the softmax over the whole vocabulary (float32 logits) [X]; a row's value independent of the others."""

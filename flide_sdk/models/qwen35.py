@@ -107,6 +107,17 @@ class Weight(nn.Module):
         self.weight = nn.Parameter(torch.empty(shape))
 
 
+class DecisionHead(nn.Module):
+    """A decision model's linear head over the final hidden state (`rows` scores, with bias), soft-capped when
+    `softcap` is set; the label softmax reads only its rows of each question's options."""
+
+    def __init__(self, hidden_size: int, rows: int, softcap: float | None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(rows, hidden_size))
+        self.bias = nn.Parameter(torch.empty(rows))
+        self.softcap = softcap
+
+
 class RMSNorm(Weight):
     """Zero-centred RMSNorm (`flide_sdk.kernels.rms_norm`) over the last dimension, through the op set."""
 
@@ -323,15 +334,16 @@ class Qwen35Model(nn.Module):
     (recurrent states, conv windows) arenas for a Gated DeltaNet layer.
     """
 
-    def __init__(self, config: Qwen35Config) -> None:
+    def __init__(self, config: Qwen35Config, head: DecisionHead | None = None, lm_head: bool = True) -> None:
         super().__init__()
         self.config = config
         self.residual_dtype = torch.float32  # the residual stream's dtype (module docstring)
         self.embed_tokens = Weight(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, kind) for kind in config.layer_types)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        if not config.tie_word_embeddings:
+        if lm_head and not config.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        self.decision_head = head  # when set, questions are read from its rows instead of label tokens'
         self._rope: tuple | None = None  # ((dtype, device), (cos, sin)): `rope_tables`
 
     def fuse_projections(self) -> None:
@@ -367,6 +379,13 @@ class Qwen35Model(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
+    def label_probabilities(self, h: torch.Tensor, label_ids: torch.Tensor, ops: Ops) -> torch.Tensor:
+        """Each readout row's option probabilities: the decision head's rows, or the label tokens' logits."""
+        head = self.decision_head
+        if head is None:
+            return ops.label_softmax(h, self.head_weight(), label_ids)
+        return ops.label_softmax(h, head.weight, label_ids, head.bias, head.softcap)
+
     @torch.inference_mode()
     def forward(self, rnd: RoundTensors, ops: Ops, caches: Sequence[LayerCache]) -> Readout:
         embedded = F.embedding(rnd.ids, self.embed_tokens.weight)
@@ -396,8 +415,8 @@ class Qwen35Model(nn.Module):
         _, h = self.norm.add(x, delta, ops)  # [R (+ X), hidden]
         if not readout.text_rows.numel():
             # [R, L]; label ids -1 where a question has fewer labels
-            probabilities = ops.label_softmax(h, self.head_weight(), readout.label_ids)
+            probabilities = self.label_probabilities(h, readout.label_ids, ops)
             return Readout(probabilities, h.new_zeros(0, dtype=torch.float32))
         questions = readout.rows.shape[0]
-        probabilities = ops.label_softmax(h[place[:questions]], self.head_weight(), readout.label_ids)
+        probabilities = self.label_probabilities(h[place[:questions]], readout.label_ids, ops)
         return Readout(probabilities, ops.token_logprobs(h[place[questions:]], self.head_weight(), readout.text_targets))

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flide_sdk.plan.layout import Branches
-from flide_sdk.questions import Question
+from flide_sdk.questions import Question, SystemOneResponse, Usage
 from flide_sdk.text.history import BLOCK, Trunk
 from flide_sdk.text.render import RenderedQuestion
 
@@ -37,6 +37,7 @@ class Ask:
     branches: Branches = field(init=False)
     branch_tokens: int = field(init=False)  # stream tokens of its branches
     option_counts: list[int] = field(init=False)  # each question's number of options, in question order
+    temperatures: list[float] = field(init=False)  # each question's (a decision model's; 1: none)
     prompt_tokens: int = field(init=False)  # the prompts' tokens: the trunk, and each question's text once
     output_tokens: int = field(init=False)  # the reply tokens read: one label per question, or its options' replies
     trunk_key: TrunkKey = field(init=False)
@@ -51,6 +52,7 @@ class Ask:
                                     [q.replies for q in rendered])
         self.branch_tokens = int(self.branches.lengths.sum())
         self.option_counts = [q.options for q in rendered]
+        self.temperatures = [q.temperature for q in rendered]
         self.prompt_tokens = len(self.trunk) + sum(len(q.ids) for q in rendered)
         self.output_tokens = sum(sum(len(reply) for reply in q.replies) or 1 for q in rendered)
         trunk = self.trunk
@@ -71,3 +73,18 @@ class Ask:
             and np.array_equal(a.tail, b.tail)
             and a.prefix_equals(b.buffer, b.boundary)
         )
+
+
+@dataclass(eq=False)
+class AskGroup:
+    """One request whose questions a decision model's prompts split over several trunks: an ask per trunk,
+    queued together (so they share a round), answered as one response in the request's question order."""
+
+    asks: list[Ask]
+    names: list[str]
+
+    def merge(self, responses: list[SystemOneResponse]) -> SystemOneResponse:
+        answers = {name: answer for response in responses for name, answer in response.items()}
+        usage = Usage(input_tokens=sum(r.usage.input_tokens for r in responses),
+                      output_tokens=sum(r.usage.output_tokens for r in responses))
+        return SystemOneResponse({name: answers[name] for name in self.names}, model=responses[0].model, usage=usage)

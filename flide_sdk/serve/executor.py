@@ -295,9 +295,18 @@ class Executor:
         rows = iter(probabilities[:, :width].astype(np.float64).tolist())
         results = []
         for ask in asks:
-            answers: dict[str, Answer] = {name: question.answer(next(rows)[:count]) for (name, question), count
-                                          in zip(ask.questions.items(), ask.option_counts)}
+            answers: dict[str, Answer] = {
+                name: question.answer(tempered(next(rows)[:count], temperature)) for (name, question), count,
+                temperature in zip(ask.questions.items(), ask.option_counts, ask.temperatures)}
             usage = Usage(input_tokens=ask.prompt_tokens, output_tokens=ask.output_tokens)
             results.append((ask, SystemOneResponse(answers, model=self.name, usage=usage)))
         return results
 
+
+
+def tempered(probabilities: list[float], temperature: float) -> list[float]:
+    """softmax(z / T) from softmax(z): p ** (1 / T), renormalised (the logits' constant cancels)."""
+    if temperature == 1.0:
+        return probabilities
+    powered = np.asarray(probabilities, dtype=np.float64) ** (1.0 / temperature)
+    return (powered / powered.sum()).tolist()

@@ -134,6 +134,41 @@ def prompt_text(value: Any, what: str = "the state") -> str:
     return text
 
 
+def check_append(kind: str | None, item: Any) -> tuple[str, str]:
+    """(the kind a session's state has after appending `item` to one of `kind`, the item's prompt text);
+    InvalidStateError for an item of the other kind, or neither text nor a message dict."""
+    if isinstance(item, str):
+        if kind == "messages":
+            raise InvalidStateError("this session holds messages; append a dict with 'role' and 'content'")
+        return "text", prompt_text(item, "the appended text")
+    if not isinstance(item, dict) or "role" not in item or "content" not in item:
+        raise InvalidStateError("append a string, or a message dict with 'role' and 'content'")
+    if kind == "text":
+        raise InvalidStateError("this session holds text; append strings, not messages")
+    return "messages", prompt_text(item, "the message")
+
+
+class StateLog:
+    """A session's state kept whole (its text, or its list of messages), for a decision model's prompt, which
+    prints the state inside its own template: every ask renders it again (`snapshot` is the state)."""
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+        self.items: list[Any] = []
+
+    def append(self, item: str | dict[str, Any]) -> None:
+        self.kind, _ = check_append(self.kind, item)
+        self.items.append(item if isinstance(item, str) else dict(item))
+
+    def snapshot(self) -> str | list[dict[str, Any]]:
+        return list(self.items) if self.kind == "messages" else "".join(self.items)
+
+    def fork(self) -> StateLog:
+        other = StateLog()
+        other.kind, other.items = self.kind, list(self.items)
+        return other
+
+
 class History:
     """A state that grows by appends, tokenized incrementally; `snapshot()` gives the trunk of an ask."""
 
@@ -158,19 +193,12 @@ class History:
 
     def append(self, item: str | dict[str, Any]) -> None:
         """Append text (concatenated) or a message dict with `role` and `content` (the state is then a list)."""
-        if isinstance(item, str):
-            if self.kind == "messages":
-                raise InvalidStateError("this session holds messages; append a dict with 'role' and 'content'")
-            prompt_text(item, "the appended text")
+        kind, encoded = check_append(self.kind, item)
+        if kind == "text":
             self.kind = "text"
             self._pending += item
             self.appended_chars += len(item)
             return
-        if not isinstance(item, dict) or "role" not in item or "content" not in item:
-            raise InvalidStateError("append a string, or a message dict with 'role' and 'content'")
-        if self.kind == "text":
-            raise InvalidStateError("this session holds text; append strings, not messages")
-        encoded = prompt_text(item, "the message")
         piece = ("[" if self.kind is None else ", ") + encoded
         self.kind = "messages"
         self._closer = "]"

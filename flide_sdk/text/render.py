@@ -24,7 +24,7 @@ import string
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ class RenderedQuestion:
     labels: tuple[str, ...]
     text: str
     replies: tuple[np.ndarray, ...] = ()
+    temperature: float = 1.0  # a decision model's, for this question's type: probabilities ~ p ** (1 / T)
 
     @property
     def options(self) -> int:
@@ -91,14 +92,16 @@ class CacheSizes:
 
 @dataclass(frozen=True)
 class Rendered:
-    """A request at token level: `state_ids` is the trunk; `trunk + questions[name].ids` is a whole prompt."""
+    """A request at token level: `state_ids` is the trunk; `trunk + questions[name].ids` is a whole prompt.
+    A decision model's prompts may split a request into several trunks: `trunks` then names each question's."""
 
     state_ids: np.ndarray
     questions: dict[str, RenderedQuestion]
+    trunks: dict[str, np.ndarray] = field(default_factory=dict)
 
     def prompt_ids(self, name: str) -> np.ndarray:
-        """The standalone prompt of one question: trunk + its branch."""
-        return np.concatenate([self.state_ids, self.questions[name].ids])
+        """The standalone prompt of one question (up to its read token): its trunk + its branch."""
+        return np.concatenate([self.trunks.get(name, self.state_ids), self.questions[name].ids])
 
 
 def load_chat_template(path: Path) -> str:

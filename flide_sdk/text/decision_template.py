@@ -1,0 +1,283 @@
+"""Rendering asks with a decision model's own prompt (`models.decision.DecisionSpec`) into trunks and branches.
+
+The template renders the whole prompt of one question (it reads `question`) or of all of them (`questions`),
+in the environment of transformers' chat templates; `<|mark|>` marks where an answer is read (the token before
+it), `<|split|>` only breaks the encoding, and both are dropped from the ids. Each question's prompt, cut after
+its read token, is what it is asked alone; questions are grouped by the prefix their prompts share, each group
+one trunk (saved at the end of the state when the state is found in it) with a branch per question, so
+questions whose prompts share little are separate trunks of one round.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.meta
+import jinja2.sandbox
+import numpy as np
+from tokenizers import AddedToken, Tokenizer
+
+from flide_sdk.errors import CheckpointError, InvalidQuestionError
+from flide_sdk.models.decision import DecisionSpec
+from flide_sdk.questions import Choice, Noul, Question, Score
+from flide_sdk.text.cuts import BoundaryFinder
+from flide_sdk.text.decision_prompts import generic_prompt
+from flide_sdk.text.history import TokenBuffer, Trunk, chain_hashes, prompt_text
+from flide_sdk.text.marked_encoding import MarkedEncoder, template_literals
+
+MARK, SPLIT = "<|mark|>", "<|split|>"
+DEFAULT_LABELS = {"noul": ("Yes", "No"), "choice": tuple(string.ascii_uppercase),
+                  "score": tuple(string.ascii_uppercase)}
+TYPE_OF = {Noul: "noul", Choice: "choice", Score: "score"}
+
+
+def environment() -> jinja2.Environment:
+    """A sandbox like transformers' for chat templates: trimmed blocks, loop controls, its `tojson` (no HTML
+    escaping), `raise_exception` and `strftime_now`."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=[jinja2.ext.loopcontrols])
+
+    def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env
+
+
+@dataclass(frozen=True)
+class TemplateQuestion:
+    """A question as the template sees it (`as_dict`), and where its answer is read from: the token ids of
+    its labels, or a head's rows, in the SDK's option order (`option_ids`)."""
+
+    name: str
+    kind: str
+    instructions: Any
+    options: list[str]
+    labels: list[str]
+    descriptions: list[Any]
+    order: list[int]  # template option index of each of the SDK's options
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "type": self.kind, "instructions": self.instructions, "options": self.options,
+                "labels": self.labels, "descriptions": self.descriptions}
+
+
+@dataclass(frozen=True)
+class PromptGroup:
+    """Questions sharing one trunk: its ids (`trunk`, saved at `boundary`) and each question's branch ids."""
+
+    trunk: np.ndarray
+    boundary: int
+    branches: dict[str, np.ndarray]
+
+    def as_trunk(self) -> Trunk:
+        buffer = TokenBuffer(max(256, len(self.trunk)))
+        buffer.extend(self.trunk[: self.boundary])
+        stable = buffer.view()
+        tail = self.trunk[self.boundary:].copy()
+        tail.flags.writeable = False
+        return Trunk(stable, tail, chain_hashes(stable), buffer, len(self.trunk))
+
+
+class DecisionTemplate:
+    """Renders (state, questions) with a decision spec into groups of trunk + branches and each question's
+    read ids and temperature."""
+
+    def __init__(self, spec: DecisionSpec, tokenizer: Tokenizer, chat_template: str,
+                 special_tokens: Mapping[str, str], boundaries: BoundaryFinder) -> None:
+        self.spec = spec
+        self.tokenizer = Tokenizer.from_str(tokenizer.to_str())  # its own copy: the sentinels are added to it
+        self.tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in (MARK, SPLIT)])
+        self.sentinels = tuple(self.tokenizer.token_to_id(token) for token in (MARK, SPLIT))
+        env = environment()
+        source = spec.template if spec.template is not None else chat_template
+        try:
+            self.template = env.from_string(source)
+            variables = jinja2.meta.find_undeclared_variables(env.parse(source))
+        except jinja2.exceptions.TemplateError as error:
+            raise CheckpointError(f"{spec.source}: not a valid template ({error})") from error
+        self.reads_all = spec.template is not None and "questions" in variables
+        self.variables = variables
+        self.encoder = MarkedEncoder(self.tokenizer, template_literals(env, source))
+        self.special_tokens = dict(special_tokens)
+        self.boundaries = boundaries
+        self._label_ids: dict[str, int] = {}
+
+    # ----------------------------------------------------------------------------------------- questions
+    def question(self, name: str, question: Question) -> TemplateQuestion:
+        """The template's view of one question; InvalidQuestionError for what this model cannot read."""
+        kind = TYPE_OF[type(question)]
+        if isinstance(question, Choice) and question.scoring == "text":
+            raise InvalidQuestionError(f"question {name!r}: scoring='text' is not served with a decision model's "
+                                       "prompt (it reads labels or a head)")
+        if kind == "noul":
+            criteria = question.criteria or {}
+            options = list(self.spec.noul_options)
+            descriptions = [criteria.get(option) for option in options]
+            order = [options.index("true"), options.index("false")]
+        else:
+            names, descriptions = question.option_names(), question.option_descriptions()
+            options, order = list(names), list(range(len(names)))
+        labels = self.spec.labels.get(kind) or DEFAULT_LABELS[kind]
+        if len(labels) < len(options):
+            raise InvalidQuestionError(f"question {name!r}: this model reads at most {len(labels)} options for a "
+                                       f"{kind} question, got {len(options)}")
+        return TemplateQuestion(name, kind, question.instructions, options, list(labels[: len(options)]),
+                                list(descriptions), order)
+
+    def read_ids(self, question: TemplateQuestion) -> np.ndarray:
+        """Where each of the SDK's options is read: a head's rows from the type's offset, or label token ids."""
+        head = self.spec.head
+        if head is not None:
+            start = head.offsets.get(question.kind)
+            if start is None or start + len(question.options) > head.rows:
+                raise InvalidQuestionError(f"question {question.name!r}: this model's head has no rows for "
+                                           f"{len(question.options)} {question.kind} options")
+            ids = [start + index for index in question.order]
+        else:
+            ids = [self._label_id(question.labels[index]) for index in question.order]
+            if len(set(ids)) != len(ids):
+                raise InvalidQuestionError(f"question {question.name!r}: its labels {question.labels} are not "
+                                           "distinct tokens")
+        array = np.asarray(ids, dtype=np.int64)
+        array.flags.writeable = False
+        return array
+
+    def temperature(self, kind: str) -> float:
+        return float(self.spec.temperature.get(kind, 1.0))
+
+    def _label_id(self, label: str) -> int:
+        if label not in self._label_ids:
+            ids = self.tokenizer.encode(label, add_special_tokens=False).ids
+            if len(ids) != 1 or ids[0] in self.sentinels:
+                raise InvalidQuestionError(f"label {label!r} is {len(ids)} tokens in this tokenizer, not one")
+            self._label_ids[label] = ids[0]
+        return self._label_ids[label]
+
+    # ----------------------------------------------------------------------------------------- prompts
+    def prompts(self, state: Any, questions: list[TemplateQuestion]) -> list[tuple[np.ndarray, np.ndarray, str]]:
+        """Each prompt's ids (sentinels dropped), its read positions (one per question of the prompt, in
+        order) and its text: one prompt per question, or one for all when the template reads `questions`."""
+        groups = [questions] if self.reads_all else [[q] for q in questions]
+        out = []
+        for group in groups:
+            text = self._render(state, group)
+            raw = self.encoder.encode(text)
+            keep = (raw != self.sentinels[0]) & (raw != self.sentinels[1])
+            marks = np.cumsum(keep)[raw == self.sentinels[0]]
+            ids = raw[keep]
+            if len(marks) == 0 and len(group) == 1:
+                marks = np.asarray([len(ids)])
+            if len(marks) != len(group):
+                raise InvalidQuestionError(f"{self.spec.source}: renders {len(marks)} {MARK} for "
+                                           f"{len(group)} question(s)")
+            if (marks < 1).any():
+                raise InvalidQuestionError(f"{self.spec.source}: a {MARK} before any token reads nothing")
+            out.append((ids, marks - 1, text))
+        return out
+
+    def _render(self, state: Any, group: list[TemplateQuestion]) -> str:
+        values = {"state": state, "question": group[0].as_dict(), "questions": [q.as_dict() for q in group]}
+        if self.spec.template is None:  # the generic prompt as the user turn of the chat template
+            content = generic_prompt(state, values["question"])
+            values = {}
+        else:
+            content = ""
+            values = {name: value for name, value in values.items() if name in self.variables}
+        messages = [{"role": "user", "content": content}]
+        if self.spec.sanitize:
+            messages, values = self.encoder.mark(messages), self.encoder.mark(values)
+        try:
+            return self.template.render(messages=messages, add_generation_prompt=True, enable_thinking=False,
+                                        tools=None, documents=None, **self.special_tokens, **values)
+        except jinja2.exceptions.TemplateError as error:
+            raise InvalidQuestionError(f"{self.spec.source}: does not render this request ({error})") from error
+
+    # ----------------------------------------------------------------------------------------- groups
+    def groups(self, state: Any, questions: list[TemplateQuestion]) -> tuple[list[PromptGroup], dict[str, str]]:
+        """The questions' trunks and branches, and each question's whole prompt text."""
+        sequences: dict[str, np.ndarray] = {}
+        texts: dict[str, str] = {}
+        found = []
+        for ids, reads, text in self.prompts(state, questions):
+            members = questions if self.reads_all else questions[len(found):len(found) + 1]
+            for question, read in zip(members, reads):
+                sequences[question.name] = ids[: read + 1]
+                texts[question.name] = text
+            found.append(text)
+        groups: list[tuple[np.ndarray, list[str]]] = []
+        for name, sequence in sequences.items():
+            best, shared = None, 0
+            for index, (prefix, _) in enumerate(groups):
+                common = _common_prefix(prefix, sequence)
+                if common > shared:
+                    best, shared = index, common
+            if best is not None:
+                prefix, names = groups[best]
+                shared = min(shared, len(sequence) - 1)
+                # join when the prefix shared is worth more than what the group's branches then recompute
+                if shared >= (len(prefix) - shared) * len(names):
+                    groups[best] = (prefix[:shared], [*names, name])
+                    continue
+            groups.append((sequence[:-1], [name]))
+        state_text = prompt_text(state)
+        result = []
+        for prefix, names in groups:
+            boundary = self._state_end(texts[names[0]], state_text, prefix) if state_text else len(prefix)
+            result.append(PromptGroup(prefix, boundary, {name: sequences[name][len(prefix):] for name in names}))
+        return result, texts
+
+    def _state_end(self, text: str, state_text: str, prefix: np.ndarray) -> int:
+        """Where a trunk saves its checkpoint: at the last stable boundary inside the state when the state is
+        printed once, verbatim, and the ids up to there are those of the whole prompt (a later, longer state of
+        the same session starts the same way); else at the trunk's end."""
+        if text.count(state_text) != 1:
+            return len(prefix)
+        end = text.index(state_text) + len(state_text)
+        cut = self.boundaries.last(text[:end], text.index(state_text) + 1)
+        if cut is None:
+            return len(prefix)
+        raw = self.encoder.encode(text[:cut])
+        ids = raw[(raw != self.sentinels[0]) & (raw != self.sentinels[1])]
+        if len(ids) > len(prefix) or not np.array_equal(ids, prefix[: len(ids)]):
+            return len(prefix)
+        return len(ids)
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
+
+
+def special_tokens_of(path: Path) -> dict[str, str]:
+    """The named special tokens of tokenizer_config.json (`bos_token`, ...), which chat templates may print."""
+    file = path / "tokenizer_config.json"
+    if not file.is_file():
+        return {}
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for key in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+        value = raw.get(key) if isinstance(raw, dict) else None
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
