@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/decision_models.py --model moe          (Qwen3.5-MoE at 35B-A3B shapes)
     PYTHONPATH=$PWD python benchmarks/decision_models.py --model moe --tiny   (CPU smoke test)
+    PYTHONPATH=$PWD python benchmarks/decision_models.py --model jev          (a JEV head at Qwen3.5-4B shapes)
 
 W1 (a unique ~2,000-token QuALITY state, Q = 1, 16, 64 yes/no questions): the lone latency (wall time of one ask,
 median) and the throughput of 64 closed-loop clients (requests/s), each request about a state of its own. The
@@ -11,6 +12,10 @@ checkpoint is written: the engine is built on the model, and the transformers mo
 render with transformers' generic decision prompt (`rendering="transformers"`), so max |dp| between them is
 reported. The pipeline answers one prompt at a time, one request at a time: its 64-client throughput is its
 sequential requests/s (concurrent callers only queue on the same device).
+
+`--model jev`: a JEV decision head (24 rows, soft cap, per-type temperatures, the JEV prompt) on a Qwen3.5-4B-
+shaped random base, against transformers' `JevForDecision` on the same tensors, and against flide_sdk on the
+same base and prompt without the head (label logits of the same letters): the head's cost.
 """
 
 from __future__ import annotations
@@ -72,6 +77,92 @@ def moe_directory(tiny: bool) -> tuple[Path, dict[str, Any]]:
         shutil.copy(source / name, path / name)
     (path / "config.json").write_text(json.dumps(text))
     return path, text
+
+
+JEV_LETTERS = [chr(ord("A") + i) for i in range(24)]  # single tokens in Qwen3.5's tokenizer: the no-head twin reads them
+JEV_JUDGE = {"slots": {"num_slots": 24, "ranges": {"noul": [0, 2], "score": [2, 8], "choice": [8, 24]},
+                       "verbalizers": JEV_LETTERS}, "softcap": 8.0, "adapter_subfolder": "adapter"}
+JEV_CALIBRATION = {"per_kind": {"noul": 0.8, "choice": 1.2, "score": 1.0}}
+
+
+def jev_directory(tiny: bool) -> tuple[Path, dict[str, Any]]:
+    """A checkpoint directory without decoder weights: a dense config.json (Qwen3.5-4B's text config, or the tiny
+    one), a tokenizer and the JEV head's judge and calibration configs (its weights are made on the device)."""
+    from flide_sdk.testing import tiny_checkpoint
+
+    path = Path(tempfile.mkdtemp(prefix="flide-jev-"))
+    source = tiny_checkpoint() if tiny else data_path("tokenizer", "qwen3.5")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (source / name).is_file():
+            shutil.copy(source / name, path / name)
+    if tiny:
+        text = json.loads((source / "config.json").read_text())
+    else:
+        text = {**json.loads(data_path("configs", "Qwen3.5-4B.json").read_text())["text_config"],
+                "model_type": "qwen3_5_text"}
+    (path / "config.json").write_text(json.dumps(text))
+    (path / "judge_config.json").write_text(json.dumps(JEV_JUDGE))
+    (path / "calibration.json").write_text(json.dumps(JEV_CALIBRATION))
+    from safetensors.torch import save_file  # the head file the spec names; the engines' head is made on the device
+
+    rows = JEV_JUDGE["slots"]["num_slots"]
+    save_file({"proj.weight": torch.zeros(rows, text["hidden_size"]), "proj.bias": torch.zeros(rows)},
+              str(path / "head.safetensors"))
+    return path, text
+
+
+def jev_head(model: Qwen35Model, rows: int, softcap: float | None):
+    """A random JEV head for `model`, on its device in its dtype."""
+    from flide_sdk.models.qwen35 import DecisionHead
+
+    weight = model.head_weight()
+    generator = torch.Generator(device=weight.device).manual_seed(1)
+    head = DecisionHead(model.config.hidden_size, rows, softcap).to(weight.device)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(head.weight.shape, generator=generator, device=weight.device) * 0.05)
+        head.bias.copy_(torch.randn(head.bias.shape, generator=generator, device=weight.device))
+    return head.to(weight.dtype)
+
+
+def jev_engine(path: Path, model: Qwen35Model, head, device: str, **options: Any) -> fl.Engine:
+    """The engine of the JEV model (`head` set on the model), or of its base without a head (`head` None), which
+    reads the same prompt's letter labels from the language-model head."""
+    import dataclasses
+
+    from flide_sdk.models.decision import read_decision
+    from flide_sdk.text.decision_template import DecisionTemplate, special_tokens_of
+    from flide_sdk.text.render import load_chat_template
+
+    config = model.config
+    spec = read_decision(path, json.loads((path / "config.json").read_text()))
+    spec = spec if head is not None else dataclasses.replace(spec, head=None)
+    model.decision_head = head
+    renderer = Renderer.from_checkpoint(path, config.max_position_embeddings, config.vocab_size)
+    template = DecisionTemplate(spec, renderer.tokenizer, load_chat_template(path), special_tokens_of(path),
+                                renderer.boundaries)
+    return fl.Engine(model, renderer, torch.device(device), decision=template,
+                     name="jev-random" if head is not None else "jev-base-random", **options)
+
+
+def jev_twin(model: Qwen35Model, head, text: dict[str, Any], device: str):
+    """transformers' `JevForDecision` on the engine model's tensors (its `model.*`, and the head as `proj`), with
+    the decision config the pipeline reads for a head next to the weights (no adapter)."""
+    from transformers import JevConfig, JevForDecision
+
+    head_configs = {"judge_config": JEV_JUDGE, "calibration": JEV_CALIBRATION}
+    config = JevConfig(text_config=text, **head_configs)
+    with torch.device("meta"):
+        twin = JevForDecision(config)
+    state = {"model." + name: tensor for name, tensor in model.state_dict().items()
+             if not name.startswith(("lm_head.", "decision_head."))}
+    state["proj.weight"], state["proj.bias"] = head.weight, head.bias
+    twin.load_state_dict(state, assign=True, strict=True)
+    with torch.device(device):
+        twin.model.rotary_emb = type(twin.model.rotary_emb)(twin.model.config)
+    decision_config = JevConfig.decision_config(head_configs, text)
+    decision_config.adapter = None
+    twin.decision_config = decision_config
+    return twin.eval()
 
 
 def random_model(config: Qwen35Config, device: str, dtype: torch.dtype) -> Qwen35Model:
@@ -178,7 +269,7 @@ def max_abs_dp(ours: list, theirs: list[dict]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["moe"], default="moe")
+    parser.add_argument("--model", choices=["moe", "jev"], default="moe")
     parser.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny shapes, float32, small counts")
     parser.add_argument("--tiny-device", default="cpu", help="where --tiny runs (cuda: the CUDA ops in float32)")
     parser.add_argument("--repeat", type=int, default=None, help="lone asks per Q (default 10, tiny 2)")
@@ -204,6 +295,8 @@ def main() -> None:
 
         raise SystemExit(f"transformers {transformers.__version__} has no decision pipeline (5.2x has)")
 
+    if args.model == "jev":
+        return run_jev(args, device, dtype, repeat, requests, pipeline_repeat, q_values, phases)
     with phases("build"):
         path, text = moe_directory(tiny)
         config = Qwen35Config.from_text_config(text, moe=True)
@@ -269,6 +362,89 @@ def main() -> None:
                           "flide_rps_64": value["flide_sdk"]["requests_per_s"],
                           "pipeline_rps": value["pipeline"]["requests_per_s"],
                           "throughput_ratio": value["throughput_ratio"], "max_abs_dp": value["max_abs_dp"]}
+                    for key, value in results.items()},
+    })
+
+
+def run_jev(args: argparse.Namespace, device: str, dtype: torch.dtype, repeat: int, requests: int,
+            pipeline_repeat: int, q_values: list[int], phases: Phases) -> None:
+    """The JEV model, then its base without the head, each on its own engine; then the pipeline."""
+    from transformers import AutoTokenizer, pipeline
+
+    tiny = args.tiny
+    with phases("build"):
+        path, text = jev_directory(tiny)
+        config = Qwen35Config.from_text_config(text)
+        model = random_model(config, device, dtype)
+        head = jev_head(model, JEV_JUDGE["slots"]["num_slots"], JEV_JUDGE["softcap"])
+        states = UniqueStates(Renderer.from_checkpoint(path, config.max_position_embeddings, config.vocab_size),
+                              300 if tiny else 2000)
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    options = {"graphs": device == "cuda", "max_round_tokens": args.max_round_tokens or (8192 if tiny else 16384),
+               "pool_bytes": int(args.pool_gib * 2**30)}
+    results: dict[str, Any] = {f"q{q}": {} for q in q_values}
+    kept: dict[int, tuple[list[str], list]] = {}
+    info = {}
+    for label, with_head in (("flide_sdk", True), ("flide_sdk_no_head", False)):
+        with phases(f"{label} start"):
+            engine = jev_engine(path, model, head if with_head else None, device, **options)
+            engine.wait_for_graphs()
+            release_device_memory()
+            info[label] = engine.info()
+        try:
+            for q in q_values:
+                with phases(f"{label} Q={q}"):
+                    results[f"q{q}"][label] = asyncio.run(engine_point(engine, states, q, repeat, requests))
+                    if with_head:
+                        asked = [states.next() for _ in range(pipeline_repeat + 1)]
+                        kept[q] = asked, [engine.ask_sync(state, questions_of(q)) for state in asked]
+        finally:
+            engine.close()
+        del engine
+        release_device_memory()
+    model.decision_head = None
+    with phases("pipeline load"):
+        decide = pipeline("decision", model=jev_twin(model, head, text, device),
+                          tokenizer=AutoTokenizer.from_pretrained(path))
+    for q in q_values:
+        with phases(f"pipeline Q={q}"):
+            timing, theirs = pipeline_point(decide, kept[q][0], q, device)
+            point = results[f"q{q}"]
+            ours, base = point["flide_sdk"], point["flide_sdk_no_head"]
+            point["pipeline"] = timing
+            point["lone_speedup"] = timing["lone"]["median_ms"] / ours["lone"]["median_ms"]
+            point["throughput_ratio"] = ours["requests_per_s"] / timing["requests_per_s"]
+            point["head_lone_cost"] = ours["lone"]["median_ms"] / base["lone"]["median_ms"] - 1.0
+            point["head_throughput_cost"] = 1.0 - ours["requests_per_s"] / base["requests_per_s"]
+            point["max_abs_dp"] = max_abs_dp(kept[q][1][1:], theirs)
+    shutil.rmtree(path, ignore_errors=True)
+    targets = {f"q{q}_{name}": target(results[f"q{q}"][key], bound, kind) for q in q_values
+               for name, key, bound, kind in (("lone_speedup_vs_pipeline", "lone_speedup", 1.0, "min"),
+                                              ("throughput_ratio_vs_pipeline", "throughput_ratio", 1.0, "min"),
+                                              ("head_lone_cost", "head_lone_cost", 0.03, "max"),
+                                              ("head_throughput_cost", "head_throughput_cost", 0.03, "max"))}
+    write_result(f"decision_models_jev-{'tiny' if tiny else '4B'}", {
+        "benchmark": "decision_models", "model": "jev", **run_metadata(command_line()),
+        "settings": {"shapes": "tiny" if tiny else "Qwen3.5-4B base, JEV head of 24 rows (softcap 8)",
+                     "device": device, "dtype": str(dtype).removeprefix("torch."), "weights_bytes": weights,
+                     "q_values": q_values, "repeat": repeat, "requests": requests, "clients": CLIENTS,
+                     "pipeline_repeat": pipeline_repeat, "prompt": "JEV (bare-v1)", "pool_gib": args.pool_gib,
+                     "state_tokens": {"min": min(states.lengths), "max": max(states.lengths)},
+                     "engine": {key: info["flide_sdk"][key] for key in ("capacities", "memory_bytes",
+                                                                         "max_round_tokens")}},
+        "targets": targets,
+        "phases_s": phases.seconds,
+        "results": results,
+        "summary": {key: {"flide_ms": value["flide_sdk"]["lone"]["median_ms"],
+                          "no_head_ms": value["flide_sdk_no_head"]["lone"]["median_ms"],
+                          "pipeline_ms": value["pipeline"]["lone"]["median_ms"],
+                          "lone_speedup": value["lone_speedup"],
+                          "flide_rps_64": value["flide_sdk"]["requests_per_s"],
+                          "no_head_rps_64": value["flide_sdk_no_head"]["requests_per_s"],
+                          "pipeline_rps": value["pipeline"]["requests_per_s"],
+                          "head_lone_cost": value["head_lone_cost"],
+                          "head_throughput_cost": value["head_throughput_cost"],
+                          "max_abs_dp": value["max_abs_dp"]}
                     for key, value in results.items()},
     })
 

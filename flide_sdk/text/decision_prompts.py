@@ -40,8 +40,8 @@ _JEV = """\
 {%- else -%}{{ option }}
 {%- endif -%}
 {{ '\\n' if not loop.last else '' }}
-{%- endfor %}
-[decision]:<|mark|>"""
+{%- endfor -%}
+{{ '\\n' }}[decision]:<|mark|>"""
 
 # vLLM deciders: a system turn, the state, the question and coded options in the user turn, thinking closed
 _DECIDER = """\
@@ -67,8 +67,9 @@ Question:
 
 Options:
 {%- for option in question.options -%}
-{%- set about = question.descriptions[loop.index0] %}
-{{ question.labels[loop.index0] }}: {% if question.type == 'choice' -%}
+{%- set about = question.descriptions[loop.index0] -%}
+{{ '\\n' ~ question.labels[loop.index0] ~ ': ' }}
+{%- if question.type == 'choice' -%}
 {{ option if about is none else option ~ ': ' ~ as_text(about) }}
 {%- elif question.type == 'score' -%}{{ as_text(about) }}
 {%- else -%}{{ as_text(about) if about else {'false': 'No / false', 'true': 'Yes / true'}[option] }}
@@ -80,9 +81,7 @@ Options:
 <|im_start|>assistant
 <think>
 
-</think>
-
-"""
+</think>{{ '\\n\\n' }}"""
 
 DECIDER_PROMPTS = {
     "pplx": {
