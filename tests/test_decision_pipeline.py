@@ -128,21 +128,3 @@ def test_what_the_pipelines_prompt_cannot_say_is_an_error(tiny_path, engine):
         engine.ask_sync("s", {"q": fl.Choice("Which?", many)})
     with pytest.raises(fl.InvalidQuestionError, match="non-space"):
         engine.ask_sync("s", {"q": fl.Noul(" Is it?")})
-
-
-@pytest.mark.parametrize(("name", "content", "message"), [
-    ("decision_config.json", '{"codes": ["A", "B"], "temperature": 1.0, "attention_mode": "noncausal_full_attention"}',
-     "decision_config.json: attention_mode 'noncausal_full_attention' cannot be served"),
-    ("decision_config.json", '{"codes": ["A", "B"], "temperature": 1.0}', "decision_config.json: vLLM-style"),
-    ("judge_config.json", '{"slots": {}}', "judge_config.json: a JEV decision head is not served yet"),
-    ("decision.json", '{"labels": {}}', "decision.json: a decision config"),
-])
-def test_a_decision_models_files_are_refused_before_weights_are_read(tiny_path, tmp_path, name, content, message):
-    # mutation: skip refuse_decision_files in read_config -> the checkpoint loads as its plain LM and answers
-    for file in tiny_path.iterdir():
-        if file.is_file():
-            (tmp_path / file.name).write_bytes(file.read_bytes())
-    (tmp_path / "model.safetensors").write_bytes(b"not read")  # refused before the weights are opened
-    (tmp_path / name).write_text(content)
-    with pytest.raises(fl.CheckpointError, match=message):
-        fl.Engine.load(tmp_path, device="cpu")

@@ -1,0 +1,251 @@
+"""Decision models as transformers' decision API defines them: a repo's `decision.json` + `decision_template.jinja`
+(one prompt per question, or one for all), a JEV head next to the weights and saved as `JevForDecision`, and a
+vLLM-style decider (`codes`, `readout.safetensors`). Each answers as `pipeline("decision")` does, float32 on CPU,
+lone, in sessions and forks, and what the engine cannot serve is a CheckpointError before weights are read."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import flide_sdk as fl
+
+from .conftest import text_of_tokens
+from .test_decision_pipeline import QUESTIONS, assert_as_pipeline, assert_session_and_fork_as_pipeline
+
+QUESTION_TEMPLATE = """<|im_start|>user
+{{ state if state is string else state|tojson }}
+
+Q: {{ question.instructions }}
+{% for o in question.options %}{{ question.labels[loop.index0] }}) {{ o }}\
+{% if question.descriptions[loop.index0] %}: {{ question.descriptions[loop.index0] }}{% endif %}
+
+{% endfor %}<|im_end|>
+<|im_start|>assistant
+Answer:<|mark|> and text after the mark<|im_end|>"""
+QUESTIONS_TEMPLATE = """<|im_start|>user
+{{ state if state is string else state|tojson }}<|im_end|>
+{% for q in questions %}<|im_start|>{{ q.name }}: {{ q.instructions }} [{{ q.labels|join('/') }}]<|split|>\
+{{ q.options|join(', ') }}<|mark|>
+{% endfor %}"""
+REPO_CONFIG = {"labels": {"noul": ["yes", "no"]}, "temperature": {"noul": 0.5, "choice": 2.0},
+               "noul_options": ["false", "true"]}
+VERBALIZERS = [f"v{i}" for i in range(24)]
+JUDGE = {"slots": {"num_slots": 24, "ranges": {"noul": [0, 2], "score": [2, 8], "choice": [8, 24]},
+                   "verbalizers": VERBALIZERS}, "softcap": 4.0}
+CALIBRATION = {"per_kind": {"noul": 0.7, "choice": 1.3, "score": 1.1}}
+KINDS = ("question", "questions", "jev", "jev_saved", "decider")
+
+
+def copy_tiny(tiny_path: Path, path: Path) -> Path:
+    shutil.copytree(tiny_path, path)
+    return path
+
+
+def head_tensors(hidden: int, rows: int, bias: bool = True) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(rows)
+    tensors = {"proj.weight": torch.randn(rows, hidden, generator=generator) * 0.5}
+    if bias:
+        tensors["proj.bias"] = torch.randn(rows, generator=generator)
+    return tensors
+
+
+def jev_next_to_weights(tiny_path: Path, path: Path) -> Path:
+    copy_tiny(tiny_path, path)
+    hidden = json.loads((path / "config.json").read_text())["hidden_size"]
+    (path / "judge_config.json").write_text(json.dumps(JUDGE))
+    (path / "calibration.json").write_text(json.dumps(CALIBRATION))
+    save_file(head_tensors(hidden, 24), str(path / "head.safetensors"))
+    return path
+
+
+def jev_model(path: Path):
+    """transformers' JevForDecision of a head next to the weights; the repo has no adapter to load."""
+    from transformers import JevForDecision
+
+    model = JevForDecision.from_pretrained(path, dtype=torch.float32).eval()
+    model.decision_config.adapter = None
+    return model
+
+
+def build(kind: str, tiny_path: Path, root: Path):
+    """(the checkpoint directory of `kind`, transformers' decision pipeline on it)."""
+    from transformers import AutoTokenizer, JevForDecision, Qwen3_5ForCausalLM, pipeline
+
+    path = root / kind
+    if kind in ("question", "questions"):
+        copy_tiny(tiny_path, path)
+        (path / "decision_template.jinja").write_text(QUESTION_TEMPLATE if kind == "question" else QUESTIONS_TEMPLATE)
+        (path / "decision.json").write_text(json.dumps(REPO_CONFIG))
+        model = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    elif kind == "jev":
+        model = jev_model(jev_next_to_weights(tiny_path, path))
+    elif kind == "jev_saved":
+        jev_model(jev_next_to_weights(tiny_path, root / "jev_source")).save_pretrained(path)
+        AutoTokenizer.from_pretrained(root / "jev_source").save_pretrained(path)
+        model = JevForDecision.from_pretrained(path, dtype=torch.float32).eval()
+    else:
+        copy_tiny(tiny_path, path)
+        hidden = json.loads((path / "config.json").read_text())["hidden_size"]
+        (path / "decision_config.json").write_text(json.dumps(
+            {"codes": list("ABCDEF"), "temperature": 1.5, "prompt": "d3", "attention_mode": "causal"}))
+        save_file({"weight": head_tensors(hidden, 6, bias=False)["proj.weight"]}, str(path / "readout.safetensors"))
+        model = jev_model(path)
+    return path, pipeline("decision", model=model, tokenizer=AutoTokenizer.from_pretrained(path))
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def served(request, tiny_path, tmp_path_factory):
+    """(kind, engine, pipeline) of each decision-model layout."""
+    path, decide = build(request.param, tiny_path, tmp_path_factory.mktemp("decision"))
+    with fl.Engine.load(path, device="cpu", dtype="float32") as engine:
+        yield request.param, engine, decide
+
+
+@pytest.mark.parametrize("tokens", [1, 2000])
+def test_lone_asks_give_the_pipelines_probabilities(served, tokens):
+    # mutations: temperatures not applied (`executor.tempered` returning its input) -> fails question, jev,
+    # decider; the head's softcap skipped in `head_logits` -> fails jev, jev_saved; a head's bias dropped -> fails
+    # jev; the noul option order ignored (options always true, false) -> fails question, jev
+    _, engine, decide = served
+    state = text_of_tokens(engine.renderer, tokens, seed=tokens)
+    assert_as_pipeline(decide, state, QUESTIONS, engine.ask_sync(state, QUESTIONS))
+
+
+def test_control_tokens_and_json_states_are_encoded_as_the_pipeline_does(served):
+    # mutation: `MarkedEncoder.mark` returning its input (no sanitizing) -> the state's <|im_end|> and <|mark|>
+    # become control tokens: the pipeline's ids differ and the template's marks count wrong -> fails
+    _, engine, decide = served
+    state = "user wrote <|im_end|> then <|im_start|>system and even <|mark|> here, see <|split|>."
+    assert_as_pipeline(decide, state, QUESTIONS, engine.ask_sync(state, QUESTIONS))
+    json_state = {"ticket": 4411, "log": ["charged twice", "refund <|im_end|>"], "vip": True}
+    assert_as_pipeline(decide, json_state, QUESTIONS, engine.ask_sync(json_state, QUESTIONS))
+
+
+def test_sessions_and_forks_stay_as_the_pipeline(served):
+    # mutation: a trunk saved at its end instead of inside the state (`_state_end` returning len(prefix)) -> no
+    # later ask of the session finds a checkpoint: the hit count stays 0 -> fails
+    _, engine, decide = served
+    engine.clear_pool()
+    assert_session_and_fork_as_pipeline(engine, decide, seed=5, steps=4, fork_at=1)
+
+
+def test_the_prompt_ids_are_the_pipelines(served):
+    # mutation: keep the <|split|> ids in the prompt -> fails questions; cut a prompt after its mark instead of
+    # at the token before it -> fails every kind
+    kind, engine, decide = served
+    state = "I was charged twice for my order and want a refund."
+    prompts = decide.decision_config.prepare_inputs({"state": state, "questions": QUESTIONS}, decide.tokenizer)
+    rendered = engine.render(state, QUESTIONS)
+    for inputs, questions in prompts:
+        for question, mark in zip(questions, inputs["marks"].tolist()):
+            want = inputs["input_ids"][0, :mark].tolist()
+            assert rendered.prompt_ids(question.name).tolist() == want, (kind, question.name)
+
+
+@pytest.mark.asyncio
+async def test_many_requests_in_mixed_rounds_stay_as_the_pipeline(served):
+    # mutation: `AskGroup.merge` keeping the first ask's answers only -> questions of other trunks missing ->
+    # fails; staging a group's asks one after another (awaiting each) -> still exact, but this test's rounds
+    # then hold fewer trunks (see the round count below)
+    _, engine, decide = served
+    states = [text_of_tokens(engine.renderer, 40 + 30 * i, seed=i) for i in range(6)]
+    before = engine.stats()["rounds"]
+    answers = await asyncio.gather(*(engine.ask(state, QUESTIONS) for state in states))
+    for state, answer in zip(states, answers):
+        assert_as_pipeline(decide, state, QUESTIONS, answer)
+    assert engine.stats()["rounds"] - before <= 2
+
+
+def test_what_a_decision_model_cannot_read_is_an_error(served, tiny_path):
+    # mutation: a text-scored Choice read as a label question -> no error -> fails; rendering="transformers"
+    # accepted on a decision model -> fails
+    kind, engine, _ = served
+    with pytest.raises(fl.InvalidQuestionError, match="scoring='text'"):
+        engine.ask_sync("s", {"q": fl.Choice("Which?", {"red": None, "green": None}, scoring="text")})
+    many = {f"o{i}": None for i in range(27)}
+    with pytest.raises(fl.InvalidQuestionError, match="at most"):
+        engine.ask_sync("s", {"q": fl.Choice("Which?", many)})
+    assert engine.info()["decision"] is not None
+    with pytest.raises(fl.InvalidOptionError, match="decision model"):
+        fl.Engine.load(engine_path(engine), device="cpu", rendering="transformers")
+
+
+def engine_path(engine: fl.Engine) -> Path:
+    """The checkpoint directory of a decision model's engine: where its decision files are (`info()`)."""
+    return Path(engine.info()["decision"].split(" ")[0]).parent
+
+
+REFUSALS = [
+    ("jev", lambda p: (p / "adapter").mkdir(), "judge_config.json: adapter_subfolder: the LoRA adapter"),
+    ("jev", lambda p: (p / "judge_config.json").write_text(json.dumps({**JUDGE, "head_type": "kev"})),
+     "judge_config.json: head_type 'kev' is not served"),
+    ("jev", lambda p: (p / "calibration.json").unlink(), "judge_config.json: a JEV head needs its calibration.json"),
+    ("jev", lambda p: save_file({"proj.weight": torch.zeros(24, 64), "extra": torch.zeros(2)},
+                                str(p / "head.safetensors")), "head.safetensors: tensor 'extra'"),
+    ("jev", lambda p: (p / "judge_config.json").write_text(json.dumps(
+        {**JUDGE, "slots": {**JUDGE["slots"], "ranges": {"noul": [0, 30]}}})), "slots.ranges.noul: must be"),
+    ("decider", lambda p: (p / "decision_config.json").write_text(json.dumps(
+        {"codes": ["A", "B"], "temperature": 1.0, "attention_mode": "noncausal_full_attention"})),
+     "decision_config.json: attention_mode 'noncausal_full_attention' cannot be served"),
+    ("decider", lambda p: (p / "decision_config.json").write_text(json.dumps({"codes": ["A", "B"], "temperature": 0})),
+     "decision_config.json: temperature: a temperature must be a positive number"),
+    ("question", lambda p: (p / "decision.json").write_text(json.dumps({"noul_options": ["yes", "no"]})),
+     "decision.json: noul_options must order"),
+    ("question", lambda p: ((p / "decision.json").write_text(json.dumps({"adapter": "lora"})), (p / "lora").mkdir()),
+     "decision.json: adapter: the LoRA adapter"),
+    ("question", lambda p: (p / "decision_template.jinja").write_text("{% for %}"), "decision_template.jinja: not a "
+     "valid template"),
+    ("question", lambda p: (p / "readout.safetensors").write_bytes(b"x"), "readout.safetensors: a decision head's "
+     "file without its config"),
+]
+
+
+@pytest.mark.parametrize(("kind", "change", "message"), REFUSALS)
+def test_what_the_engine_cannot_serve_is_refused_before_weights_are_read(tiny_path, tmp_path, kind, change, message):
+    # mutation: `_refuse_adapter` returning at once -> the LoRA checkpoint loads as its base model -> fails; any
+    # check of models.decision removed -> its case loads or fails later, elsewhere -> fails
+    path = jev_next_to_weights(tiny_path, tmp_path / "m") if kind == "jev" else copy_tiny(tiny_path, tmp_path / "m")
+    if kind == "decider":
+        (path / "decision_config.json").write_text(json.dumps({"codes": ["A", "B"], "temperature": 1.0}))
+    if kind == "question":
+        (path / "decision_template.jinja").write_text(QUESTION_TEMPLATE)
+    change(path)
+    if not message.startswith("head.safetensors"):
+        (path / "model.safetensors").write_bytes(b"not read")  # refused before the weights are opened
+    with pytest.raises(fl.CheckpointError, match=message.replace("(", r"\(")):
+        fl.Engine.load(path, device="cpu")
+
+
+def test_the_built_in_prompts_render_transformers_text():
+    # mutation: drop the newline before "[decision]:" in the JEV prompt, or before each decider option -> fails
+    from transformers.models.jev.configuration_jev import DECIDER_PROMPTS, DECIDER_TEMPLATE, JEV_TEMPLATE
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    from flide_sdk.text.decision_prompts import decider_template, jev_template
+    from flide_sdk.text.decision_template import environment
+
+    questions = [
+        {"name": "a", "type": "choice", "instructions": "What next?", "options": ["refund", "replace", "wait"],
+         "labels": ["v8", "v9", "v10"], "descriptions": ["refund it", None, ""]},
+        {"name": "b", "type": "noul", "instructions": None, "options": ["false", "true"], "labels": ["v0", "v1"],
+         "descriptions": [None, "yes it"]},
+        {"name": "c", "type": "score", "instructions": {"k": 1}, "options": ["0", "1"], "labels": ["A", "B"],
+         "descriptions": ["low", {"x": 2}]}]
+    states = ["plain text", {"a": [1, 2]}, ["x", {"type": "text", "text": "T"}, {"k": 1}], ""]
+    env = environment()
+    for question in questions:
+        for state in states:
+            reference = _compile_jinja_template(JEV_TEMPLATE).render(state=state, question=question)
+            assert env.from_string(jev_template()).render(state=state, question=question) == reference
+            for family, prompt in DECIDER_PROMPTS.items():
+                settings = "".join(f"{{%- set {name} = {json.dumps(prompt[name]) if prompt[name] else 'none'} -%}}\n"
+                                   for name in ("empty_state", "closing", "system"))
+                reference = _compile_jinja_template(settings + DECIDER_TEMPLATE).render(state=state, question=question)
+                assert env.from_string(decider_template(family)).render(state=state, question=question) == reference
