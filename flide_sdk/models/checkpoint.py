@@ -4,8 +4,9 @@ Two layouts load, dense or MoE: the text-only one written by `Qwen3_5ForCausalLM
 (`model_type` `qwen3_5_text` / `qwen3_5_moe_text`, decoder keys under `model.`, `lm_head.weight` unless tied;
 one tensor per routed expert's projection) and the published release (`model_type` `qwen3_5` / `qwen3_5_moe`,
 `text_config` nested, decoder keys under `model.language_model.`, vision tower `model.visual.*` and `mtp.*`
-ignored). Weights come from `*.safetensors` files, sharded or not; only the
-text decoder's tensors are read, straight to the target device and dtype. Whatever is wrong with a checkpoint
+ignored); a saved `JevForDecision` (`model_type` `jev`) reads as its base model, without a language-model head.
+Weights come from `*.safetensors` files, sharded or not; only the text decoder's tensors (and a decision head's,
+`models.decision.HeadSpec`) are read, straight to the target device and dtype. Whatever is wrong with a checkpoint
 (unreadable JSON or safetensors, a config out of range, a tensor of the wrong shape or dtype or not finite)
 raises CheckpointError naming the file and the field or tensor, before the weights are allocated where it can.
 """
