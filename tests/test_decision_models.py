@@ -1,5 +1,5 @@
 """Decision models as transformers' decision API defines them: a repo's `decision.json` + `decision_template.jinja`
-(one prompt per question, or one for all), a JEV head next to the weights and saved as `JevForDecision`, and a
+(one prompt per question, or one for all; or no template: the generic prompt with the config's labels), a JEV head next to the weights and saved as `JevForDecision`, and a
 vLLM-style decider (`codes`, `readout.safetensors`). Each answers as `pipeline("decision")` does, float32 on CPU,
 lone, in sessions and forks, and what the engine cannot serve is a CheckpointError before weights are read."""
 
@@ -40,7 +40,9 @@ VERBALIZERS = [f"v{i}" for i in range(24)]
 JUDGE = {"slots": {"num_slots": 24, "ranges": {"noul": [0, 2], "score": [2, 8], "choice": [8, 24]},
                    "verbalizers": VERBALIZERS}, "softcap": 4.0}
 CALIBRATION = {"per_kind": {"noul": 0.7, "choice": 1.3, "score": 1.1}}
-KINDS = ("question", "questions", "jev", "jev_saved", "decider")
+GENERIC_CONFIG = {"labels": {"noul": ["bad", "low"], "score": ["1", "2", "3", "4", "5"]},
+                  "temperature": {"score": 0.8}}
+KINDS = ("question", "questions", "generic", "jev", "jev_saved", "decider")
 
 
 def copy_tiny(tiny_path: Path, path: Path) -> Path:
@@ -83,6 +85,10 @@ def build(kind: str, tiny_path: Path, root: Path):
         copy_tiny(tiny_path, path)
         (path / "decision_template.jinja").write_text(QUESTION_TEMPLATE if kind == "question" else QUESTIONS_TEMPLATE)
         (path / "decision.json").write_text(json.dumps(REPO_CONFIG))
+        model = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    elif kind == "generic":  # a decision config without a template: the generic prompt with its labels
+        copy_tiny(tiny_path, path)
+        (path / "decision.json").write_text(json.dumps(GENERIC_CONFIG))
         model = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     elif kind == "jev":
         model = jev_model(jev_next_to_weights(tiny_path, path))
@@ -166,7 +172,7 @@ async def test_many_requests_in_mixed_rounds_stay_as_the_pipeline(served):
 def test_what_a_decision_model_cannot_read_is_an_error(served, tiny_path):
     # mutation: a text-scored Choice read as a label question -> no error -> fails; rendering="transformers"
     # accepted on a decision model -> fails
-    kind, engine, _ = served
+    _kind, engine, _ = served
     with pytest.raises(fl.InvalidQuestionError, match="scoring='text'"):
         engine.ask_sync("s", {"q": fl.Choice("Which?", {"red": None, "green": None}, scoring="text")})
     many = {f"o{i}": None for i in range(27)}
@@ -200,10 +206,10 @@ REFUSALS = [
      "decision.json: noul_options must order"),
     ("question", lambda p: ((p / "decision.json").write_text(json.dumps({"adapter": "lora"})), (p / "lora").mkdir()),
      "decision.json: adapter: the LoRA adapter"),
-    ("question", lambda p: (p / "decision_template.jinja").write_text("{% for %}"), "decision_template.jinja: not a "
-     "valid template"),
-    ("question", lambda p: (p / "readout.safetensors").write_bytes(b"x"), "readout.safetensors: a decision head's "
-     "file without its config"),
+    ("question", lambda p: (p / "decision_template.jinja").write_text("{% for %}"), ("decision_template.jinja: not a "
+     "valid template")),
+    ("question", lambda p: (p / "readout.safetensors").write_bytes(b"x"), ("readout.safetensors: a decision head's "
+     "file without its config")),
 ]
 
 
