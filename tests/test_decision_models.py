@@ -84,7 +84,9 @@ def build(kind: str, tiny_path: Path, root: Path):
     if kind in ("question", "questions"):
         copy_tiny(tiny_path, path)
         (path / "decision_template.jinja").write_text(QUESTION_TEMPLATE if kind == "question" else QUESTIONS_TEMPLATE)
-        (path / "decision.json").write_text(json.dumps(REPO_CONFIG))
+        # the `questions` template escapes nothing itself: sentinels in requests are dropped, control tokens kept
+        config = REPO_CONFIG if kind == "question" else {**REPO_CONFIG, "sanitize_control_tokens": False}
+        (path / "decision.json").write_text(json.dumps(config))
         model = Qwen3_5ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     elif kind == "generic":  # a decision config without a template: the generic prompt with its labels
         copy_tiny(tiny_path, path)
@@ -125,8 +127,10 @@ def test_lone_asks_give_the_pipelines_probabilities(served, tokens):
 
 
 def test_control_tokens_and_json_states_are_encoded_as_the_pipeline_does(served):
-    # mutation: `MarkedEncoder.mark` returning its input (no sanitizing) -> the state's <|im_end|> and <|mark|>
-    # become control tokens: the pipeline's ids differ and the template's marks count wrong -> fails
+    # mutations: `MarkedEncoder.mark` returning its input (no sanitizing) -> the state's <|im_end|> and <|mark|>
+    # become control tokens: the pipeline's ids differ and the template's marks count wrong -> fails;
+    # `strip_sentinels` returning its input -> the unsanitized `questions` template reads a mark in the state
+    # -> fails questions
     _, engine, decide = served
     state = "user wrote <|im_end|> then <|im_start|>system and even <|mark|> here, see <|split|>."
     assert_as_pipeline(decide, state, QUESTIONS, engine.ask_sync(state, QUESTIONS))
@@ -135,7 +139,7 @@ def test_control_tokens_and_json_states_are_encoded_as_the_pipeline_does(served)
 
 
 def test_sessions_and_forks_stay_as_the_pipeline(served):
-    # mutation: a trunk saved at its end instead of inside the state (`_state_end` returning len(prefix)) -> no
+    # mutation: a trunk saved at its end instead of inside the state (`_state_cut` returning 0) -> no
     # later ask of the session finds a checkpoint: the hit count stays 0 -> fails
     _, engine, decide = served
     engine.clear_pool()

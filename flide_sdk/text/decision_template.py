@@ -10,6 +10,7 @@ questions whose prompts share little are separate trunks of one round.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import string
@@ -31,7 +32,7 @@ from flide_sdk.questions import Choice, Noul, Question, Score
 from flide_sdk.text.cuts import BoundaryFinder
 from flide_sdk.text.decision_prompts import generic_prompt
 from flide_sdk.text.history import TokenBuffer, Trunk, chain_hashes, prompt_text
-from flide_sdk.text.marked_encoding import MarkedEncoder, template_literals
+from flide_sdk.text.marked_encoding import END, START, MarkedEncoder, template_literals
 
 MARK, SPLIT = "<|mark|>", "<|split|>"
 DEFAULT_LABELS = {"noul": ("Yes", "No"), "choice": tuple(string.ascii_uppercase),
@@ -74,6 +75,18 @@ class TemplateQuestion:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "type": self.kind, "instructions": self.instructions, "options": self.options,
                 "labels": self.labels, "descriptions": self.descriptions}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One rendered prompt: the questions it asks, its ids (sentinels dropped), each question's read position,
+    how many ids come before its save point (0: none found), and its text."""
+
+    names: list[str]
+    ids: np.ndarray
+    reads: np.ndarray
+    save: int
+    text: str
 
 
 @dataclass(frozen=True)
@@ -169,27 +182,6 @@ class DecisionTemplate:
         return self._label_ids[label]
 
     # ----------------------------------------------------------------------------------------- prompts
-    def prompts(self, state: Any, questions: list[TemplateQuestion]) -> list[tuple[np.ndarray, np.ndarray, str]]:
-        """Each prompt's ids (sentinels dropped), its read positions (one per question of the prompt, in
-        order) and its text: one prompt per question, or one for all when the template reads `questions`."""
-        groups = [questions] if self.reads_all else [[q] for q in questions]
-        out = []
-        for group in groups:
-            text = self._render(state, group)
-            raw = self.encoder.encode(text)
-            keep = (raw != self.sentinels[0]) & (raw != self.sentinels[1])
-            marks = np.cumsum(keep)[raw == self.sentinels[0]]
-            ids = raw[keep]
-            if len(marks) == 0 and len(group) == 1:
-                marks = np.asarray([len(ids)])
-            if len(marks) != len(group):
-                raise InvalidQuestionError(f"{self.spec.source}: renders {len(marks)} {MARK} for "
-                                           f"{len(group)} question(s)")
-            if (marks < 1).any():
-                raise InvalidQuestionError(f"{self.spec.source}: a {MARK} before any token reads nothing")
-            out.append((ids, marks - 1, text))
-        return out
-
     def _render(self, state: Any, group: list[TemplateQuestion]) -> str:
         values = {"state": state, "question": group[0].as_dict(), "questions": [q.as_dict() for q in group]}
         if self.spec.template is None:  # the generic prompt as the user turn of the chat template
@@ -207,18 +199,70 @@ class DecisionTemplate:
         except jinja2.exceptions.TemplateError as error:
             raise InvalidQuestionError(f"{self.spec.source}: does not render this request ({error})") from error
 
+    def _encode(self, texts: list[str], state_text: str) -> list[tuple[np.ndarray, int]]:
+        """Each text's ids (sentinels kept) and how many of them come before its save point: the last stable
+        boundary inside the state, when the state is printed once, verbatim (0 otherwise). The text before
+        that point is encoded once for the texts sharing it, the rest in one batch: the tokenization splits
+        there whatever follows. Texts holding marked control tokens are encoded whole."""
+        if any(START in text or END in text for text in texts):
+            return [(self.encoder.encode(text), 0) for text in texts]
+        cuts = [self._state_cut(text, state_text) for text in texts]
+        heads: dict[str, np.ndarray] = {}
+        for text, cut in zip(texts, cuts):
+            if text[:cut] not in heads:
+                heads[text[:cut]] = self.encoder.encode(text[:cut])
+        rests = self.tokenizer.encode_batch_fast([text[cut:] for text, cut in zip(texts, cuts)],
+                                                 add_special_tokens=False)
+        out = []
+        for text, cut, rest in zip(texts, cuts, rests):
+            head = heads[text[:cut]]
+            out.append((np.concatenate([head, np.asarray(rest.ids, dtype=np.int64)]), len(head)))
+        return out
+
+    def _state_cut(self, text: str, state_text: str) -> int:
+        if not state_text or text.count(state_text) != 1:
+            return 0
+        start = text.index(state_text)
+        cut = self.boundaries.last(text[: start + len(state_text)], start + 1)
+        if cut is None or any(token in text[max(0, cut - len(token) + 1): cut + len(token) - 1]
+                              for token in (MARK, SPLIT)):
+            return 0
+        return cut
+
+    def prompts(self, state: Any, questions: list[TemplateQuestion]) -> list[Prompt]:
+        """Each prompt (sentinels dropped), with its read positions: one prompt per question, or one for all
+        when the template reads `questions`."""
+        if not self.spec.sanitize:  # the template escapes nothing: sentinels in the request are dropped
+            state = strip_sentinels(state)
+            questions = [dataclasses.replace(q, instructions=strip_sentinels(q.instructions),
+                                             options=strip_sentinels(q.options),
+                                             descriptions=strip_sentinels(q.descriptions)) for q in questions]
+        groups = [questions] if self.reads_all else [[q] for q in questions]
+        texts = [self._render(state, group) for group in groups]
+        out = []
+        for group, text, (raw, saved) in zip(groups, texts, self._encode(texts, prompt_text(state))):
+            keep = (raw != self.sentinels[0]) & (raw != self.sentinels[1])
+            marks = np.cumsum(keep)[raw == self.sentinels[0]]
+            ids = raw[keep]
+            if len(marks) == 0 and len(group) == 1:
+                marks = np.asarray([len(ids)])
+            if len(marks) != len(group):
+                raise InvalidQuestionError(f"{self.spec.source}: renders {len(marks)} {MARK} for "
+                                           f"{len(group)} question(s)")
+            if (marks < 1).any():
+                raise InvalidQuestionError(f"{self.spec.source}: a {MARK} before any token reads nothing")
+            out.append(Prompt([q.name for q in group], ids, marks - 1, int(keep[:saved].sum()), text))
+        return out
+
     # ----------------------------------------------------------------------------------------- groups
     def groups(self, state: Any, questions: list[TemplateQuestion]) -> tuple[list[PromptGroup], dict[str, str]]:
         """The questions' trunks and branches, and each question's whole prompt text."""
         sequences: dict[str, np.ndarray] = {}
         texts: dict[str, str] = {}
-        found = []
-        for ids, reads, text in self.prompts(state, questions):
-            members = questions if self.reads_all else questions[len(found):len(found) + 1]
-            for question, read in zip(members, reads):
-                sequences[question.name] = ids[: read + 1]
-                texts[question.name] = text
-            found.append(text)
+        saves: dict[str, int] = {}
+        for prompt in self.prompts(state, questions):
+            for name, read in zip(prompt.names, prompt.reads):
+                sequences[name], texts[name], saves[name] = prompt.ids[: read + 1], prompt.text, prompt.save
         groups: list[tuple[np.ndarray, list[str]]] = []
         for name, sequence in sequences.items():
             best, shared = None, 0
@@ -234,28 +278,23 @@ class DecisionTemplate:
                     groups[best] = (prefix[:shared], [*names, name])
                     continue
             groups.append((sequence[:-1], [name]))
-        state_text = prompt_text(state)
         result = []
         for prefix, names in groups:
-            boundary = self._state_end(texts[names[0]], state_text, prefix) if state_text else len(prefix)
-            result.append(PromptGroup(prefix, boundary, {name: sequences[name][len(prefix):] for name in names}))
+            save = min(saves[name] for name in names) or len(prefix)  # no save point found: the trunk's end
+            result.append(PromptGroup(prefix, min(save, len(prefix)),
+                                      {name: sequences[name][len(prefix):] for name in names}))
         return result, texts
 
-    def _state_end(self, text: str, state_text: str, prefix: np.ndarray) -> int:
-        """Where a trunk saves its checkpoint: at the last stable boundary inside the state when the state is
-        printed once, verbatim, and the ids up to there are those of the whole prompt (a later, longer state of
-        the same session starts the same way); else at the trunk's end."""
-        if text.count(state_text) != 1:
-            return len(prefix)
-        end = text.index(state_text) + len(state_text)
-        cut = self.boundaries.last(text[:end], text.index(state_text) + 1)
-        if cut is None:
-            return len(prefix)
-        raw = self.encoder.encode(text[:cut])
-        ids = raw[(raw != self.sentinels[0]) & (raw != self.sentinels[1])]
-        if len(ids) > len(prefix) or not np.array_equal(ids, prefix[: len(ids)]):
-            return len(prefix)
-        return len(ids)
+
+def strip_sentinels(value: Any) -> Any:
+    """`value` with <|mark|> and <|split|> removed from its strings and keys."""
+    if isinstance(value, str):
+        return value.replace(MARK, "").replace(SPLIT, "")
+    if isinstance(value, dict):
+        return {strip_sentinels(key): strip_sentinels(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strip_sentinels(item) for item in value]
+    return value
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
