@@ -138,8 +138,7 @@ def jev_engine(path: Path, model: Qwen35Model, head, device: str, **options: Any
     spec = spec if head is not None else dataclasses.replace(spec, head=None)
     model.decision_head = head
     renderer = Renderer.from_checkpoint(path, config.max_position_embeddings, config.vocab_size)
-    template = DecisionTemplate(spec, renderer.tokenizer, load_chat_template(path), special_tokens_of(path),
-                                renderer.boundaries)
+    template = DecisionTemplate(spec, renderer, load_chat_template(path), special_tokens_of(path))
     return fl.Engine(model, renderer, torch.device(device), decision=template,
                      name="jev-random" if head is not None else "jev-base-random", **options)
 

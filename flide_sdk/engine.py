@@ -154,8 +154,8 @@ class Engine:
         check_modes(device, graphs, batch_invariant, custom_ops=False, moe=config.is_moe)
         renderer = Renderer.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size,
                                             rendering)
-        decision = None if spec is None else DecisionTemplate(
-            spec, renderer.tokenizer, load_chat_template(Path(path)), special_tokens_of(Path(path)), renderer.boundaries)
+        decision = None if spec is None else DecisionTemplate(spec, renderer, load_chat_template(Path(path)),
+                                                              special_tokens_of(Path(path)))
         with on_device(device):  # what loading runs on the device runs on this one, the caller's device kept
             return cls(load_model(path, device, dtype, None if spec is None else spec.head), renderer, device,
                        graphs=graphs, batch_invariant=batch_invariant, name=Path(path).name, startup=startup,

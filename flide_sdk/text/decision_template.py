@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import re
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,12 +30,13 @@ from tokenizers import AddedToken, Tokenizer
 from flide_sdk.errors import CheckpointError, InvalidQuestionError
 from flide_sdk.models.decision import DecisionSpec
 from flide_sdk.questions import Choice, Noul, Question, Score
-from flide_sdk.text.cuts import BoundaryFinder
 from flide_sdk.text.decision_prompts import generic_prompt
 from flide_sdk.text.history import TokenBuffer, Trunk, chain_hashes, prompt_text
 from flide_sdk.text.marked_encoding import END, START, MarkedEncoder, template_literals
+from flide_sdk.text.render import Renderer
 
 MARK, SPLIT = "<|mark|>", "<|split|>"
+_SENTINEL_SPLIT = re.compile(f"({re.escape(MARK)}|{re.escape(SPLIT)})")
 DEFAULT_LABELS = {"noul": ("Yes", "No"), "choice": tuple(string.ascii_uppercase),
                   "score": tuple(string.ascii_uppercase)}
 TYPE_OF = {Noul: "noul", Choice: "choice", Score: "score"}
@@ -110,10 +112,12 @@ class DecisionTemplate:
     """Renders (state, questions) with a decision spec into groups of trunk + branches and each question's
     read ids and temperature."""
 
-    def __init__(self, spec: DecisionSpec, tokenizer: Tokenizer, chat_template: str,
-                 special_tokens: Mapping[str, str], boundaries: BoundaryFinder) -> None:
+    def __init__(self, spec: DecisionSpec, renderer: Renderer, chat_template: str,
+                 special_tokens: Mapping[str, str]) -> None:
         self.spec = spec
-        self.tokenizer = Tokenizer.from_str(tokenizer.to_str())  # its own copy: the sentinels are added to it
+        self.words, self.boundaries = renderer.words, renderer.boundaries
+        # its own copy of the tokenizer: the sentinels are added to it
+        self.tokenizer = Tokenizer.from_str(renderer.tokenizer.to_str())
         self.tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in (MARK, SPLIT)])
         self.sentinels = tuple(self.tokenizer.token_to_id(token) for token in (MARK, SPLIT))
         env = environment()
@@ -127,7 +131,6 @@ class DecisionTemplate:
         self.variables = variables
         self.encoder = MarkedEncoder(self.tokenizer, template_literals(env, source))
         self.special_tokens = dict(special_tokens)
-        self.boundaries = boundaries
         self._label_ids: dict[str, int] = {}
 
     # ----------------------------------------------------------------------------------------- questions
@@ -182,42 +185,58 @@ class DecisionTemplate:
         return self._label_ids[label]
 
     # ----------------------------------------------------------------------------------------- prompts
-    def _render(self, state: Any, group: list[TemplateQuestion]) -> str:
-        values = {"state": state, "question": group[0].as_dict(), "questions": [q.as_dict() for q in group]}
+    def _render(self, state: Any, shown_state: Any, group: list[TemplateQuestion],
+                shown: dict[str, dict[str, Any]]) -> str:
+        """One prompt's text; `shown_state` and `shown` (question dicts by name) as the template sees them
+        (control tokens marked, or sentinels dropped)."""
         if self.spec.template is None:  # the generic prompt as the user turn of the chat template
-            content = generic_prompt(state, values["question"])
-            values = {}
+            content = generic_prompt(state, group[0].as_dict())
+            values: dict[str, Any] = {}
         else:
             content = ""
+            values = {"state": shown_state, "question": shown[group[0].name],
+                      "questions": [shown[q.name] for q in group]}
             values = {name: value for name, value in values.items() if name in self.variables}
-        messages = [{"role": "user", "content": content}]
         if self.spec.sanitize:
-            messages, values = self.encoder.mark(messages), self.encoder.mark(values)
+            content = self.encoder.mark(content)
         try:
-            return self.template.render(messages=messages, add_generation_prompt=True, enable_thinking=False,
-                                        tools=None, documents=None, **self.special_tokens, **values)
+            return self.template.render(messages=[{"role": "user", "content": content}], add_generation_prompt=True,
+                                        enable_thinking=False, tools=None, documents=None, **self.special_tokens,
+                                        **values)
         except jinja2.exceptions.TemplateError as error:
             raise InvalidQuestionError(f"{self.spec.source}: does not render this request ({error})") from error
 
     def _encode(self, texts: list[str], state_text: str) -> list[tuple[np.ndarray, int]]:
         """Each text's ids (sentinels kept) and how many of them come before its save point: the last stable
         boundary inside the state, when the state is printed once, verbatim (0 otherwise). The text before
-        that point is encoded once for the texts sharing it, the rest in one batch: the tokenization splits
-        there whatever follows. Texts holding marked control tokens are encoded whole."""
+        that point is encoded once for the texts sharing it, and the rest apart: the tokenization splits there
+        whatever follows. Texts holding marked control tokens are encoded whole."""
         if any(START in text or END in text for text in texts):
             return [(self.encoder.encode(text), 0) for text in texts]
         cuts = [self._state_cut(text, state_text) for text in texts]
-        heads: dict[str, np.ndarray] = {}
-        for text, cut in zip(texts, cuts):
-            if text[:cut] not in heads:
-                heads[text[:cut]] = self.encoder.encode(text[:cut])
-        rests = self.tokenizer.encode_batch_fast([text[cut:] for text, cut in zip(texts, cuts)],
-                                                 add_special_tokens=False)
-        out = []
-        for text, cut, rest in zip(texts, cuts, rests):
-            head = heads[text[:cut]]
-            out.append((np.concatenate([head, np.asarray(rest.ids, dtype=np.int64)]), len(head)))
-        return out
+        heads = {text[:cut]: None for text, cut in zip(texts, cuts)}
+        rests = {text[cut:]: None for text, cut in zip(texts, cuts)}
+        for parts in (heads, rests):
+            for part in parts:
+                parts[part] = self._fast(part)
+            declined = [part for part, ids in parts.items() if ids is None]
+            for part, encoding in zip(declined, self.tokenizer.encode_batch_fast(declined, add_special_tokens=False)):
+                parts[part] = np.asarray(encoding.ids, dtype=np.int64)
+        return [(np.concatenate([heads[text[:cut]], rests[text[cut:]]]), len(heads[text[:cut]]))
+                for text, cut in zip(texts, cuts)]
+
+    def _fast(self, text: str) -> np.ndarray | None:
+        """The ids of `text` from the renderer's word encoder, the sentinels split out first (None: declined)."""
+        parts = []
+        for index, part in enumerate(_SENTINEL_SPLIT.split(text)):
+            if index % 2:
+                parts.append(np.asarray([self.sentinels[part == SPLIT]], dtype=np.int64))
+            elif part:
+                ids = self.words.encode(part)
+                if ids is None:
+                    return None
+                parts.append(ids)
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
     def _state_cut(self, text: str, state_text: str) -> int:
         if not state_text or text.count(state_text) != 1:
@@ -237,8 +256,11 @@ class DecisionTemplate:
             questions = [dataclasses.replace(q, instructions=strip_sentinels(q.instructions),
                                              options=strip_sentinels(q.options),
                                              descriptions=strip_sentinels(q.descriptions)) for q in questions]
+        shown_state, shown = state, {q.name: q.as_dict() for q in questions}
+        if self.spec.sanitize and self.spec.template is not None:  # each value marked once, not once a prompt
+            shown_state, shown = self.encoder.mark(state), self.encoder.mark(shown)
         groups = [questions] if self.reads_all else [[q] for q in questions]
-        texts = [self._render(state, group) for group in groups]
+        texts = [self._render(state, shown_state, group, shown) for group in groups]
         out = []
         for group, text, (raw, saved) in zip(groups, texts, self._encode(texts, prompt_text(state))):
             keep = (raw != self.sentinels[0]) & (raw != self.sentinels[1])
