@@ -251,27 +251,29 @@ class Engine:
     ) -> SystemOneResponse:
         """Queue a prepared ask (waiting for room, at most `queue_timeout` s) and block until its answers arrive.
         After `timeout` s, AskTimeoutError; an ask no round has taken yet is withdrawn then (as when cancelled)."""
-        if isinstance(ask, AskGroup):
-            deadline = None if timeout is None else time.monotonic() + timeout
-            responses = []
-            for one in ask.asks:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                responses.append(self.submit_sync(one, left, queue_timeout))
-            return ask.merge(responses)
+        asks = ask.asks if isinstance(ask, AskGroup) else [ask]
         if queue_timeout is None:
-            self._loop.submit(ask)
+            for one in asks:
+                self._loop.submit(one)
         else:
-            waits = room_waits(queue_timeout, self._stats)
-            while not self._loop.offer([ask]):
-                time.sleep(next(waits))
-        try:
-            return ask.future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            if ask.future.cancel():
-                raise AskTimeoutError(float(timeout), withdrawn=True) from None
-            if ask.future.done():  # answered just now
-                return ask.future.result()
-            raise AskTimeoutError(float(timeout), withdrawn=False) from None
+            waits, queued = room_waits(queue_timeout, self._stats), 0
+            while queued < len(asks):  # a group's asks queued at once where there is room: they share a round
+                queued += self._loop.offer(asks[queued:])
+                if queued < len(asks):
+                    time.sleep(next(waits))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        responses = []
+        for index, one in enumerate(asks):
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                responses.append(one.future.result(left))
+            except concurrent.futures.TimeoutError:
+                withdrawn = [later.future.cancel() for later in asks[index:]]
+                if all(later.future.done() and not later.future.cancelled() for later in asks[index:]):
+                    responses += [later.future.result() for later in asks[index:]]  # answered just now
+                    break
+                raise AskTimeoutError(float(timeout), withdrawn=all(withdrawn)) from None
+        return ask.merge(responses) if isinstance(ask, AskGroup) else responses[0]
 
     def wait_for_graphs(self, timeout: float | None = None) -> bool:
         """Block until no CUDA graph is left to capture (or capturing gave up); False after `timeout` s."""
