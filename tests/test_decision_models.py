@@ -259,3 +259,16 @@ def test_the_built_in_prompts_render_transformers_text():
                                    for name in ("empty_state", "closing", "system"))
                 reference = _compile_jinja_template(settings + DECIDER_TEMPLATE).render(state=state, question=question)
                 assert env.from_string(decider_template(family)).render(state=state, question=question) == reference
+
+
+def test_the_kernel_op_set_reads_the_head_as_the_pipeline(tiny_path, tmp_path):
+    # mutation: the Triton label softmax ignoring HAS_SOFTCAP -> the JEV answers move past 1e-4 -> fails
+    from flide_sdk.engine import Engine
+    from flide_sdk.models.ops import kernel_ops
+
+    path, decide = build("jev", tiny_path, tmp_path)
+    base = fl.Engine.load(path, device="cpu", dtype="float32")
+    base.close()
+    with Engine(base.model, base.renderer, base.device, ops=kernel_ops(), decision=base.decision) as engine:
+        state = text_of_tokens(engine.renderer, 120, seed=9)
+        assert_as_pipeline(decide, state, QUESTIONS, engine.ask_sync(state, QUESTIONS))

@@ -31,3 +31,19 @@ def test_label_softmax_rows_without_labels_are_nan_like_the_definition():
     label_ids = torch.tensor([[3, -1], [-1, -1]])
     got, expected = label_softmax_triton(h, head, label_ids), label_softmax_reference(h, head, label_ids)
     assert got[1].isnan().all() and expected[1].isnan().all() and torch.equal(got[0], expected[0])
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_a_decision_heads_bias_and_softcap_match_the_definition(softcap):
+    # mutation: the kernel's bias loaded at the lane instead of the row id, or tanh's sign flipped -> fails
+    g = torch.Generator().manual_seed(7)
+    h, head = torch.randn(5, 96, generator=g), torch.randn(24, 96, generator=g)
+    bias = torch.randn(24, generator=g) * 3
+    label_ids = torch.tensor([[0, 1, -1], [8, 9, 10], [2, 3, 4], [23, 8, -1], [5, -1, -1]])
+    got = label_softmax_triton(h, head, label_ids, bias, softcap)
+    expected = label_softmax_reference(h, head, label_ids, bias, softcap)
+    assert torch.allclose(got, expected, atol=1e-6, rtol=1e-5)
+    logits = h[1] @ head[[8, 9, 10]].T + bias[[8, 9, 10]]
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    assert torch.allclose(expected[1], torch.softmax(logits, -1), atol=1e-6)
