@@ -272,3 +272,22 @@ def test_the_kernel_op_set_reads_the_head_as_the_pipeline(tiny_path, tmp_path):
     with Engine(base.model, base.renderer, base.device, ops=kernel_ops(), decision=base.decision) as engine:
         state = text_of_tokens(engine.renderer, 120, seed=9)
         assert_as_pipeline(decide, state, QUESTIONS, engine.ask_sync(state, QUESTIONS))
+
+
+def test_a_decider_without_readout_reads_its_codes_label_logits(tiny_path, tmp_path, hf_tiny):
+    # mutation: the decider's temperature dropped when no readout is found -> fails
+    path = copy_tiny(tiny_path, tmp_path / "decider")
+    (path / "decision_config.json").write_text(json.dumps({"codes": list("ABCD"), "temperature": 1.7}))
+    questions = {"q": {"type": "choice", "instructions": "Pick.", "criteria": {"x": None, "y": "why", "z": None}},
+                 "n": {"type": "noul", "instructions": "Is it?"}}
+    with fl.Engine.load(path, device="cpu", dtype="float32") as engine:
+        state = text_of_tokens(engine.renderer, 200, seed=2)
+        answers, rendered = engine.ask_sync(state, questions), engine.render(state, questions)
+        for name in questions:
+            ids = torch.as_tensor(rendered.prompt_ids(name))[None]
+            with torch.no_grad():
+                logits = hf_tiny(ids).logits[0, -1].float()
+            codes = torch.as_tensor(rendered.questions[name].label_ids)
+            want = torch.softmax(logits[codes] / 1.7, -1)
+            got = [answers[name].noul] if name == "n" else list(answers[name].probabilities.values())
+            assert torch.allclose(torch.tensor(got), want[: len(got)], atol=1e-4), name  # a noul's: P(true)
