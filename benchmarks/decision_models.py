@@ -246,6 +246,23 @@ async def engine_point(engine, states: UniqueStates, q: int, repeat: int, reques
             "requests_per_s": requests / elapsed, "engine_stats": stats_delta(before, engine.stats())["per_round"]}
 
 
+def measure(engine, label: str, states: UniqueStates, q_values: list[int], repeat: int, requests: int,
+            pipeline_repeat: int, phases: Phases) -> tuple[dict[int, dict[str, Any]], dict[int, tuple[list[str], list]]]:
+    """`engine_point` at each Q, and the engine's answers about `pipeline_repeat` + 1 more states per Q (for the
+    pipeline to answer too: the first one is its warm-up); the engine is closed after."""
+    points, kept = {}, {}
+    try:
+        for q in q_values:
+            with phases(f"{label} Q={q}"):
+                points[q] = asyncio.run(engine_point(engine, states, q, repeat, requests))
+                if pipeline_repeat:
+                    asked = [states.next() for _ in range(pipeline_repeat + 1)]
+                    kept[q] = asked, [engine.ask_sync(state, questions_of(q)) for state in asked]
+    finally:
+        engine.close()
+    return points, kept
+
+
 def pipeline_point(decide, states: list[str], q: int, device: str) -> tuple[dict[str, Any], list[dict]]:
     """The pipeline's latency per request over `states` (the first one a warm-up) and its answers."""
     questions, times, answers = questions_of(q), [], []
@@ -311,17 +328,9 @@ def main() -> None:
         engine.wait_for_graphs()
         release_device_memory()  # what capture cached goes back to the driver, where the pool maps its pages
         info = engine.info()
-    results: dict[str, Any] = {}
-    kept: dict[int, tuple[list[str], list]] = {}
     states = UniqueStates(renderer, 300 if tiny else 2000)
-    try:
-        for q in q_values:
-            with phases(f"flide_sdk Q={q}"):
-                results[f"q{q}"] = {"flide_sdk": asyncio.run(engine_point(engine, states, q, repeat, requests))}
-                asked = [states.next() for _ in range(pipeline_repeat + 1)]
-                kept[q] = asked, [engine.ask_sync(state, questions_of(q)) for state in asked]
-    finally:
-        engine.close()
+    points, kept = measure(engine, "flide_sdk", states, q_values, repeat, requests, pipeline_repeat, phases)
+    results: dict[str, Any] = {f"q{q}": {"flide_sdk": points[q]} for q in q_values}
     del engine
     release_device_memory()
 
@@ -390,15 +399,11 @@ def run_jev(args: argparse.Namespace, device: str, dtype: torch.dtype, repeat: i
             engine.wait_for_graphs()
             release_device_memory()
             info[label] = engine.info()
-        try:
-            for q in q_values:
-                with phases(f"{label} Q={q}"):
-                    results[f"q{q}"][label] = asyncio.run(engine_point(engine, states, q, repeat, requests))
-                    if with_head:
-                        asked = [states.next() for _ in range(pipeline_repeat + 1)]
-                        kept[q] = asked, [engine.ask_sync(state, questions_of(q)) for state in asked]
-        finally:
-            engine.close()
+        points, asked = measure(engine, label, states, q_values, repeat, requests, pipeline_repeat if with_head else 0,
+                                phases)
+        kept.update(asked)  # the head's answers, which the pipeline's are compared with
+        for q in q_values:
+            results[f"q{q}"][label] = points[q]
         del engine
         release_device_memory()
     model.decision_head = None

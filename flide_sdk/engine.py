@@ -31,7 +31,7 @@ from flide_sdk.serve.stats import Stats
 from flide_sdk.startup import Startup, load_kernels, memory_split, size, weight_bytes
 from flide_sdk.text.decision_template import DecisionTemplate, special_tokens_of
 from flide_sdk.text.history import StateLog, Trunk, prompt_text
-from flide_sdk.text.render import Rendered, RenderedQuestion, Renderer, load_chat_template
+from flide_sdk.text.render import Rendered, Renderer, load_chat_template
 
 if TYPE_CHECKING:
     from flide_sdk.session import Session
@@ -209,22 +209,10 @@ class Engine:
 
     def _decision_asks(self, state: State, parsed: dict[str, Question]) -> list[Ask]:
         """A decision model's asks of `state`: one per trunk its prompts share."""
-        decision = self.decision
-        prompt_text(state)  # a state no prompt can hold raises InvalidStateError here
-        views = {name: decision.question(name, question) for name, question in parsed.items()}
-        groups, texts = decision.groups(state, list(views.values()))
         asks = []
-        for group in groups:
-            rendered = {}
-            for name, branch in group.branches.items():
-                view = views[name]
-                branch.flags.writeable = False
-                rendered[name] = RenderedQuestion(branch, decision.read_ids(view),
-                                                  tuple(view.labels[i] for i in view.order), texts[name],
-                                                  temperature=decision.temperature(view.kind))
-            trunk = group.as_trunk()
-            self.renderer.check_length(len(trunk), rendered)
-            asks.append(Ask(trunk, {name: parsed[name] for name in group.branches}, rendered))
+        for part in self.decision.render(state, parsed):
+            self.renderer.check_length(len(part.trunk), part.questions)
+            asks.append(Ask(part.trunk, {name: parsed[name] for name in part.questions}, part.questions))
         return asks
 
     async def submit(self, ask: Ask | AskGroup, queue_timeout: float | None = None) -> SystemOneResponse:

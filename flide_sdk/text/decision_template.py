@@ -33,7 +33,7 @@ from flide_sdk.questions import Choice, Noul, Question, Score
 from flide_sdk.text.decision_prompts import generic_prompt
 from flide_sdk.text.history import TokenBuffer, Trunk, chain_hashes, prompt_text
 from flide_sdk.text.marked_encoding import END, START, MarkedEncoder, template_literals
-from flide_sdk.text.render import Renderer
+from flide_sdk.text.render import RenderedQuestion, Renderer
 
 MARK, SPLIT = "<|mark|>", "<|split|>"
 _SENTINEL_SPLIT = re.compile(f"({re.escape(MARK)}|{re.escape(SPLIT)})")
@@ -106,6 +106,14 @@ class PromptGroup:
         tail = self.trunk[self.boundary:].copy()
         tail.flags.writeable = False
         return Trunk(stable, tail, chain_hashes(stable), buffer, len(self.trunk))
+
+
+@dataclass(frozen=True)
+class TrunkQuestions:
+    """One trunk of a request and the branches of the questions it holds."""
+
+    trunk: Trunk
+    questions: dict[str, RenderedQuestion]
 
 
 class DecisionTemplate:
@@ -259,10 +267,11 @@ class DecisionTemplate:
         shown_state, shown = state, {q.name: q.as_dict() for q in questions}
         if self.spec.sanitize and self.spec.template is not None:  # each value marked once, not once a prompt
             shown_state, shown = self.encoder.mark(state), self.encoder.mark(shown)
+        state_text = prompt_text(state)  # InvalidStateError, before a template meets a state no prompt holds
         groups = [questions] if self.reads_all else [[q] for q in questions]
         texts = [self._render(state, shown_state, group, shown) for group in groups]
         out = []
-        for group, text, (raw, saved) in zip(groups, texts, self._encode(texts, prompt_text(state))):
+        for group, text, (raw, saved) in zip(groups, texts, self._encode(texts, state_text)):
             keep = (raw != self.sentinels[0]) & (raw != self.sentinels[1])
             marks = np.cumsum(keep)[raw == self.sentinels[0]]
             ids = raw[keep]
@@ -277,6 +286,22 @@ class DecisionTemplate:
         return out
 
     # ----------------------------------------------------------------------------------------- groups
+    def render(self, state: Any, questions: Mapping[str, Question]) -> list[TrunkQuestions]:
+        """A request's trunks, each with its questions' branches, read ids, labels and temperatures."""
+        views = {name: self.question(name, question) for name, question in questions.items()}
+        groups, texts = self.groups(state, list(views.values()))
+        out = []
+        for group in groups:
+            rendered = {}
+            for name, branch in group.branches.items():
+                view = views[name]
+                branch.flags.writeable = False
+                rendered[name] = RenderedQuestion(branch, self.read_ids(view),
+                                                  tuple(view.labels[i] for i in view.order), texts[name],
+                                                  temperature=self.temperature(view.kind))
+            out.append(TrunkQuestions(group.as_trunk(), rendered))
+        return out
+
     def groups(self, state: Any, questions: list[TemplateQuestion]) -> tuple[list[PromptGroup], dict[str, str]]:
         """The questions' trunks and branches, and each question's whole prompt text."""
         sequences: dict[str, np.ndarray] = {}
