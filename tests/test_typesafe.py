@@ -225,6 +225,6 @@ def test_text_scoring_passes_through_the_typesafe_client_as_a_dict_field(engine)
     with ts.TypeSafeClient(api_key="local", transport=transport(engine), retry=NO_RETRY) as client:
         through = client.system_one(state="the agent", questions={"q": question})
     native = engine.ask_sync("the agent", {"q": fl.Choice("Which?", {"a": None, "b c": None}, scoring="text")})
-    assert through.answers["q"].probabilities == native["q"].probabilities
+    assert_same_answers({"q": through.answers["q"]}, {"q": native["q"]})  # a resumed ask: float32 rounding apart
     labelled = engine.ask_sync("the agent", {"q": {**question, "scoring": "label"}})
     assert labelled["q"].probabilities != native["q"].probabilities  # the field is read, not dropped
