@@ -95,8 +95,8 @@ def jev_directory(tiny: bool) -> tuple[Path, dict[str, Any]]:
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         if (source / name).is_file():
             shutil.copy(source / name, path / name)
-    if tiny:
-        text = json.loads((source / "config.json").read_text())
+    if tiny:  # with the CUDA kernels' smallest value head, so `--tiny-device cuda` runs
+        text = {**json.loads((source / "config.json").read_text()), "linear_value_head_dim": 32}
     else:
         text = {**json.loads(data_path("configs", "Qwen3.5-4B.json").read_text())["text_config"],
                 "model_type": "qwen3_5_text"}
@@ -166,6 +166,8 @@ def jev_twin(model: Qwen35Model, head, text: dict[str, Any], device: str):
 
 def random_model(config: Qwen35Config, device: str, dtype: torch.dtype) -> Qwen35Model:
     """The decoder with random weights (`random_state_dict`) made on the device, fused as a loaded one is."""
+    if torch.device(device).type == "cuda":
+        config.check_cuda_kernels()  # as loading a checkpoint does
     with torch.device("meta"):
         model = Qwen35Model(config)
     model.load_state_dict(random_state_dict(config, seed=0, dtype=dtype, device=device), assign=True)
