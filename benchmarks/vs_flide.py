@@ -1,0 +1,258 @@
+"""flide_sdk next to flide 0.1.4 in one process on one checkpoint: the scoreboard's lone asks and 64 clients.
+
+    PYTHONPATH=/tmp/site:$PWD python benchmarks/vs_flide.py --model-size 4B        (flide 0.1.4 installed)
+    PYTHONPATH=$PWD python benchmarks/vs_flide.py --tiny --no-flide                  (CPU smoke test)
+
+Both engines serve the same random-weight checkpoint (the real Qwen3.5 tokenizer) and see the same token ids:
+flide runs a format plugin (`SameIds`, its documented extension point) whose plan is flide_sdk's rendering of
+the request, so each question's trunk and branch ids are identical and each engine keeps its own forward, head
+and host path (flide's decide / its Batcher, as its server drives them; `cuda_graphs` on, as it serves).
+Workloads, each ask a state no earlier ask saw: W1 (a ~2,000-token QuALITY state with Q = 1, 16, 64 yes/no
+questions), RACE passages with their questions, MultiRC paragraphs with all their yes/no questions; lone
+latency in alternating blocks (ABBA over the engines, block 0 warms up), and RACE with 64 concurrent clients.
+Reported: medians per engine, sdk / flide ratios, memory in use after load, and max |dp| between the engines'
+answers (bf16 rounding only: same weights, same ids).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+Q_COUNTS = (1, 16, 64)
+LABELS = ("yes", "no", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ", *"0123456789")
+
+
+def workloads(block: int, tiny: bool) -> dict[str, list[tuple[Any, dict]]]:
+    """Each lone workload's asks for one block, as (state, System One questions); states marked by the block."""
+    from benchmarks.common import STORY_QUESTIONS, quality_records, race_requests
+    from benchmarks.invariance import multirc_requests
+
+    articles = [record["input"] for record in quality_records()]
+    count = 2 if tiny else 8
+    asks: dict[str, list[tuple[Any, dict]]] = {}
+    for q in Q_COUNTS:
+        questions = {f"s{i}": {"type": "noul", "instructions": STORY_QUESTIONS[i % len(STORY_QUESTIONS)]}
+                     for i in range(q)}
+        asks[f"w1_q{q}"] = [(f"Request {block}-{q}-{i}.\n{articles[(block + i) % len(articles)][:8000]}", questions)
+                            for i in range(count)]
+    asks["race"] = [(f"Passage {block}-{i}.\n{state}", {n: q.to_dict() for n, q in questions.items()})
+                    for i, (state, questions) in enumerate(race_requests(2 * count))]
+    asks["multirc"] = [(f"Paragraph {block}-{i}.\n{state}", {n: q.to_dict() for n, q in questions.items()})
+                       for i, (state, questions) in enumerate(multirc_requests(count))]
+    return asks
+
+
+def throughput_asks(block: int, count: int) -> list[tuple[Any, dict]]:
+    from benchmarks.common import race_requests
+
+    return [(f"Client passage {block}-{i}.\n{state}", {n: q.to_dict() for n, q in questions.items()})
+            for i, (state, questions) in enumerate(race_requests(count))]
+
+
+# ------------------------------------------------------------------------------------------- flide_sdk arm
+class Sdk:
+    name = "flide_sdk"
+
+    def __init__(self, path: Path, device: str, dtype: str, graphs: bool) -> None:
+        from benchmarks.common import load_engine
+
+        self.engine, self.load = load_engine(path, device, dtype, graphs)
+
+    async def ask(self, state: Any, questions: dict) -> list[float]:
+        response = await self.engine.ask(state, questions)
+        return [p for answer in response.values()
+                for p in ([answer.noul] if hasattr(answer, "noul") else answer.probabilities.values())]
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+# ------------------------------------------------------------------------------------------- flide arm
+def flide_format(renderer_path: Path):
+    """Register the `sdk_ids` format with flide: its plan is flide_sdk's rendering (the same ids), its head the
+    output rows of every label flide_sdk reads, its finish a softmax over each question's labels."""
+    import math
+
+    from flide.formats import register
+    from flide.formats.base import Plan, Read
+    from flide.formats.next_token import NextToken, TokenRows
+
+    from flide_sdk.questions import parse_questions
+    from flide_sdk.text.render import Renderer
+
+    @register("sdk_ids")
+    class SameIds(NextToken):
+        def __init__(self, model_dir: str, **options: Any) -> None:
+            super().__init__(model_dir, **options)
+            self.renderer = Renderer.from_checkpoint(renderer_path, 1 << 20)
+            self.label_index = {self.renderer.label_id(label): i for i, label in enumerate(LABELS)}
+
+        def load_heads(self, backbone) -> dict[str, Any]:
+            weight, bias = backbone.output_head()
+            return {"sdk": TokenRows(weight, list(self.label_index), bias)}
+
+        def plan(self, request, **_: Any) -> Plan:
+            questions = {name: q.model_dump(exclude_none=True) for name, q in request.questions.items()}
+            rendered = self.renderer.render(request.state, parse_questions(questions))
+            data = [(questions[name]["type"] == "noul", [self.label_index[int(i)] for i in q.label_ids])
+                    for name, q in rendered.questions.items()]
+            return Plan(rendered.state_ids.tolist(), [q.ids.tolist() for q in rendered.questions.values()],
+                        (Read("sdk"),), data)
+
+        def finish(self, request, plan: Plan, outputs, **_: Any):
+            probabilities = []
+            for (noul, columns), out in zip(plan.data, outputs):
+                logits = [out[0][0][c] for c in columns]
+                top = max(logits)
+                weights = [math.exp(x - top) for x in logits]
+                total = sum(weights)
+                probabilities += [weights[0] / total] if noul else [w / total for w in weights]
+            return probabilities, {}
+
+    return SameIds
+
+
+class Flide:
+    name = "flide"
+
+    def __init__(self, path: Path, device: str, dtype: str, graphs: bool) -> None:
+        import flide
+        from flide.api.schema import SystemOneRequest
+        from flide.runtime.engine import Engine
+        from flide.runtime.online import Batcher
+
+        flide_format(path)
+        started = time.perf_counter()
+        self.engine = Engine(str(path), format="sdk_ids", device=f"{device}:0" if device == "cuda" else device,
+                             dtype="bfloat16" if dtype == "bfloat16" else "float32",
+                             backbone_options={"cuda_graphs": graphs})
+        self.batcher = Batcher(self.engine)
+        self.load = {"version": flide.__version__, "load_seconds": time.perf_counter() - started}
+        self.request = SystemOneRequest.model_validate
+
+    async def ask(self, state: Any, questions: dict) -> list[float]:
+        """A lone ask: the engine's decide, as flide's server runs one without a batcher."""
+        return self.engine.decide(self.request({"state": state, "questions": questions}))[0]
+
+    async def client_ask(self, state: Any, questions: dict) -> None:
+        """An ask among many: plan, forward and finish through the Batcher, as flide's server does."""
+        request = self.request({"state": state, "questions": questions})
+        plan = await asyncio.wrap_future(self.batcher.plan(request))
+        branches, _ = await asyncio.wrap_future(self.batcher.forward(plan))
+        while (follow := await asyncio.wrap_future(self.batcher.follow_up(request, plan, branches))) is not None:
+            plan = follow
+            branches, _ = await asyncio.wrap_future(self.batcher.forward(plan))
+        await asyncio.wrap_future(self.batcher.finish(request, plan, branches))
+
+    def close(self) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------------------------- driver
+def used_bytes(device: str) -> int:
+    """Device memory in use (all allocators: torch's, the pool's own mappings, graphs), context excluded by
+    the caller taking differences."""
+    if device != "cuda":
+        return 0
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+async def lone(arm, asks: list[tuple[Any, dict]]) -> tuple[float, list[float]]:
+    times, answers = [], []
+    for state, questions in asks:
+        started = time.perf_counter()
+        answers += await arm.ask(state, questions)
+        times.append(1000 * (time.perf_counter() - started))
+    return statistics.median(times), answers
+
+
+async def clients(arm, asks: list[tuple[Any, dict]], count: int) -> float:
+    pending = list(asks)
+    ask = getattr(arm, "client_ask", arm.ask)
+    started = time.perf_counter()
+
+    async def client() -> None:
+        while pending:
+            await ask(*pending.pop())
+
+    await asyncio.gather(*(client() for _ in range(count)))
+    return len(asks) / (time.perf_counter() - started)
+
+
+def main() -> None:
+    from benchmarks.common import Phases, add_engine_args, bench_checkpoint, run_metadata, write_result
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_args(parser)
+    parser.add_argument("--blocks", type=int, default=4, help="measured blocks (block 0, a warm-up, comes on top)")
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--client-requests", type=int, default=256)
+    parser.add_argument("--no-flide", action="store_true", help="the flide_sdk arm alone (CPU smoke test)")
+    args = parser.parse_args()
+    phases = Phases()
+    with phases("checkpoint"):
+        path, setup = bench_checkpoint(args)
+    device, dtype, graphs = setup["device"], setup["dtype"], not (args.tiny or args.eager)
+    arms, memory = [], {}
+    for cls in (Sdk,) if args.no_flide else (Sdk, Flide):
+        before = used_bytes(device)
+        with phases(f"load {cls.name}"):
+            arms.append(cls(path, device, dtype, graphs))
+        memory[cls.name] = used_bytes(device) - before
+    lone_ms: dict[str, dict[str, list[float]]] = {arm.name: {} for arm in arms}
+    throughput: dict[str, list[float]] = {arm.name: [] for arm in arms}
+    gaps: dict[str, float] = {}
+    for block in range(args.blocks + 1):
+        order = arms if block % 2 else arms[::-1]
+        with phases(f"block {block}"):
+            for key, asks in workloads(block, args.tiny).items():
+                answers = {}
+                for arm in order:
+                    ms, answers[arm.name] = asyncio.run(lone(arm, asks))
+                    if block:
+                        lone_ms[arm.name].setdefault(key, []).append(ms)
+                if len(answers) == 2:
+                    a, b = answers.values()
+                    gaps[key] = max(gaps.get(key, 0.0), max(abs(x - y) for x, y in zip(a, b, strict=True)))
+            if block in (0, args.blocks):  # the clients' run: warm-up, then once at the end
+                asks = throughput_asks(block, 16 if args.tiny else args.client_requests)
+                for arm in order:
+                    rate = asyncio.run(clients(arm, asks, args.clients))
+                    if block:
+                        throughput[arm.name].append(rate)
+    for arm in arms:
+        arm.close()
+    summary: dict[str, Any] = {}
+    for key in lone_ms["flide_sdk"]:
+        row = {name: statistics.median(values[key]) for name, values in lone_ms.items()}
+        if "flide" in row:
+            row["sdk_over_flide"] = row["flide_sdk"] / row["flide"]
+        summary[f"{key}_lone_ms"] = row
+    row = {name: statistics.median(values) for name, values in throughput.items()}
+    if "flide" in row:
+        row["sdk_over_flide"] = row["flide_sdk"] / row["flide"]
+    summary[f"race_{args.clients}_clients_requests_per_s"] = row
+    for key, row in summary.items():
+        print(f"{key:40s} " + "  ".join(f"{name} {value:9.3f}" for name, value in row.items()), file=sys.stderr)
+    print(f"memory after load (GiB): {  {k: round(v / 2**30, 2) for k, v in memory.items()} }", file=sys.stderr)
+    print(f"max |dp| between the engines: {gaps}", file=sys.stderr)
+    size = "tiny" if args.tiny else args.model_size
+    result = {**run_metadata(" ".join(sys.argv)), "benchmark": "vs_flide", "model_size": size, **setup,
+              "blocks": args.blocks, "load": {arm.name: arm.load for arm in arms},
+              "memory_after_load_bytes": memory, "summary": summary, "max_abs_probability_difference": gaps,
+              "blocks_values": lone_ms, "phases_s": phases.seconds}
+    write_result(f"vs_flide-{size}", result)
+
+
+if __name__ == "__main__":
+    main()
