@@ -27,6 +27,9 @@ from typing import Any
 import torch
 
 Q_COUNTS = (1, 16, 64)
+# issue 64's bars: sdk / flide lone latency at most this per model size, 64-client throughput at least 1.2x
+LONE_RATIO = {"0.8B": 0.7, "4B": 0.75}
+THROUGHPUT_RATIO = 1.2
 LABELS = ("yes", "no", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ", *"0123456789")
 
 
@@ -189,6 +192,21 @@ async def clients(arm, asks: list[tuple[Any, dict]], count: int) -> float:
     return len(asks) / (time.perf_counter() - started)
 
 
+def targets(summary: dict[str, dict[str, float]], size: str) -> dict[str, dict]:
+    """Each workload's sdk / flide ratio against its bar (lone: at most LONE_RATIO; clients: at least 1.2)."""
+    from benchmarks.common import target
+
+    found = {}
+    for key, row in summary.items():
+        if "sdk_over_flide" not in row:
+            continue
+        if key.endswith("_lone_ms") and size in LONE_RATIO:
+            found[f"{key[:-3]}_sdk_over_flide"] = target(row["sdk_over_flide"], LONE_RATIO[size])
+        elif key.endswith("_requests_per_s"):
+            found[f"{key}_sdk_over_flide"] = target(row["sdk_over_flide"], THROUGHPUT_RATIO, "min")
+    return found
+
+
 def main() -> None:
     from benchmarks.common import Phases, add_engine_args, bench_checkpoint, run_metadata, write_result
 
@@ -249,7 +267,7 @@ def main() -> None:
     size = "tiny" if args.tiny else args.model_size
     result = {**run_metadata(" ".join(sys.argv)), "benchmark": "vs_flide", "model_size": size, **setup,
               "blocks": args.blocks, "load": {arm.name: arm.load for arm in arms},
-              "memory_after_load_bytes": memory, "summary": summary, "max_abs_probability_difference": gaps,
+              "memory_after_load_bytes": memory, "summary": summary, "targets": targets(summary, size), "max_abs_probability_difference": gaps,
               "blocks_values": lone_ms, "phases_s": phases.seconds}
     write_result(f"vs_flide-{size}", result)
 
