@@ -119,7 +119,7 @@ def run_engine(path: Path, name: str, graphs: bool, dtype: str, answers: dict, r
     torch.cuda.reset_peak_memory_stats()
     engine = fl.Engine.load(path, device="cuda", dtype=dtype, graphs=graphs)
     engine.wait_for_graphs()
-    state, questions = quality_request(engine.renderer)
+    state, questions = quality_request(engine.tokens)
     passages = race_requests(40)
     answers[name] = np.array(asyncio.run(workload(engine, state, questions, passages)))
     if name != "float32":

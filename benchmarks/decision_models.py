@@ -49,7 +49,8 @@ from benchmarks.questions_per_state import UniqueStates
 from flide_sdk.models.checkpoint import random_state_dict
 from flide_sdk.models.config import Qwen35Config
 from flide_sdk.models.qwen35 import Qwen35Model
-from flide_sdk.text.render import Renderer
+from flide_sdk.prompt import load_format
+from flide_sdk.text.tokens import Tokens
 
 Q_COUNTS = (1, 16, 64)
 CLIENTS = 64
@@ -130,16 +131,17 @@ def jev_engine(path: Path, model: Qwen35Model, head, device: str, **options: Any
     import dataclasses
 
     from flide_sdk.models.decision import read_decision
-    from flide_sdk.text.decision_template import DecisionTemplate, special_tokens_of
-    from flide_sdk.text.render import load_chat_template
+    from flide_sdk.prompt import special_tokens_of
+    from flide_sdk.prompt.chat import load_chat_template
+    from flide_sdk.prompt.template import TemplateFormat
 
     config = model.config
     spec = read_decision(path, json.loads((path / "config.json").read_text()))
     spec = spec if head is not None else dataclasses.replace(spec, head=None)
     model.decision_head = head
-    renderer = Renderer.from_checkpoint(path, config.max_position_embeddings, config.vocab_size)
-    template = DecisionTemplate(spec, renderer, load_chat_template(path), special_tokens_of(path))
-    return fl.Engine(model, renderer, torch.device(device), decision=template,
+    tokens = Tokens.from_checkpoint(path, config.max_position_embeddings, config.vocab_size)
+    prompt = TemplateFormat(spec, tokens, load_chat_template(path), special_tokens_of(path), "decision")
+    return fl.Engine(model, prompt, torch.device(device),
                      name="jev-random" if head is not None else "jev-base-random", **options)
 
 
@@ -319,18 +321,19 @@ def main() -> None:
         path, text = moe_directory(tiny)
         config = Qwen35Config.from_text_config(text, moe=True)
         model = random_model(config, device, dtype)
-        renderer = Renderer.from_checkpoint(path, config.max_position_embeddings, config.vocab_size, "transformers")
+        tokens = Tokens.from_checkpoint(path, config.max_position_embeddings, config.vocab_size)
+        prompt = load_format(path, json.loads((path / "config.json").read_text()), tokens, "transformers")
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
     with phases("op check"):
         op_check = grouped_vs_reference(model)
         print(f"grouped vs reference: {op_check}", file=sys.stderr)
     with phases("engine start"):
-        engine = fl.Engine(model, renderer, torch.device(device), graphs=device == "cuda", name="qwen3.5-moe-random",
+        engine = fl.Engine(model, prompt, torch.device(device), graphs=device == "cuda", name="qwen3.5-moe-random",
                            max_round_tokens=args.max_round_tokens or (8192 if tiny else 16384), pool_bytes=int(args.pool_gib * 2**30))
         engine.wait_for_graphs()
         release_device_memory()  # what capture cached goes back to the driver, where the pool maps its pages
         info = engine.info()
-    states = UniqueStates(renderer, 300 if tiny else 2000)
+    states = UniqueStates(tokens, 300 if tiny else 2000)
     points, kept = measure(engine, "flide_sdk", states, q_values, repeat, requests, pipeline_repeat, phases)
     results: dict[str, Any] = {f"q{q}": {"flide_sdk": points[q]} for q in q_values}
     del engine
@@ -387,7 +390,7 @@ def run_jev(args: argparse.Namespace, device: str, dtype: torch.dtype, repeat: i
         config = Qwen35Config.from_text_config(text)
         model = random_model(config, device, dtype)
         head = jev_head(model, JEV_JUDGE["slots"]["num_slots"], JEV_JUDGE["softcap"])
-        states = UniqueStates(Renderer.from_checkpoint(path, config.max_position_embeddings, config.vocab_size),
+        states = UniqueStates(Tokens.from_checkpoint(path, config.max_position_embeddings, config.vocab_size),
                               300 if tiny else 2000)
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
     options = {"graphs": device == "cuda", "max_round_tokens": args.max_round_tokens or (8192 if tiny else 16384),

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 import flide_sdk as fl
+from flide_sdk.prompt.base import as_rendered
 from benchmarks.baseline import fla_status, label_probabilities, load_transformers, prompts_of
 from benchmarks.common import (
     Phases,
@@ -67,15 +68,15 @@ def variant_engine(checkpoint: Path, residual: torch.dtype, gdn_store: torch.dty
     from flide_sdk.kernels.gated_delta import GATED_DELTA, gated_delta_triton
     from flide_sdk.models.checkpoint import load_model
     from flide_sdk.models.ops import kernel_ops
-    from flide_sdk.text.render import Renderer
+    from flide_sdk.prompt.chat import ChatFormat
 
     model = load_model(checkpoint, "cuda", torch.bfloat16)
     model.residual_dtype = residual
     warps = 8 if gdn_store == torch.float32 else 4
     ops = dataclasses.replace(kernel_ops(), gated_delta=functools.partial(
         gated_delta_triton, config=dataclasses.replace(GATED_DELTA, store_dtype=gdn_store, scan_warps=warps)))
-    renderer = Renderer.from_checkpoint(checkpoint, model.config.max_position_embeddings)
-    engine = fl.Engine(model, renderer, torch.device("cuda"), ops=ops, max_round_tokens=16384, round_deadline_ms=20)
+    prompt = ChatFormat.from_checkpoint(checkpoint, model.config.max_position_embeddings)
+    engine = fl.Engine(model, prompt, torch.device("cuda"), ops=ops, max_round_tokens=16384, round_deadline_ms=20)
     engine.wait_for_graphs()
     return engine
 
@@ -121,11 +122,11 @@ def main() -> None:
     with phases("engine_bf16 (load, capture, ask)"):
         engine16 = fl.Engine.load(checkpoint, device="cuda", dtype="bfloat16", round_deadline_ms=20)
         engine16.wait_for_graphs()
-        requests = [quality_request(engine16.renderer)] + race_requests(args.race)
+        requests = [quality_request(engine16.tokens)] + race_requests(args.race)
         requests = [(state, with_common_questions(questions)) for state, questions in requests]
         answers16 = asyncio.run(ask_all(engine16, requests))
         stats16 = engine16.stats()
-        renderer = engine16.renderer
+        renderer = engine16.prompt
         engine16.close()
         del engine16
     answers32 = [None] * len(requests)
@@ -140,7 +141,7 @@ def main() -> None:
                            for name, dtypes in variants.items()}
 
     reference, hf16, ours16, ours32, noul = [], [], [], [], []
-    rendered_all = [renderer.render(state, fl.questions.parse_questions(q)) for state, q in requests]
+    rendered_all = [as_rendered(renderer.parts(state, fl.questions.parse_questions(q))) for state, q in requests]
     with phases("transformers_fp32 (the reference, one prompt at a time)"):
         model32 = load_transformers(checkpoint, torch.float32, "cuda")
         for rendered, (_, questions) in zip(rendered_all, requests):

@@ -216,7 +216,7 @@ def main() -> None:
     async def run() -> dict:
         alone, alone_load = load_engine(checkpoint, device, dtype, graphs, pool_bytes=0, batch_invariant=True, **options)
         served, served_load = load_engine(checkpoint, device, dtype, graphs, batch_invariant=True, **options)
-        reading = reading_requests(served.renderer, args.tiny)
+        reading = reading_requests(served.tokens, args.tiny)
         agents = agent_steps(2, 4 if args.tiny else 12)
         started = time.perf_counter()
         checked = await invariance(served, Reference(alone), reading, agents, args.clients, mixed_requests)

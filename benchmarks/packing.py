@@ -40,21 +40,23 @@ from flide_sdk.kernels.reference import gated_delta_reference
 from flide_sdk.plan.layout import plan_round
 from flide_sdk.plan.requests import Branches, RequestSpec
 from flide_sdk.questions import Noul
-from flide_sdk.text.render import Renderer
+from flide_sdk.prompt.base import as_rendered
+from flide_sdk.prompt.chat import ChatFormat
+from flide_sdk.questions import parse_questions
 
 CONV_KERNEL = 4
 REPEAT = 100
 
 
-def request_of(renderer: Renderer, state: str, questions: dict) -> RequestSpec:
+def request_of(renderer: ChatFormat, state: str, questions: dict) -> RequestSpec:
     """The request the engine computes for a lone ask (no checkpoint)."""
-    rendered = renderer.render(state, questions)
+    rendered = as_rendered(renderer.parts(state, parse_questions(questions)))
     parts = list(rendered.questions.values())
     return RequestSpec(np.asarray(rendered.state_ids, dtype=np.int64),
                        Branches.of([q.ids for q in parts], [q.label_ids for q in parts], [q.replies for q in parts]))
 
 
-def rounds(renderer: Renderer, tiny: bool) -> dict[str, RequestSpec]:
+def rounds(renderer: ChatFormat, tiny: bool) -> dict[str, RequestSpec]:
     out = {f"multirc_{i}": request_of(renderer, state, questions)
            for i, (state, questions) in enumerate(multirc_requests(2 if tiny else 6))}
     state = cut_tokens(renderer, quality_records()[0]["input"], 0, 300 if tiny else 2000)
@@ -117,7 +119,7 @@ def main() -> None:
     parser.add_argument("--model-size", default="0.8B")
     parser.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
-    renderer = Renderer.from_checkpoint(data_path("tokenizer", "qwen3.5"), 32768)
+    renderer = ChatFormat.from_checkpoint(data_path("tokenizer", "qwen3.5"), 32768)
     text = release_config(args.model_size)["text_config"]
     shapes = (text["linear_num_key_heads"], text["linear_num_value_heads"], text["linear_key_head_dim"],
               text["linear_value_head_dim"])

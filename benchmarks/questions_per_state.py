@@ -129,9 +129,9 @@ def run_engine(checkpoint, where, args, q_values, warmup, repeat, state_tokens):
     graphs, options = engine_settings(args)
     engine, load_info = load_engine(checkpoint, where["device"], where["dtype"], graphs, **options)
     try:
-        instruction_tokens = [token_count(engine.renderer, text) for text in STORY_QUESTIONS[: max(q_values)]]
+        instruction_tokens = [token_count(engine.tokens, text) for text in STORY_QUESTIONS[: max(q_values)]]
         params = non_embedding_parameters(engine.model)
-        states = UniqueStates(engine.renderer, state_tokens)
+        states = UniqueStates(engine.tokens, state_tokens)
         results, kept = asyncio.run(measure(engine, states, q_values, warmup, repeat, params))
     finally:
         engine.close()

@@ -78,10 +78,10 @@ def label_reference(model, engine: fl.Engine, state: str, question: fl.Choice) -
 def teacher_forced(model, engine: fl.Engine, state: str, question: fl.Choice) -> np.ndarray:
     """Each option's log-likelihood of `prompt + option + <|im_end|>` under transformers (float64 sums)."""
     prompt = engine.render(state, {"q": question}).prompt_ids("q")
-    end = engine.renderer.tokenizer.token_to_id("<|im_end|>")
+    end = engine.tokens.tokenizer.token_to_id("<|im_end|>")
     scores = []
     for option in question.option_names():
-        reply = np.append(engine.renderer.encode(option), end)
+        reply = np.append(engine.tokens.encode(option), end)
         ids = torch.as_tensor(np.concatenate([prompt, reply]), device=model.device)[None]
         with torch.no_grad():
             logits = model(ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(reply)].double()
@@ -129,7 +129,7 @@ def main() -> None:
 
     async def run() -> dict:
         exact, _ = load_engine(checkpoint, device, "float32", False, pool_bytes=0, **options)
-        requests = text_requests(exact.renderer, count)
+        requests = text_requests(exact.tokens, count)
         from transformers import Qwen3_5ForCausalLM
 
         model = Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(device).eval()
@@ -164,7 +164,7 @@ def main() -> None:
         cost = {scoring: await lone(served, requests, scoring, repeat) for scoring in ("label", "text")}
         served.close()
         ratio = cost["text"]["latency_ms"]["median_ms"] / cost["label"]["latency_ms"]["median_ms"]
-        option_tokens = [token_count(served.renderer, o) for _, opts, _ in requests for o in opts]
+        option_tokens = [token_count(served.tokens, o) for _, opts, _ in requests for o in opts]
         return {"requests": len(requests), "option_tokens": {"min": min(option_tokens), "max": max(option_tokens),
                                                             "mean": float(np.mean(option_tokens))},
                 "exactness": {"questions": min(exact_count, len(requests)), "max_abs_dp": worst_p,

@@ -89,14 +89,15 @@ def flide_format(renderer_path: Path):
     from flide.formats.next_token import NextToken, TokenRows
 
     from flide_sdk.questions import parse_questions
-    from flide_sdk.text.render import Renderer
+    from flide_sdk.prompt.base import as_rendered
+    from flide_sdk.prompt.chat import ChatFormat
 
     @register("sdk_ids")
     class SameIds(NextToken):
         def __init__(self, model_dir: str, **options: Any) -> None:
             super().__init__(model_dir, **options)
-            self.renderer = Renderer.from_checkpoint(renderer_path, 1 << 20)
-            self.label_index = {self.renderer.label_id(label): i for i, label in enumerate(LABELS)}
+            self.chat = ChatFormat.from_checkpoint(renderer_path, 1 << 20)
+            self.label_index = {self.chat.tokens.label_id(label): i for i, label in enumerate(LABELS)}
 
         def load_heads(self, backbone) -> dict[str, Any]:
             weight, bias = backbone.output_head()
@@ -104,7 +105,7 @@ def flide_format(renderer_path: Path):
 
         def plan(self, request, **_: Any) -> Plan:
             questions = {name: q.model_dump(exclude_none=True) for name, q in request.questions.items()}
-            rendered = self.renderer.render(request.state, parse_questions(questions))
+            rendered = as_rendered(self.chat.parts(request.state, parse_questions(questions)))
             data = [(questions[name]["type"] == "noul", [self.label_index[int(i)] for i in q.label_ids])
                     for name, q in rendered.questions.items()]
             return Plan(rendered.state_ids.tolist(), [q.ids.tolist() for q in rendered.questions.values()],

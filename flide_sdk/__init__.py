@@ -47,7 +47,7 @@ from flide_sdk.questions import (
     Usage,
 )
 from flide_sdk.session import Session
-from flide_sdk.text.render import Rendered, RenderedQuestion
+from flide_sdk.prompt.base import Rendered, RenderedQuestion
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

@@ -17,21 +17,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flide_sdk.device.graphs import BUFFERS
-from flide_sdk.errors import AskTimeoutError, EngineClosedError, InvalidOptionError
+from flide_sdk.errors import AskTimeoutError, EngineClosedError
 from flide_sdk.models.checkpoint import load_model, read_config, read_raw_config
-from flide_sdk.models.decision import read_decision
 from flide_sdk.models.ops import Ops, ops_for
 from flide_sdk.models.qwen35 import Qwen35Model
 from flide_sdk.options import MAX_PENDING, check_modes, check_options, on_device, resolve_device, resolve_dtype
-from flide_sdk.questions import Question, Questions, State, SystemOneResponse, parse_questions
+from flide_sdk.prompt import PromptFormat, Rendered, load_format
+from flide_sdk.prompt.base import as_rendered
+from flide_sdk.questions import Questions, State, SystemOneResponse, parse_questions
 from flide_sdk.serve.asks import Ask, AskGroup
 from flide_sdk.serve.executor import build_executor
 from flide_sdk.serve.loop import RoundLoop, Staging, room_waits
 from flide_sdk.serve.stats import Stats
 from flide_sdk.startup import Startup, load_kernels, memory_split, size, weight_bytes
-from flide_sdk.text.decision_template import DecisionTemplate, special_tokens_of
-from flide_sdk.text.history import StateLog, Trunk, prompt_text
-from flide_sdk.text.render import Rendered, Renderer, load_chat_template
+from flide_sdk.text.history import Trunk
+from flide_sdk.text.tokens import Tokens
 
 if TYPE_CHECKING:
     from flide_sdk.session import Session
@@ -51,7 +51,7 @@ class Engine:
     def __init__(
         self,
         model: Qwen35Model,
-        renderer: Renderer,
+        prompt: PromptFormat,
         device: torch.device,
         *,
         ops: Ops | None = None,
@@ -65,16 +65,15 @@ class Engine:
         batch_invariant: bool = False,
         name: str = "qwen3.5",
         startup: Startup | None = None,
-        decision: DecisionTemplate | None = None,
     ) -> None:
-        check_options(model.config.max_position_embeddings, max_prompt_tokens=renderer.max_prompt_tokens,
+        check_options(model.config.max_position_embeddings, max_prompt_tokens=prompt.tokens.max_prompt_tokens,
                        pool_bytes=pool_bytes, pool_checkpoints=pool_checkpoints, max_round_tokens=max_round_tokens,
                        max_round_requests=max_round_requests, round_deadline_ms=round_deadline_ms,
                        max_pending=max_pending)
         check_modes(device, graphs, batch_invariant, custom_ops=ops is not None, moe=model.config.is_moe)
         self.model = model
-        self.renderer = renderer
-        self.decision = decision  # a decision model's own prompts and reads (None: the renderer's prompt)
+        self.prompt = prompt  # how questions are written and read (`prompt.load_format`)
+        self.tokens = prompt.tokens
         self.device = device
         self.batch_invariant = batch_invariant
         self.name = name
@@ -85,7 +84,7 @@ class Engine:
         startup.stage("weights", f"{size(self.weights_bytes)} on {device}")
         self.kernel_bundle = load_kernels(device, startup)
         self._stats = Stats()
-        self._executor = build_executor(model, ops_for(device, batch_invariant) if ops is None else ops, renderer,
+        self._executor = build_executor(model, ops_for(device, batch_invariant) if ops is None else ops, self.tokens,
                                         pool_bytes, pool_checkpoints, max_round_tokens, max_round_requests,
                                         graphs if graphs is not None else device.type == "cuda", self._stats, name,
                                         startup, batch_invariant)
@@ -142,24 +141,17 @@ class Engine:
         device = resolve_device(device)
         startup = Startup(progress, label=None if device.index is None else str(device))  # "cuda:1", not "cuda"
         dtype = resolve_dtype(dtype, device)
-        config, _ = read_config(path)  # config, tokenizer and template are checked before any weight is read
-        spec = read_decision(Path(path), read_raw_config(Path(path)))
-        if spec is not None and rendering != "flide":
-            raise InvalidOptionError(f"rendering={rendering!r} is for plain models; {spec.source} gives this "
-                                     "decision model's own prompt")
+        config, _ = read_config(path)  # config, tokenizer and prompt files are checked before any weight is read
         options = {"pool_bytes": pool_bytes, "pool_checkpoints": pool_checkpoints, "max_pending": max_pending,
                    "max_round_requests": max_round_requests, "round_deadline_ms": round_deadline_ms}
         check_options(config.max_position_embeddings, max_prompt_tokens=max_prompt_tokens,
                       max_round_tokens=max_round_tokens, **options)
         check_modes(device, graphs, batch_invariant, custom_ops=False, moe=config.is_moe)
-        renderer = Renderer.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size,
-                                            rendering)
-        decision = None if spec is None else DecisionTemplate(spec, renderer, load_chat_template(Path(path)),
-                                                              special_tokens_of(Path(path)))
+        tokens = Tokens.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size)
+        prompt = load_format(Path(path), read_raw_config(Path(path)), tokens, rendering)
         with on_device(device):  # what loading runs on the device runs on this one, the caller's device kept
-            return cls(load_model(path, device, dtype, None if spec is None else spec.head), renderer, device,
+            return cls(load_model(path, device, dtype, prompt.decision_head), prompt, device,
                        graphs=graphs, batch_invariant=batch_invariant, name=Path(path).name, startup=startup,
-                       decision=decision,
                        max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192), **options)
 
     @classmethod
@@ -172,48 +164,29 @@ class Engine:
 
     def render(self, state: State, questions: Questions) -> Rendered:
         """The token-level view of an ask: trunk ids, and per question its branch ids, label ids and labels (a
-        decision model's prompts may give questions trunks of their own: `Rendered.trunks`)."""
-        if self.decision is None:
-            return self.renderer.render(state, parse_questions(questions))
-        asks = self._decision_asks(state, parse_questions(questions))
-        rendered = {name: q for ask in asks for name, q in ask.rendered.items()}
-        trunks = {name: ask.trunk.tokens() for ask in asks for name in ask.questions}
-        return Rendered(asks[0].trunk.tokens(), rendered, trunks)
+        format's prompts may give questions trunks of their own: `Rendered.trunks`)."""
+        return as_rendered(self.prompt.parts(state, parse_questions(questions)))
 
     def session(self) -> Session:
         """A new, empty session: an agent's growing history whose asks resume from checkpoints."""
         from flide_sdk.session import Session
 
-        return Session(self, self.renderer.new_history() if self.decision is None else StateLog())
+        return Session(self, self.prompt.new_state())
 
     def prepare(self, trunk: Trunk | State, questions: Questions) -> Ask | AskGroup:
-        """Validate `questions` and render them against a trunk (a session's snapshot, or a one-off state to
-        tokenize): the queued form of an ask (a group of asks when a decision model's prompts give its
-        questions several trunks). Bad input raises here."""
+        """Validate `questions` and render them against a trunk (a session's snapshot, or a one-off state): the
+        queued form of an ask (a group of asks when the format's prompts give its questions several trunks).
+        Bad input raises here."""
         if self._loop.closed:
             raise EngineClosedError("the engine is closed")
         started, cpu_started = time.perf_counter(), time.thread_time()
         parsed = parse_questions(questions)
-        if self.decision is not None:
-            asks = self._decision_asks(trunk, parsed)
-            ask: Ask | AskGroup = asks[0] if len(asks) == 1 else AskGroup(asks, list(parsed))
-        else:
-            rendered = self.renderer.render_questions(parsed)
-            if not isinstance(trunk, Trunk):
-                trunk = self.renderer.trunk(prompt_text(trunk))
-            self.renderer.check_length(len(trunk), rendered)
-            ask = Ask(trunk, parsed, rendered)
+        asks = [Ask(part.trunk, {name: parsed[name] for name in part.questions}, part.questions)
+                for part in self.prompt.parts(trunk, parsed)]
+        ask: Ask | AskGroup = asks[0] if len(asks) == 1 else AskGroup(asks, list(parsed))
         self._stats.add(submit_seconds=time.perf_counter() - started,
                         submit_cpu_seconds=time.thread_time() - cpu_started)
         return ask
-
-    def _decision_asks(self, state: State, parsed: dict[str, Question]) -> list[Ask]:
-        """A decision model's asks of `state`: one per trunk its prompts share."""
-        asks = []
-        for part in self.decision.render(state, parsed):
-            self.renderer.check_length(len(part.trunk), part.questions)
-            asks.append(Ask(part.trunk, {name: parsed[name] for name in part.questions}, part.questions))
-        return asks
 
     async def submit(self, ask: Ask | AskGroup, queue_timeout: float | None = None) -> SystemOneResponse:
         """Queue a prepared ask (waiting for room while the queue is full) and await its answers.
@@ -298,12 +271,12 @@ class Engine:
             "attention_layers": config.layer_types.count("full_attention"),
             "hidden_size": config.hidden_size,
             "vocab_size": config.vocab_size,
-            "max_prompt_tokens": self.renderer.max_prompt_tokens,
+            "max_prompt_tokens": self.tokens.max_prompt_tokens,
             "max_round_tokens": self.max_round_tokens,
             "max_round_requests": self.max_round_requests,
             "batch_invariant": self.batch_invariant,
-            "rendering": self.renderer.rendering,
-            "decision": None if self.decision is None else self.decision.spec.source,
+            "rendering": self.prompt.name,
+            "decision": self.prompt.decision,
             "capacities": [] if self._executor.graphs is None else [c.tokens for c in self._executor.graphs.ladder],
             "kernel_bundle": None if self.kernel_bundle is None else str(self.kernel_bundle.bundle),
             "memory_bytes": self._memory(self._stats.snapshot()),

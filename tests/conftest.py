@@ -20,7 +20,7 @@ import torch
 import flide_sdk as fl
 from flide_sdk.models.ops import reference_ops
 from flide_sdk.testing import tiny_checkpoint
-from flide_sdk.text.render import Rendered
+from flide_sdk.prompt.base import Rendered
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # xdist workers share the cores: no worker oversubscribes them
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
@@ -91,24 +91,24 @@ class Gate:
 def gated_engine(path: Path, **options) -> Iterator[tuple[fl.Engine, Gate]]:
     """A float32 CPU engine over `path` whose rounds pass `Gate` (open until a test closes it)."""
     with fl.Engine.load(path, device="cpu", dtype="float32") as loaded:
-        model, renderer = loaded.model, loaded.renderer
+        model, prompt = loaded.model, loaded.prompt
     gate = Gate()
-    with fl.Engine(model, renderer, torch.device("cpu"), ops=replace(reference_ops, linear=gate.linear),
+    with fl.Engine(model, prompt, torch.device("cpu"), ops=replace(reference_ops, linear=gate.linear),
                    **options) as engine:
         yield engine, gate
 
 
-def text_of_tokens(renderer, target: int, seed: int = 0) -> str:
+def text_of_tokens(tokens, target: int, seed: int = 0) -> str:
     """Prose whose token count (as a state string) is exactly `target`."""
     rng = random.Random(seed)
     words: list[str] = []
-    while len(renderer.encode(" ".join(words))) < target:
+    while len(tokens.encode(" ".join(words))) < target:
         words.append(rng.choice(WORDS))
-    while len(renderer.encode(" ".join(words))) > target and words:
+    while len(tokens.encode(" ".join(words))) > target and words:
         words.pop()
     text = " ".join(words)
     filler = ["a", "b", "c", "d"]
-    while len(renderer.encode(text)) < target:
+    while len(tokens.encode(text)) < target:
         text += " " + filler[len(text) % 4]
     return text
 

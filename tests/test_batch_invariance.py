@@ -82,7 +82,7 @@ async def test_random_mixed_rounds_have_the_bits_of_questions_asked_alone(tiny_p
                 asks.append(session.ask(questions))
                 states.append(text[0])
             for _ in range(rng.randint(1, 11)):
-                state = text_of_tokens(engine.renderer, rng.randint(1, 300), seed=rng.randint(0, 3))
+                state = text_of_tokens(engine.tokens, rng.randint(1, 300), seed=rng.randint(0, 3))
                 asks.append(engine.ask(state, some_questions(rng)))
                 states.append(state)
             rounds = engine.stats()["rounds"]
@@ -119,7 +119,7 @@ def test_resumed_from_any_earlier_checkpoint_has_the_bits_of_a_fresh_trunk(tiny_
 
 
 def test_invariant_answers_stay_exact_against_transformers(tiny_path, hf_tiny, alone):
-    state = text_of_tokens(alone.engine.renderer, 700, seed=5)
+    state = text_of_tokens(alone.engine.tokens, 700, seed=5)
     rendered = alone.engine.render(state, QUESTIONS)
     for name, question in QUESTIONS.items():
         got = answer_probabilities(alone.answer(state, name))
@@ -132,7 +132,7 @@ def test_the_default_mode_is_not_batch_invariant_here(tiny_path):
     """Guard for the tests above: without the mode, a question forked among others differs in its last bits
     from the same question asked alone, so the tests above can fail."""
     with fl.Engine.load(tiny_path, device="cpu", pool_bytes=0) as engine:
-        state = text_of_tokens(engine.renderer, 500, seed=2)
+        state = text_of_tokens(engine.tokens, 500, seed=2)
         together = engine.ask_sync(state, QUESTIONS).answers
         differ = [name for name in QUESTIONS if engine.ask_sync(state, {name: QUESTIONS[name]}).answers[name]
                   != together[name]]
@@ -143,7 +143,7 @@ def test_custom_ops_are_refused_in_the_mode(alone):
     """The mode's guarantee rests on its own fixed-order ops: an engine given other ops refuses it."""
     engine = alone.engine
     with pytest.raises(InvalidOptionError, match="batch_invariant"):
-        fl.Engine(engine.model, engine.renderer, engine.device, ops=reference_ops, batch_invariant=True)
+        fl.Engine(engine.model, engine.prompt, engine.device, ops=reference_ops, batch_invariant=True)
 
 
 def test_fixed_matmul_keeps_its_bits_in_any_batch_and_chunk():

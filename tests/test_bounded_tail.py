@@ -18,7 +18,8 @@ from tokenizers import Tokenizer
 import flide_sdk as fl
 from flide_sdk.text.history import TAIL_TOKENS
 from flide_sdk.text.pretokenizer import PATTERN_SPACE, byte_level_chars
-from flide_sdk.text.render import Renderer, load_chat_template
+from flide_sdk.prompt.chat import ChatFormat, load_chat_template
+from flide_sdk.text.tokens import Tokens
 
 from .conftest import TOLERANCE, answer_probabilities, reference_probabilities
 
@@ -29,30 +30,30 @@ BYTES = byte_level_chars()
 
 
 @pytest.fixture(scope="module")
-def renderers(tiny_path) -> list[Renderer]:
-    found = [Renderer.from_checkpoint(tiny_path, 1 << 22)]
+def renderers(tiny_path) -> list[ChatFormat]:
+    found = [ChatFormat.from_checkpoint(tiny_path, 1 << 22)]
     if QWEN35_TOKENIZER.is_dir():
         tokenizer = Tokenizer.from_file(str(QWEN35_TOKENIZER / "tokenizer.json"))
-        found.append(Renderer(tokenizer, load_chat_template(QWEN35_TOKENIZER), 1 << 22))
+        found.append(ChatFormat(Tokens(tokenizer, 1 << 22), load_chat_template(QWEN35_TOKENIZER)))
     return found
 
 
-def grow(renderer: Renderer, pieces: list, messages: bool = False) -> list[int]:
+def grow(renderer: ChatFormat, pieces: list, messages: bool = False) -> list[int]:
     """Append the pieces one by one, asserting at every step that the trunk is the tokenizer's ids of the whole
     prompt and that the stable part only grew; the tails."""
-    history = renderer.new_history()
+    history = renderer.new_state()
     appended, stable, tails = [], np.zeros(0, np.int64), []
     for step, piece in enumerate(pieces):
         history.append(piece)
         appended.append(piece)
         trunk = history.snapshot()
         body = json.dumps(appended, ensure_ascii=False) if messages else "".join(appended)
-        whole = renderer.tokenizer.encode(renderer.head + body + "\n\n", add_special_tokens=False).ids
+        whole = renderer.tokens.tokenizer.encode(renderer.head + body + "\n\n", add_special_tokens=False).ids
         assert trunk.tokens().tolist() == whole, step
         assert np.array_equal(trunk.stable[: len(stable)], stable), step
         stable = trunk.stable.copy()
         tails.append(len(trunk.tail))
-    assert renderer.boundaries.tokens.refuted == 0
+    assert renderer.tokens.boundaries.tokens.refuted == 0
     return tails
 
 
@@ -109,7 +110,7 @@ def test_one_long_append_is_cut_near_its_end(renderers):
     for renderer in renderers:
         for text in ("=" * 30_000, "東京都" * 5000, " " * 30_000, "\n" + " " * 30_000):
             trunk = renderer.trunk(text)
-            assert trunk.tokens().tolist() == renderer.tokenizer.encode(
+            assert trunk.tokens().tolist() == renderer.tokens.tokenizer.encode(
                 renderer.head + text + "\n\n", add_special_tokens=False).ids
             assert len(trunk.tail) <= TAIL_TOKENS
 
@@ -151,9 +152,9 @@ def test_every_cut_holds_for_every_continuation(renderers):
     texts += ["x:::a::", "a===b==", "they're  \n  \n   ", "'reading'''x", "they'llama and", "=== \n\n  ",
               "東京\u3000\u3000\u3000", "a\n\n\n    ", "  \n    ", "\t\n  x", "가\u1100\u1161", "아\u11a8아", "ab<|im_"]
     for renderer in renderers:
-        encode = renderer.tokenizer.encode
+        encode = renderer.tokens.tokenizer.encode
         for text in texts:
-            found = list(renderer.boundaries.tokens.cuts(text))
+            found = list(renderer.tokens.boundaries.tokens.cuts(text))
             for cut, before in found[:4] + rng.sample(found[4:], min(4, len(found[4:]))):
                 for _ in range(6):
                     more = "".join(rng.choices(ALPHABET + ["x", "\n", " ", "s", "\u0301"], k=rng.choice([1, 2, 9])))
@@ -182,8 +183,8 @@ def test_session_tail_is_bounded_through_the_engine(engine, tiny_path, hf_tiny):
         assert after["tokens_computed"] - before["tokens_computed"] <= new + previous[1] + branches
         previous = (len(rendered.state_ids), tail)
     assert engine.stats()["max_mutable_tail_tokens"] <= TAIL_TOKENS
-    assert rendered.state_ids.tolist() == engine.renderer.tokenizer.encode(
-        engine.renderer.head + state + "\n\n", add_special_tokens=False).ids
+    assert rendered.state_ids.tolist() == engine.tokens.tokenizer.encode(
+        engine.prompt.head + state + "\n\n", add_special_tokens=False).ids
     with fl.Engine.load(tiny_path, device="cpu", pool_bytes=0) as fresh:
         alone = fresh.ask_sync(state, questions)
     for name in questions:
@@ -202,7 +203,7 @@ def test_frontier_holds_for_every_continuation(renderers):
     rng = random.Random(3)
     scripts = ["=", "=-", " ", " \n", "ab", "東京都大阪府日本の", "🙂👍🏽✅", "{}[]\":,", "привет", "สวัสดีสัม", "いっぱい"]
     for renderer in renderers:
-        table = renderer.boundaries.tokens.table
+        table = renderer.tokens.boundaries.tokens.table
         alphabets = [[BYTES[b] for b in s.encode()] for s in scripts]
         late = np.flatnonzero(table.made_high > np.floor(table.made_high))  # made by merges out of rank order
         alphabets += [[table.tokenizer.id_to_token(int(t)) for t in (table.left[m], table.right_part[m], m)]
@@ -228,7 +229,7 @@ def test_pattern_white_space_is_the_tokenizers(renderers):
     candidates = {chr(c) for c in range(0x110000) if chr(c).isspace() or unicodedata.category(chr(c))[0] in "ZC"
                   and c < 0x3100 and not 0xD800 <= c < 0xE000} | {"\u180e", "\u200b", "\ufeff"}
     for renderer in renderers:
-        split = renderer.tokenizer.pre_tokenizer.pre_tokenize_str
+        split = renderer.tokens.tokenizer.pre_tokenizer.pre_tokenize_str
         spaces = {c for c in candidates if [o for _, o in split(f"1{c * 3}1")] == [(0, 1), (1, 3), (3, 4), (4, 5)]}
         assert spaces | set("\r\n") == PATTERN_SPACE
 
@@ -247,6 +248,6 @@ def test_composition_seconds_that_are_no_marks_are_hangul_jamo():
 
 def test_merge_table_knows_the_out_of_order_merges(renderers):
     for renderer in renderers:
-        table = renderer.boundaries.tokens.table
+        table = renderer.tokens.boundaries.tokens.table
         assert table.unique
         assert table.out_of_order == (31 if table.size > 200_000 else 0)  # 27 with a part made later, 4 on those

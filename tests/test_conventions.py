@@ -89,15 +89,15 @@ def test_the_library_prints_nothing_when_a_round_fails(tmp_path):
         import torch
         import flide_sdk as fl
         from flide_sdk.models.checkpoint import load_model
-        from flide_sdk.text.render import Renderer
+        from flide_sdk.prompt.chat import ChatFormat
         from flide_sdk.testing import tiny_checkpoint
 
-        class BrokenRenderer(Renderer):  # a seam: the engine takes its renderer in its constructor
+        class BrokenFormat(ChatFormat):  # a seam: the engine takes its prompt format in its constructor
             def trunk(self, state):
                 raise RuntimeError("a bug in tokenizing")
 
         path = tiny_checkpoint()
-        engine = fl.Engine(load_model(path, "cpu", torch.float32), BrokenRenderer.from_checkpoint(path, 4096),
+        engine = fl.Engine(load_model(path, "cpu", torch.float32), BrokenFormat.from_checkpoint(path, 4096),
                            torch.device("cpu"))
         try:
             engine.ask_sync("state", {"q": fl.Noul("ok?")})

@@ -122,7 +122,7 @@ def test_lone_asks_give_the_pipelines_probabilities(served, tokens):
     # decider; the head's softcap skipped in `head_logits` -> fails jev, jev_saved; a head's bias dropped -> fails
     # jev; the noul option order ignored (options always true, false) -> fails question, jev
     _, engine, decide = served
-    state = text_of_tokens(engine.renderer, tokens, seed=tokens)
+    state = text_of_tokens(engine.tokens, tokens, seed=tokens)
     assert_as_pipeline(decide, state, QUESTIONS, engine.ask_sync(state, QUESTIONS))
 
 
@@ -165,7 +165,7 @@ async def test_many_requests_in_mixed_rounds_stay_as_the_pipeline(served):
     # fails; staging a group's asks one after another (awaiting each) -> still exact, but this test's rounds
     # then hold fewer trunks (see the round count below)
     _, engine, decide = served
-    states = [text_of_tokens(engine.renderer, 40 + 30 * i, seed=i) for i in range(6)]
+    states = [text_of_tokens(engine.tokens, 40 + 30 * i, seed=i) for i in range(6)]
     before = engine.stats()["rounds"]
     answers = await asyncio.gather(*(engine.ask(state, QUESTIONS) for state in states))
     for state, answer in zip(states, answers):
@@ -238,8 +238,9 @@ def test_the_built_in_prompts_render_transformers_text():
     from transformers.models.jev.configuration_jev import DECIDER_PROMPTS, DECIDER_TEMPLATE, JEV_TEMPLATE
     from transformers.utils.chat_template_utils import _compile_jinja_template
 
-    from flide_sdk.text.decision_prompts import decider_template, jev_template
-    from flide_sdk.text.decision_template import environment
+    from flide_sdk.models.decision import DECIDER_FAMILIES
+    from flide_sdk.prompt.base import environment
+    from flide_sdk.prompt.templates import builtin_template
 
     questions = [
         {"name": "a", "type": "choice", "instructions": "What next?", "options": ["refund", "replace", "wait"],
@@ -253,12 +254,13 @@ def test_the_built_in_prompts_render_transformers_text():
     for question in questions:
         for state in states:
             reference = _compile_jinja_template(JEV_TEMPLATE).render(state=state, question=question)
-            assert env.from_string(jev_template()).render(state=state, question=question) == reference
+            assert env.from_string(builtin_template("jev")).render(state=state, question=question) == reference
+            assert set(DECIDER_PROMPTS) == set(DECIDER_FAMILIES)
             for family, prompt in DECIDER_PROMPTS.items():
                 settings = "".join(f"{{%- set {name} = {json.dumps(prompt[name]) if prompt[name] else 'none'} -%}}\n"
                                    for name in ("empty_state", "closing", "system"))
                 reference = _compile_jinja_template(settings + DECIDER_TEMPLATE).render(state=state, question=question)
-                assert env.from_string(decider_template(family)).render(state=state, question=question) == reference
+                assert env.from_string(builtin_template(family)).render(state=state, question=question) == reference
 
 
 def test_the_kernel_op_set_reads_the_head_as_the_pipeline(tiny_path, tmp_path):
@@ -269,8 +271,8 @@ def test_the_kernel_op_set_reads_the_head_as_the_pipeline(tiny_path, tmp_path):
     path, decide = build("jev", tiny_path, tmp_path)
     base = fl.Engine.load(path, device="cpu", dtype="float32")
     base.close()
-    with Engine(base.model, base.renderer, base.device, ops=kernel_ops(), decision=base.decision) as engine:
-        state = text_of_tokens(engine.renderer, 120, seed=9)
+    with Engine(base.model, base.prompt, base.device, ops=kernel_ops()) as engine:
+        state = text_of_tokens(engine.tokens, 120, seed=9)
         assert_as_pipeline(decide, state, QUESTIONS, engine.ask_sync(state, QUESTIONS))
 
 
@@ -281,7 +283,7 @@ def test_a_decider_without_readout_reads_its_codes_label_logits(tiny_path, tmp_p
     questions = {"q": {"type": "choice", "instructions": "Pick.", "criteria": {"x": None, "y": "why", "z": None}},
                  "n": {"type": "noul", "instructions": "Is it?"}}
     with fl.Engine.load(path, device="cpu", dtype="float32") as engine:
-        state = text_of_tokens(engine.renderer, 200, seed=2)
+        state = text_of_tokens(engine.tokens, 200, seed=2)
         answers, rendered = engine.ask_sync(state, questions), engine.render(state, questions)
         for name in questions:
             ids = torch.as_tensor(rendered.prompt_ids(name))[None]

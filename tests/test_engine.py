@@ -209,8 +209,8 @@ async def test_asks_are_rendered_and_tokenized_on_the_asking_thread(tiny_path):
     """The asking thread renders an ask's questions and tokenizes its state, idle engine or busy; the round
     thread only schedules and launches."""
     async with fl.Engine.load(tiny_path, device="cpu") as engine:
-        tokenized = _record_calls(engine.renderer, "trunk", _thread_name)
-        rendered = _record_calls(engine.renderer, "render_questions", _thread_name)
+        tokenized = _record_calls(engine.prompt, "trunk", _thread_name)
+        rendered = _record_calls(engine.prompt, "render_questions", _thread_name)
         for i in range(2):
             assert set(await engine.ask(f"lone ask {i}", GOOD)) == {"n", "c"}
         await asyncio.gather(*(engine.ask(f"gathered {i}", GOOD) for i in range(2)))
@@ -293,8 +293,8 @@ async def test_chunks_of_a_new_state_are_cached_once_its_round_is_launched(tiny_
     words = [f"w{i}{chr(97 + i % 26)}" for i in range(600)]
     body = " ".join(words) + ". The end"
     async with fl.Engine.load(tiny_path, device="cpu") as plain, fl.Engine.load(tiny_path, device="cpu") as engine:
-        plain.renderer.words.enabled = False
-        encoder = engine.renderer.words
+        plain.tokens.words.enabled = False
+        encoder = engine.tokens.words
         filled = []
         fill = encoder.fill_chunks
         encoder.fill_chunks = lambda: filled.append(threading.current_thread().name) or fill()

@@ -27,13 +27,13 @@ def pick(names: list[str]) -> dict:
     return {name: QUESTION_POOL[name] for name in names}
 
 
-def mixed_requests(renderer) -> list[tuple[object, dict]]:
+def mixed_requests(tokens) -> list[tuple[object, dict]]:
     """States of 1, ~300 and ~900 tokens (not multiples of 64), 1 to 8 questions, all three types."""
     one_token = "the"
-    assert len(renderer.encode(one_token)) == 1
-    mid = text_of_tokens(renderer, 301, seed=1)
-    long = text_of_tokens(renderer, 899, seed=2)
-    messages = [{"role": "user", "content": text_of_tokens(renderer, 150, seed=3)}, {"role": "assistant", "content": "ok"}]
+    assert len(tokens.encode(one_token)) == 1
+    mid = text_of_tokens(tokens, 301, seed=1)
+    long = text_of_tokens(tokens, 899, seed=2)
+    messages = [{"role": "user", "content": text_of_tokens(tokens, 150, seed=3)}, {"role": "assistant", "content": "ok"}]
     return [
         (one_token, pick(["urgent"])),
         (mid, pick(["action", "severity", "described"])),
@@ -57,7 +57,7 @@ def assert_exact(hf_model, engine, state, questions, answers) -> float:
 async def assert_mixed_round_exact(path, hf_model, **load_options) -> None:
     """The `mixed_requests` asked together take one round of an engine loaded from `path`, each exact."""
     async with fl.Engine.load(path, device="cpu", round_deadline_ms=500, **load_options) as engine:
-        requests = mixed_requests(engine.renderer)
+        requests = mixed_requests(engine.tokens)
         answers = await asyncio.gather(*(engine.ask(state, questions) for state, questions in requests))
         assert engine.stats()["rounds"] == 1, "the requests must share one round for this test to mean anything"
         for (state, questions), got in zip(requests, answers):
@@ -70,7 +70,7 @@ async def test_mixed_round_matches_transformers(tiny_path, hf_tiny):
 
 
 def test_question_asked_alone_matches(engine, hf_tiny):
-    for state, questions in mixed_requests(engine.renderer):
+    for state, questions in mixed_requests(engine.tokens):
         for name, question in questions.items():
             alone = engine.ask_sync(state, {name: question})
             assert_exact(hf_tiny, engine, state, {name: question}, alone)

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from flide_sdk.errors import InvalidStateError
-from flide_sdk.text import render
+from flide_sdk.text import tokens as render
 from flide_sdk.text.history import BLOCK, HASH_SEED, chain_hashes
-from flide_sdk.text.render import Renderer, load_chat_template
+from flide_sdk.prompt.chat import ChatFormat, load_chat_template
+from flide_sdk.text.tokens import Tokens
 
 QWEN35_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "data" / "tokenizer" / "qwen3.5"
 PIECES = [
@@ -25,23 +26,23 @@ PIECES = [
 
 
 def renderers(tiny_path):
-    yield Renderer.from_checkpoint(tiny_path, 1 << 20)
+    yield ChatFormat.from_checkpoint(tiny_path, 1 << 20)
     if QWEN35_TOKENIZER.is_dir():
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(QWEN35_TOKENIZER / "tokenizer.json"))
-        yield Renderer(tokenizer, load_chat_template(QWEN35_TOKENIZER), 1 << 20)
+        yield ChatFormat(Tokens(tokenizer, 1 << 20), load_chat_template(QWEN35_TOKENIZER))
 
 
 def check_growth(renderer, steps, make_piece, expected_text) -> list[int]:
-    history = renderer.new_history()
+    history = renderer.new_state()
     previous_stable = np.zeros(0, dtype=np.int64)
     tails = []
     for step in range(steps):
         for _ in range(random.randint(1, 3)):
             history.append(make_piece(step))
         trunk = history.snapshot()
-        whole = renderer.encode(renderer.head + expected_text(history) + "\n\n")
+        whole = renderer.tokens.encode(renderer.head + expected_text(history) + "\n\n")
         assert trunk.tokens().tolist() == whole.tolist(), f"step {step}"
         assert trunk.stable[: len(previous_stable)].tolist() == previous_stable.tolist()
         previous_stable = trunk.stable.copy()
@@ -81,8 +82,8 @@ def test_message_appends_tokenize_like_json_list(tiny_path):
 
 
 def test_prose_keeps_a_short_tail(tiny_path):
-    renderer = Renderer.from_checkpoint(tiny_path, 1 << 20)
-    history = renderer.new_history()
+    renderer = ChatFormat.from_checkpoint(tiny_path, 1 << 20)
+    history = renderer.new_state()
     words = "the agent read the file and found an error in line 12 then ran the test again".split()
     for step in range(40):
         history.append(" " + " ".join(words[(step + i) % len(words)] for i in range(25)) + ".")
@@ -90,26 +91,26 @@ def test_prose_keeps_a_short_tail(tiny_path):
 
 
 def test_fork_diverges_without_touching_the_parent(tiny_path):
-    renderer = Renderer.from_checkpoint(tiny_path, 1 << 20)
-    parent = renderer.new_history()
+    renderer = ChatFormat.from_checkpoint(tiny_path, 1 << 20)
+    parent = renderer.new_state()
     parent.append("shared start of the story. ")
     parent.snapshot()
     child = parent.fork()
     parent.append("the parent goes left.")
     child.append("the child goes right.")
     left, right = parent.snapshot(), child.snapshot()
-    assert left.tokens().tolist() == renderer.encode(renderer.head + "shared start of the story. the parent goes left.\n\n").tolist()
-    assert right.tokens().tolist() == renderer.encode(renderer.head + "shared start of the story. the child goes right.\n\n").tolist()
+    assert left.tokens().tolist() == renderer.tokens.encode(renderer.head + "shared start of the story. the parent goes left.\n\n").tolist()
+    assert right.tokens().tolist() == renderer.tokens.encode(renderer.head + "shared start of the story. the child goes right.\n\n").tolist()
     assert left.buffer is not right.buffer
 
 
 def test_mixing_text_and_messages_is_refused(tiny_path):
-    renderer = Renderer.from_checkpoint(tiny_path, 1 << 20)
-    text = renderer.new_history()
+    renderer = ChatFormat.from_checkpoint(tiny_path, 1 << 20)
+    text = renderer.new_state()
     text.append("hello")
     with pytest.raises(InvalidStateError):
         text.append({"role": "user", "content": "hi"})
-    messages = renderer.new_history()
+    messages = renderer.new_state()
     messages.append({"role": "user", "content": "hi"})
     with pytest.raises(InvalidStateError):
         messages.append("hello")
@@ -118,7 +119,7 @@ def test_mixing_text_and_messages_is_refused(tiny_path):
 
 
 def test_trunk_prefix_checks_and_hashes(tiny_path):
-    renderer = Renderer.from_checkpoint(tiny_path, 1 << 20)
+    renderer = ChatFormat.from_checkpoint(tiny_path, 1 << 20)
     a = renderer.trunk("word " * 200)
     b = renderer.trunk("word " * 200 + "and more")
     assert a.block_hash(0) == HASH_SEED
@@ -138,14 +139,14 @@ def test_texts_encode_in_pieces_like_the_whole(tiny_path, monkeypatch, cpus):
     monkeypatch.setattr(render, "ENCODE_PIECES", cpus)
     rng = random.Random(7 + cpus)
     for renderer in renderers(tiny_path):
-        renderer.words.enabled = False
+        renderer.tokens.words.enabled = False
         for trial in range(6):
             text = "".join(rng.choice(PIECES) for _ in range(rng.choice([rng.randint(60, 400), rng.randint(2000, 6000)])))
-            cuts = renderer.boundaries.cuts(text, 2048)
+            cuts = renderer.tokens.boundaries.cuts(text, 2048)
             assert len(text) < 4096 or cuts, "a long text is encoded in more than one piece"
-            whole = renderer.tokenizer.encode(text, add_special_tokens=False)
+            whole = renderer.tokens.tokenizer.encode(text, add_special_tokens=False)
             starts = [start for start, _ in whole.offsets]
-            for cut in [0, *renderer.boundaries.cuts(text, 61)[trial::6]]:
-                ids, before = renderer.encode_cut(text, cut)
+            for cut in [0, *renderer.tokens.boundaries.cuts(text, 61)[trial::6]]:
+                ids, before = renderer.tokens.encode_cut(text, cut)
                 assert ids.tolist() == whole.ids
                 assert before == bisect.bisect_left(starts, cut) and (cut == 0 or starts[before] == cut)

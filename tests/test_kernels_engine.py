@@ -47,14 +47,14 @@ async def test_kernel_engine_mixed_round_and_resumed_session(small_tiny_path, hf
     the last one partial."""
     base = fl.Engine.load(small_tiny_path, device="cpu")
     base.close()
-    async with Engine(base.model, base.renderer, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
+    async with Engine(base.model, base.prompt, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
         session = engine.session()
-        state = text_of_tokens(engine.renderer, 80, seed=6)
+        state = text_of_tokens(engine.tokens, 80, seed=6)
         session.append(state)
         requests = [
             ("the", pick(["urgent"])),
-            (text_of_tokens(engine.renderer, 100, seed=4), pick(["action", "severity", "described"])),
-            (text_of_tokens(engine.renderer, 40, seed=5), pick(["json"])),
+            (text_of_tokens(engine.tokens, 100, seed=4), pick(["action", "severity", "described"])),
+            (text_of_tokens(engine.tokens, 40, seed=5), pick(["json"])),
         ]
         *answers, first = await asyncio.gather(*(engine.ask(state, questions) for state, questions in requests),
                                                session.ask(pick(["urgent"])))
@@ -77,10 +77,10 @@ async def test_kernel_engine_session_and_nested_forks_in_one_round(small_tiny_pa
     two launch groups), each exact."""
     base = fl.Engine.load(small_tiny_path, device="cpu")
     base.close()
-    async with Engine(base.model, base.renderer, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
-        texts = [text_of_tokens(engine.renderer, 90, seed=7)]
-        texts += [texts[0] + " " + text_of_tokens(engine.renderer, 80, seed=8)]
-        texts += [texts[1] + " " + text_of_tokens(engine.renderer, 70, seed=9)]
+    async with Engine(base.model, base.prompt, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
+        texts = [text_of_tokens(engine.tokens, 90, seed=7)]
+        texts += [texts[0] + " " + text_of_tokens(engine.tokens, 80, seed=8)]
+        texts += [texts[1] + " " + text_of_tokens(engine.tokens, 70, seed=9)]
         parent = engine.session()
         parent.append(texts[0])
         child = parent.fork()
@@ -102,8 +102,8 @@ async def test_kernel_engine_scores_options_by_their_text(small_tiny_path, hf_sm
 
     base = fl.Engine.load(small_tiny_path, device="cpu")
     base.close()
-    async with Engine(base.model, base.renderer, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
-        state = text_of_tokens(engine.renderer, 90, seed=8)
+    async with Engine(base.model, base.prompt, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
+        state = text_of_tokens(engine.tokens, 90, seed=8)
         questions = {"next": text_choice(["a", "b c", "the test failed", "the test"]), **pick(["urgent"])}
         response = await engine.ask(state, questions)
         assert worst_error(hf_small_tiny, engine, state, questions, response) <= 1e-4

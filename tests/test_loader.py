@@ -71,7 +71,7 @@ def save_release_layout(path, tokenizer, seed=2):
 
 def _check_exact(path, reference) -> None:
     with fl.Engine.load(path, device="cpu") as engine:
-        for state, questions in mixed_requests(engine.renderer)[:3]:
+        for state, questions in mixed_requests(engine.tokens)[:3]:
             answers = engine.ask_sync(state, questions)
             assert_exact(reference, engine, state, questions, answers)
 

@@ -89,7 +89,7 @@ def test_the_checkpoint_is_per_expert_and_loads_as_moe(moe, engine):
 @pytest.mark.parametrize("tokens", [1, 300, 2000])
 def test_lone_asks_give_the_pipelines_probabilities(engine, decide, tokens):
     # mutation: skip renormalising the top-k router weights (weights / weights.sum) -> fails
-    state = text_of_tokens(engine.renderer, tokens, seed=tokens)
+    state = text_of_tokens(engine.tokens, tokens, seed=tokens)
     assert_as_pipeline(decide, state, QUESTIONS, engine.ask_sync(state, QUESTIONS))
 
 
@@ -145,9 +145,9 @@ async def test_the_kernel_op_set_stays_exact(moe):
     path, model = moe
     base = fl.Engine.load(path, device="cpu", dtype="float32")
     base.close()
-    async with Engine(base.model, base.renderer, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
+    async with Engine(base.model, base.prompt, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
         requests = [("the", pick(["urgent"])),
-                    (text_of_tokens(engine.renderer, 90, seed=4), pick(["action", "severity"]))]
+                    (text_of_tokens(engine.tokens, 90, seed=4), pick(["action", "severity"]))]
         answers = await asyncio.gather(*(engine.ask(state, questions) for state, questions in requests))
         assert engine.stats()["rounds"] == 1
         for (state, questions), got in zip(requests, answers):

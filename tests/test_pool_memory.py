@@ -73,7 +73,7 @@ def test_a_capped_pool_never_holds_more_than_its_cap(tiny_path):
 def test_slots_and_pages_are_taken_lowest_first_and_trimmed_past_the_highest_in_use(engine):
     pool = CheckpointPool(engine.model.config, torch.device("cpu"), torch.float32, 64 << 20, 16)
     assert pool.backed == (0, 0)
-    trunks = [engine.renderer.trunk(history(i, 300)) for i in range(6)]
+    trunks = [engine.prompt.trunk(history(i, 300)) for i in range(6)]
     for trunk in trunks:
         pool.commit(pool.plan_save(trunk, None, 256))
     assert sorted(c.slot for c in pool.checkpoints()) == list(range(6))

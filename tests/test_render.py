@@ -8,14 +8,12 @@ import numpy as np
 import pytest
 
 import flide_sdk as fl
-from flide_sdk.text import render
-from flide_sdk.text.render import (
-    Renderer,
-    content_key,
-    load_chat_template,
-    question_labels,
-    question_text,
-)
+from flide_sdk.prompt import chat
+from flide_sdk.prompt.base import as_rendered
+from flide_sdk.prompt.chat import ChatFormat, content_key, load_chat_template, question_labels, question_text
+from flide_sdk.questions import parse_questions
+from flide_sdk.text import tokens
+from flide_sdk.text.tokens import Tokens
 
 HEAD = "<|im_start|>user\n"
 TAIL = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -65,7 +63,7 @@ PINNED = [
 
 @pytest.mark.parametrize(("state", "question", "content"), PINNED)
 def test_pinned_prompt_text(engine, state, question, content):
-    assert engine.renderer.prompt_text(state, question) == HEAD + content + TAIL
+    assert engine.prompt.prompt_text(state, question) == HEAD + content + TAIL
 
 
 def test_labels_and_label_ids(engine):
@@ -75,12 +73,12 @@ def test_labels_and_label_ids(engine):
     assert rendered.questions["n"].labels == ("yes", "no")
     assert rendered.questions["s"].labels == ("0", "1", "2", "3")
     assert rendered.questions["big"].labels == tuple("ABCDEFGHIJK")
-    tokenizer = engine.renderer.tokenizer
+    tokenizer = engine.tokens.tokenizer
     for question in rendered.questions.values():
         assert [tokenizer.decode([i]) for i in question.label_ids] == list(question.labels)
 
 
-def _states(renderer) -> list:
+def _states() -> list:
     return [
         "",
         "the",
@@ -104,11 +102,11 @@ QUESTIONS = {
 }
 
 
-def _check_split(renderer, transformers_tokenizer) -> None:
-    for state in _states(renderer):
-        rendered = renderer.render(state, QUESTIONS)
+def _check_split(prompt: ChatFormat, transformers_tokenizer) -> None:
+    for state in _states():
+        rendered = as_rendered(prompt.parts(state, parse_questions(QUESTIONS)))
         for name, question in QUESTIONS.items():
-            text = renderer.prompt_text(state, question)
+            text = prompt.prompt_text(state, question)
             expected = transformers_tokenizer(text, add_special_tokens=False)["input_ids"]
             assert rendered.prompt_ids(name).tolist() == expected, (state, name)
             assert len(rendered.questions[name].ids) > 0
@@ -118,11 +116,11 @@ def test_trunk_plus_branch_equals_tokenizer_ids(tiny_path, engine):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_path)
-    _check_split(engine.renderer, tokenizer)
+    _check_split(engine.prompt, tokenizer)
     # and the text itself is what transformers' chat template renders for that user turn
-    for state in _states(engine.renderer)[:4]:
+    for state in _states()[:4]:
         for question in QUESTIONS.values():
-            text = engine.renderer.prompt_text(state, question)
+            text = engine.prompt.prompt_text(state, question)
             content = text[len(HEAD) : -len(TAIL)]
             chat = tokenizer.apply_chat_template(
                 [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True, enable_thinking=False
@@ -135,20 +133,19 @@ def test_real_qwen35_tokenizer_split():
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    renderer = Renderer(
-        Tokenizer.from_file(str(QWEN35_TOKENIZER / "tokenizer.json")), load_chat_template(QWEN35_TOKENIZER), 262144
-    )
-    assert renderer.head == HEAD and renderer.tail == TAIL
+    prompt = ChatFormat(Tokens(Tokenizer.from_file(str(QWEN35_TOKENIZER / "tokenizer.json")), 262144),
+                        load_chat_template(QWEN35_TOKENIZER))
+    assert prompt.head == HEAD and prompt.tail == TAIL
     hf = PreTrainedTokenizerFast(tokenizer_file=str(QWEN35_TOKENIZER / "tokenizer.json"))
-    _check_split(renderer, hf)
+    _check_split(prompt, hf)
     # the public non-thinking chat prompt of Qwen3.5 (../shared/data/README.md)
-    ids = renderer.encode(HEAD + "Hello" + TAIL).tolist()
+    ids = prompt.tokens.encode(HEAD + "Hello" + TAIL).tolist()
     assert ids == [248045, 846, 198, 9419, 248046, 198, 248045, 74455, 198, 248068, 271, 248069, 271]
 
 
 def test_trunk_stops_before_question_text(engine):
     rendered = engine.render("state text", {"q": fl.Noul("Is it?"), "r": fl.Noul("Is it?")})
-    trunk_text = engine.renderer.tokenizer.decode(rendered.state_ids.tolist(), skip_special_tokens=False)
+    trunk_text = engine.tokens.tokenizer.decode(rendered.state_ids.tolist(), skip_special_tokens=False)
     assert trunk_text.endswith("state text\n\n")
     assert np.array_equal(rendered.questions["q"].ids, rendered.questions["r"].ids)
 
@@ -161,8 +158,8 @@ def _uncached(renderer, question) -> tuple:
     """A question's branch ids, label ids, labels and text, computed directly from its text."""
     text = question_text(question)
     labels = question_labels(question)
-    ids = renderer.tokenizer.encode(text + renderer.tail, add_special_tokens=False).ids
-    return ids, [renderer.label_id(label) for label in labels], labels, text
+    ids = renderer.tokens.tokenizer.encode(text + renderer.tail, add_special_tokens=False).ids
+    return ids, [renderer.tokens.label_id(label) for label in labels], labels, text
 
 
 CACHE_QUESTIONS = [
@@ -183,7 +180,7 @@ CACHE_QUESTIONS = [
 def test_question_cache_serves_exactly_the_uncached_render(engine):
     """Rendered questions are cached by content: a cached branch is the uncached one, and questions that
     differ in any way (type, instructions, option names, order or descriptions) never share an entry."""
-    renderer = engine.renderer
+    renderer = engine.prompt
     keys = [content_key(q) for q in CACHE_QUESTIONS]
     plain = [key for key in keys if key is not None]
     assert len(set(plain)) == len(plain) == len(CACHE_QUESTIONS) - 4
@@ -200,7 +197,7 @@ def test_question_cache_serves_exactly_the_uncached_render(engine):
 
 
 def test_question_cache_follows_changed_content_and_stays_bounded(engine, monkeypatch):
-    renderer = engine.renderer
+    renderer = engine.prompt
     criteria = {"a": None, "b": None}
     question = fl.Choice("Which one?", criteria)
     assert render_one(renderer, question).labels == ("A", "B")
@@ -208,9 +205,9 @@ def test_question_cache_follows_changed_content_and_stays_bounded(engine, monkey
     rendered = render_one(renderer, question)
     assert (rendered.ids.tolist(), rendered.label_ids.tolist(), rendered.labels, rendered.text) == _uncached(
         renderer, question)
-    monkeypatch.setattr(render, "QUESTION_CACHE", 3)
+    monkeypatch.setattr(chat, "QUESTION_CACHE", 3)
+    monkeypatch.setattr(tokens, "TEXT_CACHE", 3)
     for index in range(6):
         question = fl.Noul(f"Is it number {index}?")
         assert render_one(renderer, question).text == question_text(question)
-        sizes = renderer.cache_sizes()
-        assert sizes.questions <= 3 and sizes.branches <= 3
+        assert renderer.cached_questions() <= 3 and renderer.tokens.cached_texts() <= 3

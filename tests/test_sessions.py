@@ -464,8 +464,8 @@ def test_indexed_admission_matches_the_scan_over_every_selected_ask(engine):
         resumed.append(growth(rng))
         trunks.append(resumed.trunk())
     for index in range(6):
-        trunks += [engine.renderer.trunk(base), engine.renderer.trunk(base + growth(rng)),
-                   engine.renderer.trunk(f"{index}{growth(rng)}"), engine.renderer.trunk(f"short {index}")]
+        trunks += [engine.prompt.trunk(base), engine.prompt.trunk(base + growth(rng)),
+                   engine.prompt.trunk(f"{index}{growth(rng)}"), engine.prompt.trunk(f"short {index}")]
     exercised = np.zeros(4, dtype=int)  # deferred, merged, left queued for room, forked
     assert len(resumed.trunk().stable) >= 64  # its asks resume with history pages
     paged_out = 0
@@ -500,9 +500,9 @@ def test_pool_takes_and_frees_pages_in_bulk(tiny_path):
         # a pool of its own: the engine's round thread trims its pool when idle
         pool = CheckpointPool(engine.model.config, torch.device("cpu"), torch.float32,
                               8 * slot_bytes + 6 * page_bytes, 8)
-        renderer = engine.renderer
+        prompt = engine.prompt
         assert pool.num_pages == 6
-        trunks = [renderer.trunk(f"text {i}: " + " ".join(WORDS * 12)) for i in range(2)]
+        trunks = [prompt.trunk(f"text {i}: " + " ".join(WORDS * 12)) for i in range(2)]
         at = min(256, min(len(t) for t in trunks))  # four pages each
         saves = []
         for trunk in trunks:
@@ -516,7 +516,7 @@ def test_pool_takes_and_frees_pages_in_bulk(tiny_path):
         usage = pool.page_usage()
         assert (usage.refs[saves[1].checkpoint.pages] == 1).all() and (usage.fill[saves[1].checkpoint.pages] == 64).all()
         assert sorted(usage.free + saves[1].checkpoint.pages) == list(range(6))
-        long_trunk = renderer.trunk("too long: " + " ".join(WORDS * 40))
+        long_trunk = prompt.trunk("too long: " + " ".join(WORDS * 40))
         assert len(long_trunk) > 7 * 64
         assert pool.plan_save(long_trunk, None, 7 * 64) is None  # seven pages: more than the pool holds
         usage = pool.page_usage()

@@ -10,23 +10,23 @@ import pytest
 import torch
 
 import flide_sdk as fl
-from flide_sdk.text.render import MAX_REPLY_TOKENS
+from flide_sdk.prompt.chat import MAX_REPLY_TOKENS
 
 from .conftest import TOLERANCE, answer_probabilities, text_of_tokens
 
 LONG = "open the module to look at the function that returns the value and then run the test again because"
 
 
-def options(renderer) -> dict[str, list[str]]:
+def options(tokens) -> dict[str, list[str]]:
     """Option sets: 1-token options, options that are prefixes of others, and ~40-token options sharing most
     of their tokens."""
-    long_base = text_of_tokens(renderer, 35, seed=5)
+    long_base = text_of_tokens(tokens, 35, seed=5)
     sets = {
         "short": ["a", "b", "c d", "the"],
         "prefix": ["the test", "the test failed", "the test failed again", "the refund"],
         "long": [long_base + ending for ending in (" the test", " the refund", " a", " b c")],
     }
-    lengths = [len(renderer.encode(option)) for option in sets["long"]]
+    lengths = [len(tokens.encode(option)) for option in sets["long"]]
     assert min(lengths) >= 36 and max(lengths) <= 40, lengths
     return sets
 
@@ -38,10 +38,10 @@ def text_choice(names: list[str], instructions: str = "What does the agent do ne
 def teacher_forced(hf_model, engine, state, name: str, question: fl.Choice) -> np.ndarray:
     """softmax over the options of log p(option tokens + <|im_end|> | prompt), each option run alone (float64)."""
     prompt = engine.render(state, {name: question}).prompt_ids(name)
-    end = engine.renderer.tokenizer.token_to_id("<|im_end|>")
+    end = engine.tokens.tokenizer.token_to_id("<|im_end|>")
     scores = []
     for option in question.option_names():
-        reply = np.append(engine.renderer.encode(option), end)
+        reply = np.append(engine.tokens.encode(option), end)
         ids = torch.as_tensor(np.concatenate([prompt, reply]))[None]
         with torch.no_grad():
             logprobs = torch.log_softmax(hf_model(ids).logits[0].double(), dim=-1)
@@ -62,8 +62,8 @@ def worst_error(hf_model, engine, state, questions: dict, answers) -> float:
 @pytest.mark.asyncio
 async def test_text_scores_match_teacher_forced_transformers_in_one_round(tiny_path, hf_tiny):
     async with fl.Engine.load(tiny_path, device="cpu", dtype="float32", round_deadline_ms=500) as engine:
-        sets = options(engine.renderer)
-        states = ["the agent read the file", text_of_tokens(engine.renderer, 301, seed=1)]
+        sets = options(engine.tokens)
+        states = ["the agent read the file", text_of_tokens(engine.tokens, 301, seed=1)]
         asks = [(states[0], {"short": text_choice(sets["short"]), "prefix": text_choice(sets["prefix"]),
                              "label": fl.Noul("Is the agent stuck?")}),
                 (states[1], {"long": text_choice(sets["long"]), "prefix": text_choice(sets["prefix"], "Which?")})]
@@ -85,7 +85,7 @@ def test_text_scores_stay_exact_in_a_resumed_session(engine, hf_tiny):
     session = engine.session()
     state = ""
     for step in range(3):
-        growth = text_of_tokens(engine.renderer, 70 + 30 * step, seed=10 + step) + "\n"
+        growth = text_of_tokens(engine.tokens, 70 + 30 * step, seed=10 + step) + "\n"
         session.append(growth)
         state += growth
         response = session.ask_sync(question)
@@ -98,17 +98,17 @@ def test_usage_counts_each_question_text_once_and_every_reply_token(engine):
     response = engine.ask_sync("the agent ran the tests", {"next": question, "stuck": fl.Noul("Stuck?")})
     rendered = engine.render("the agent ran the tests", {"next": question, "stuck": fl.Noul("Stuck?")})
     replies = rendered.questions["next"].replies
-    assert [len(reply) for reply in replies] == [len(engine.renderer.encode(o)) + 1 for o in question.option_names()]
+    assert [len(reply) for reply in replies] == [len(engine.tokens.encode(o)) + 1 for o in question.option_names()]
     assert response.usage.output_tokens == sum(len(reply) for reply in replies) + 1
     assert response.usage.input_tokens == len(rendered.state_ids) + sum(len(q.ids) for q in rendered.questions.values())
 
 
 def test_text_rendering_lists_options_as_written(engine):
     question = fl.Choice("Which command?", {"ls -la": None, "pytest": "run the tests"}, scoring="text")
-    prompt = engine.renderer.prompt_text("state", question)
+    prompt = engine.prompt.prompt_text("state", question)
     assert "Question: Which command?\n- ls -la\n- pytest: run the tests\nAnswer with one option exactly as written." in prompt
     label = fl.Choice("Which command?", {"ls -la": None, "pytest": "run the tests"})
-    assert "A: ls -la\nB: pytest - run the tests" in engine.renderer.prompt_text("state", label)
+    assert "A: ls -la\nB: pytest - run the tests" in engine.prompt.prompt_text("state", label)
     # the two scorings of one question never share a cached rendering
     rendered = engine.render("state", {"text": question, "label": label}).questions
     assert rendered["text"].replies and not rendered["label"].replies and len(rendered["label"].label_ids) == 2
@@ -131,7 +131,7 @@ def test_dict_questions_take_scoring_and_bad_scoring_raises(single):
 
 
 def test_replies_past_the_budget_raise_and_many_options_need_no_labels(engine):
-    words = text_of_tokens(engine.renderer, 300, seed=3)
+    words = text_of_tokens(engine.tokens, 300, seed=3)
     too_long = text_choice([f"{words} {i}" for i in range(4)])
     with pytest.raises(fl.InvalidQuestionError, match=f"at most {MAX_REPLY_TOKENS}"):
         engine.ask_sync("the agent", {"q": too_long})

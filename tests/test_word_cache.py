@@ -1,4 +1,4 @@
-"""The word encoder (the fast path of `Renderer.encode_cut`): the tokenizer's exact ids on whitelisted texts,
+"""The word encoder (the fast path of `Tokens.encode_cut`): the tokenizer's exact ids on whitelisted texts,
 for fuzz, every whitelisted character in context and the real data; None for anything else; a bounded cache."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, pre_tokenizers
 
 from flide_sdk.text import pretokenizer, word_cache
-from flide_sdk.text.render import Renderer, load_chat_template
+from flide_sdk.prompt.chat import ChatFormat, load_chat_template
+from flide_sdk.text.tokens import Tokens
 from flide_sdk.text.word_cache import WHITELIST, WordEncoder, character_classes
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -337,28 +338,28 @@ def test_cache_is_bounded_and_exact_after_clearing(tiny_path, monkeypatch):
 
 
 def renderers(tiny_path: Path):
-    yield Renderer.from_checkpoint(tiny_path, 1 << 20)
+    yield ChatFormat.from_checkpoint(tiny_path, 1 << 20)
     if QWEN35_TOKENIZER.is_dir():
-        yield Renderer(real_tokenizer(), load_chat_template(QWEN35_TOKENIZER), 1 << 20)
+        yield ChatFormat(Tokens(real_tokenizer(), 1 << 20), load_chat_template(QWEN35_TOKENIZER))
 
 
 def test_encode_cut_with_and_without_the_fast_path(tiny_path):
     rng = random.Random(11)
     for renderer in renderers(tiny_path):
-        fuzz = fuzz_texts(renderer.tokenizer, 40, seed=5)
+        fuzz = fuzz_texts(renderer.tokens.tokenizer, 40, seed=5)
         foreign = [text[: len(text) // 2] + rng.choice("東Ω🙂\xa0") + text[len(text) // 2 :] for text in fuzz[:20]]
         long = [renderer.head + " ".join(fuzz) * 3 + "\n\n"]
         for text in fuzz + foreign + long:
-            assert (renderer.words.encode(text) is None) == (text in foreign)
-            for cut in [0, *renderer.boundaries.cuts(text, 23)[:6]]:
-                fast_ids, fast_before = renderer.encode_cut(text, cut)
-                renderer.words.enabled = False
+            assert (renderer.tokens.words.encode(text) is None) == (text in foreign)
+            for cut in [0, *renderer.tokens.boundaries.cuts(text, 23)[:6]]:
+                fast_ids, fast_before = renderer.tokens.encode_cut(text, cut)
+                renderer.tokens.words.enabled = False
                 try:
-                    ids, before = renderer.encode_cut(text, cut)
+                    ids, before = renderer.tokens.encode_cut(text, cut)
                 finally:
-                    renderer.words.enabled = True
+                    renderer.tokens.words.enabled = True
                 assert fast_ids.tolist() == ids.tolist() and fast_before == before, (text, cut)
-                assert ids.tolist() == renderer.tokenizer.encode(text, add_special_tokens=False).ids
+                assert ids.tolist() == renderer.tokens.tokenizer.encode(text, add_special_tokens=False).ids
 
 
 class BatchRecorder:
@@ -381,11 +382,11 @@ def test_branch_ids_take_the_fast_path(tiny_path):
     import flide_sdk as fl
 
     for renderer in renderers(tiny_path):
-        tokenizer = renderer.tokenizer
+        tokenizer = renderer.tokens.tokenizer
         fuzz = fuzz_texts(tokenizer, 12, seed=9)
         questions = {f"q{i}": fl.Noul(f"{text.strip() or 'x'} (case {i})") for i, text in enumerate(fuzz)}
         questions["foreign"] = fl.Choice("Which 東 one?", {"Ω": None, "b": "🙂"})
-        renderer.tokenizer = recording = BatchRecorder(tokenizer)
+        renderer.tokens.tokenizer = recording = BatchRecorder(tokenizer)
         rendered = renderer.render_questions(questions)
         assert recording.batches == [[rendered["foreign"].text + renderer.tail]]
         for question in rendered.values():
@@ -422,8 +423,8 @@ def test_new_pieces_take_the_bpe_model_alone(tiny_path):
 def test_a_few_new_pieces_are_encoded_without_a_batch_call(tiny_path):
     """A text bringing up to FEW_MISSING new pieces encodes them one by one on the calling thread (a batch call
     would wake the tokenizer's threads); more go in one batch; the ids are the tokenizer's either way."""
-    renderer = Renderer.from_checkpoint(tiny_path, 1 << 20)
-    encoder, tokenizer = renderer.words, renderer.tokenizer
+    renderer = ChatFormat.from_checkpoint(tiny_path, 1 << 20)
+    encoder, tokenizer = renderer.tokens.words, renderer.tokens.tokenizer
     encoder.tokenizer = recording = BatchRecorder(tokenizer)
     words = ["".join(letters) for letters in itertools.product("qxzj", repeat=4)]  # distinct pieces " qxzj"...
     count = word_cache.FEW_MISSING

@@ -48,7 +48,7 @@ def padded_round(engine: fl.Engine, state: str, questions: dict):
     spec = RequestSpec(rendered.state_ids, Branches.of([q.ids for q in rendered.questions.values()],
                                                    [q.label_ids for q in rendered.questions.values()]))
     host = plan_round([spec], engine.model.config.conv_kernel, pool.state_rows, pool.kv_sink)
-    ladder = capacity_ladder(engine.model.config.conv_kernel, 16384, 64, engine.renderer.max_prompt_tokens)
+    ladder = capacity_ladder(engine.model.config.conv_kernel, 16384, 64, engine.tokens.max_prompt_tokens)
     capacity = choose(ladder, host)
     padded = pad_round(host, capacity, pool.window_sink)
     return host, capacity, padded.to("cuda")
@@ -84,7 +84,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = build_random_checkpoint(args.model_size, Path(tmp) / "model")
         engine = fl.Engine.load(path, device="cuda", dtype="bfloat16", graphs=False)
-        state, _ = quality_request(engine.renderer)
+        state, _ = quality_request(engine.tokens)
         passage, passage_questions = race_requests(1)[0]
         rounds = {f"quality_2000_q{count}": (state, yes_no_questions(count)) for count in (1, 4, 16, 64)}
         rounds["race_passage"] = (passage, passage_questions)
@@ -104,7 +104,7 @@ def main() -> None:
         tokenize = []
         for rep in range(10):
             started = time.perf_counter()
-            engine.renderer.trunk(f"Request {rep}.\n{state}")
+            engine.prompt.trunk(f"Request {rep}.\n{state}")
             tokenize.append(1000 * (time.perf_counter() - started))
         engine.close()
     write_result(f"profile_round-{args.model_size}", {

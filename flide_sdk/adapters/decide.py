@@ -35,7 +35,7 @@ from flide_sdk.errors import (
     QueueFullError,
 )
 from flide_sdk.questions import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Question, Score, SystemOneResponse
-from flide_sdk.text.render import LETTERS
+from flide_sdk.prompt.base import LETTERS
 
 if typing.TYPE_CHECKING:
     from flide_sdk.engine import Engine

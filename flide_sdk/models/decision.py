@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from flide_sdk.errors import CheckpointError
-from flide_sdk.text.decision_prompts import DECIDER_PROMPTS, decider_template, jev_template
 
 QUESTION_TYPES = ("noul", "choice", "score")
 DECISION_CONFIG, DECISION_TEMPLATE = "decision.json", "decision_template.jinja"
 JUDGE_CONFIG, CALIBRATION, HEAD_FILE = "judge_config.json", "calibration.json", "head.safetensors"
 VLLM_CONFIG, READOUT_FILE = "decision_config.json", "readout.safetensors"
 HEAD_TYPES = ("jev",)
+DECIDER_FAMILIES = ("pplx", "d3")  # the vLLM deciders' prompts (`decision_config.json`'s `prompt`)
 
 
 @dataclass(frozen=True)
@@ -42,13 +42,15 @@ class HeadSpec:
 
 @dataclass(frozen=True)
 class DecisionSpec:
-    """How a decision model asks and reads: its template (None: transformers' generic prompt in the chat
-    template) and where it came from, labels and temperature per question type, the order a noul's two
-    options reach the template, whether control tokens in requests are encoded as text, and its head (None:
-    the label tokens' logits)."""
+    """How a decision model asks and reads: its template (`template`, the repo's; else `builtin`, a prompt
+    the SDK writes as transformers does: "jev" or a decider family; neither: transformers' generic prompt in
+    the chat template) and where it came from, labels and temperature per question type, the order a noul's
+    two options reach the template, whether control tokens in requests are encoded as text, and its head
+    (None: the label tokens' logits)."""
 
     template: str | None
     source: str
+    builtin: str | None = None
     labels: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     temperature: Mapping[str, float] = field(default_factory=dict)
     noul_options: tuple[str, str] = ("true", "false")
@@ -124,7 +126,7 @@ def _repo_config(path: Path, head: HeadSpec | None) -> DecisionSpec:
     if not isinstance(sanitize, bool):
         raise CheckpointError(f"{file}: sanitize_control_tokens must be true or false, got {sanitize!r}")
     _refuse_adapter(path, raw.get("adapter"), f"{file}: adapter")
-    return DecisionSpec(template, source if template is not None else str(file),
+    return DecisionSpec(template, source if template is not None else str(file), None,
                         _per_type(raw.get("labels", {}), f"{file}: labels", _labels),
                         _per_type(raw.get("temperature", {}), f"{file}: temperature", _temperature),
                         (noul[0], noul[1]), sanitize, head)
@@ -170,7 +172,7 @@ def _jev_next_to_weights(path: Path, judge_file: Path) -> DecisionSpec:
     per_kind = _object(calibration).get("per_kind")
     temperature = _per_type(per_kind, f"{calibration}: per_kind", _temperature)
     _refuse_adapter(path, judge.get("adapter_subfolder", "adapter"), f"{judge_file}: adapter_subfolder")
-    return DecisionSpec(jev_template(), f"{judge_file} (the JEV prompt)", labels, temperature, ("false", "true"),
+    return DecisionSpec(None, f"{judge_file} (the JEV prompt)", "jev", labels, temperature, ("false", "true"),
                         True, head)
 
 
@@ -185,12 +187,12 @@ def _vllm(path: Path, file: Path) -> DecisionSpec:
     codes = _labels(raw["codes"], f"{file}: codes")
     temperature = _temperature(raw.get("temperature"), f"{file}: temperature")
     family = raw.get("prompt", "pplx")
-    if family not in DECIDER_PROMPTS:
-        raise CheckpointError(f"{file}: prompt {family!r} is not known (known: {', '.join(DECIDER_PROMPTS)})")
+    if family not in DECIDER_FAMILIES:
+        raise CheckpointError(f"{file}: prompt {family!r} is not known (known: {', '.join(DECIDER_FAMILIES)})")
     readout = path / READOUT_FILE
     head = HeadSpec(len(codes), dict.fromkeys(QUESTION_TYPES, 0), None, "weight", None, readout) \
         if readout.is_file() else None
-    return DecisionSpec(decider_template(family), f"{file} (the {family} decider prompt)",
+    return DecisionSpec(None, f"{file} (the {family} decider prompt)", family,
                         dict.fromkeys(QUESTION_TYPES, codes), dict.fromkeys(QUESTION_TYPES, temperature),
                         ("false", "true"), True, head)
 

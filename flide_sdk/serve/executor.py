@@ -35,7 +35,7 @@ from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.scheduler import Request, RoundBatch, RoundLimits, asks_of, schedule
 from flide_sdk.serve.stats import Stats
 from flide_sdk.startup import Startup
-from flide_sdk.text.render import Renderer
+from flide_sdk.text.tokens import Tokens
 from flide_sdk.text.word_cache import WordEncoder
 
 LOG = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class Launched:
     started: float
 
 
-def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes: int | None,
+def build_executor(model: Qwen35Model, ops: Ops, tokens: Tokens, pool_bytes: int | None,
                    pool_checkpoints: int | None, max_round_tokens: int, max_round_requests: int, graphs: bool,
                    stats: Stats, name: str, startup: Startup, batch_invariant: bool = False) -> Executor:
     """An engine's executor: its checkpoint pool (capped at `pool_bytes`, default `default_pool_bytes`) and, with
@@ -70,7 +70,7 @@ def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes:
                          batch_invariant=batch_invariant)
     runner = None
     ladder = capacity_ladder(model.config.conv_kernel, max_round_tokens, max_round_requests,
-                             renderer.max_prompt_tokens)
+                             tokens.max_prompt_tokens)
     if batch_invariant and device.type == "cuda":
         # cuBLAS where it sums alike at every stream capacity from a floor up; fewer rows (the readout's) are
         # padded up to one
@@ -82,7 +82,7 @@ def build_executor(model: Qwen35Model, ops: Ops, renderer: Renderer, pool_bytes:
         runner = GraphRunner(model, ops, caches, ladder, pool.state_rows, pool.window_sink, pool.kv_sink)
         limits = RoundLimits(max_round_tokens - 1, max_round_requests, ladder[-1].questions, ladder[-1].pages,
                              save_align, batch_invariant)
-    return Executor(model, ops, pool, caches, runner, renderer.words, stats, name, limits, startup)
+    return Executor(model, ops, pool, caches, runner, tokens.words, stats, name, limits, startup)
 
 
 def still_asked(request: Request) -> bool:

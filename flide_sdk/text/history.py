@@ -134,6 +134,11 @@ def prompt_text(value: Any, what: str = "the state") -> str:
     return text
 
 
+def plain(value: Any) -> str:
+    """A value as a template prints it: nothing for None, else as `prompt_text` does."""
+    return "" if value is None else prompt_text(value)
+
+
 def check_append(kind: str | None, item: Any) -> tuple[str, str]:
     """(the kind a session's state has after appending `item` to one of `kind`, the item's prompt text);
     InvalidStateError for an item of the other kind, or neither text nor a message dict."""

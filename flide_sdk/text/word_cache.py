@@ -1,4 +1,4 @@
-"""A single-threaded, exact fast path for the Qwen3.5 tokenizer, which the renderer asks first.
+"""A single-threaded, exact fast path for the Qwen3.5 tokenizer, which `text.tokens.Tokens` asks first.
 
 `WordEncoder.encode(text)` gives the ids that `tokenizer.encode(text, add_special_tokens=False).ids` gives,
 or None when it cannot vouch for them (the caller then asks the tokenizer). It owns the whitelist W of

@@ -1,64 +1,43 @@
-"""Rendering asks with a decision model's own prompt (`models.decision.DecisionSpec`) into trunks and branches.
+"""Prompts written by a template, as transformers' `pipeline("decision")` writes them: a decision model's own
+(`decision.json` / `decision_template.jinja`, JEV, vLLM deciders) and the generic prompt (`rendering="transformers"`).
 
-The template renders the whole prompt of one question (it reads `question`) or of all of them (`questions`),
-in the environment of transformers' chat templates; `<|mark|>` marks where an answer is read (the token before
-it), `<|split|>` only breaks the encoding, and both are dropped from the ids. Each question's prompt, cut after
-its read token, is what it is asked alone; questions are grouped by the prefix their prompts share, each group
-one trunk (saved at the end of the state when the state is found in it) with a branch per question, so
-questions whose prompts share little are separate trunks of one round.
+The template renders the whole prompt of one question (it reads `question`) or of all of them (`questions`), in
+the chat-template sandbox; `<|mark|>` marks where an answer is read (the token before it), `<|split|>` only breaks
+the encoding, and both are dropped from the ids. Each question's prompt, cut after its read token, is what it is
+asked alone; questions are grouped by the prefix their prompts share, each group one trunk with a branch per
+question. A trunk's save point is found in the rendered text, not by matching the state's text: the state is
+rendered once more with a private-use sentinel after its last text that appends leave as it is (the end of a
+text, of the last message's content), and the save point is the last stable boundary before that sentinel, so
+a growing state resumes however the template prints it (message lists item by item, the type before the state).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import json
 import re
-import string
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jinja2
-import jinja2.ext
 import jinja2.meta
-import jinja2.sandbox
 import numpy as np
 from tokenizers import AddedToken, Tokenizer
 
-from flide_sdk.errors import CheckpointError, InvalidQuestionError
+from flide_sdk.errors import CheckpointError, InvalidQuestionError, InvalidStateError
 from flide_sdk.models.decision import DecisionSpec
-from flide_sdk.questions import Choice, Noul, Question, Score
-from flide_sdk.text.decision_prompts import generic_prompt
-from flide_sdk.text.history import TokenBuffer, Trunk, chain_hashes, prompt_text
+from flide_sdk.prompt.base import LETTERS, RenderedQuestion, TrunkQuestions, check_lengths, environment, render_bounded
+from flide_sdk.prompt.templates import builtin_template, generic_prompt
+from flide_sdk.questions import Choice, Noul, Question, Score, State
+from flide_sdk.text.history import StateLog, TokenBuffer, Trunk, chain_hashes, prompt_text
 from flide_sdk.text.marked_encoding import END, START, MarkedEncoder, template_literals
-from flide_sdk.text.render import RenderedQuestion, Renderer
+from flide_sdk.text.tokens import Tokens
 
 MARK, SPLIT = "<|mark|>", "<|split|>"
+SAVE = "\U000f0002"  # private use, after transformers' control-token markers: never in a rendered request
 _SENTINEL_SPLIT = re.compile(f"({re.escape(MARK)}|{re.escape(SPLIT)})")
-DEFAULT_LABELS = {"noul": ("Yes", "No"), "choice": tuple(string.ascii_uppercase),
-                  "score": tuple(string.ascii_uppercase)}
+DEFAULT_LABELS = {"noul": ("Yes", "No"), "choice": LETTERS, "score": LETTERS}
 TYPE_OF = {Noul: "noul", Choice: "choice", Score: "score"}
-
-
-def environment() -> jinja2.Environment:
-    """A sandbox like transformers' for chat templates: trimmed blocks, loop controls, its `tojson` (no HTML
-    escaping), `raise_exception` and `strftime_now`."""
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                       extensions=[jinja2.ext.loopcontrols])
-
-    def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def raise_exception(message: str) -> None:
-        raise jinja2.exceptions.TemplateError(message)
-
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    return env
 
 
 @dataclass(frozen=True)
@@ -108,46 +87,59 @@ class PromptGroup:
         return Trunk(stable, tail, chain_hashes(stable), buffer, len(self.trunk))
 
 
-@dataclass(frozen=True)
-class TrunkQuestions:
-    """One trunk of a request and the branches of the questions it holds."""
+def with_save_mark(state: Any) -> Any | None:
+    """`state` with SAVE after its last text that later appends leave as it is: the end of a text, or of the
+    last message's (or list item's) text content; None for other states."""
+    if isinstance(state, str):
+        return state + SAVE if state else None
+    if not isinstance(state, list) or not state:
+        return None
+    last = state[-1]
+    if isinstance(last, str):
+        return [*state[:-1], last + SAVE]
+    if isinstance(last, dict) and isinstance(last.get("content"), str):
+        return [*state[:-1], {**last, "content": last["content"] + SAVE}]
+    if isinstance(last, dict) and last.get("type") == "text" and isinstance(last.get("text"), str):
+        return [*state[:-1], {**last, "text": last["text"] + SAVE}]
+    return None
 
-    trunk: Trunk
-    questions: dict[str, RenderedQuestion]
 
-
-class DecisionTemplate:
+class TemplateFormat:
     """Renders (state, questions) with a decision spec into groups of trunk + branches and each question's
-    read ids and temperature."""
+    read ids and temperature. `name`: "transformers" for the generic prompt of a plain model, else "decision"."""
 
-    def __init__(self, spec: DecisionSpec, renderer: Renderer, chat_template: str,
-                 special_tokens: Mapping[str, str]) -> None:
-        self.spec = spec
-        self.words, self.boundaries = renderer.words, renderer.boundaries
+    def __init__(self, spec: DecisionSpec, tokens: Tokens, chat_template: str, special_tokens: Mapping[str, str],
+                 name: str) -> None:
+        self.spec, self.tokens, self.name = spec, tokens, name
+        self.decision = None if name == "transformers" else spec.source
+        self.decision_head = spec.head
         # its own copy of the tokenizer: the sentinels are added to it
-        self.tokenizer = Tokenizer.from_str(renderer.tokenizer.to_str())
+        self.tokenizer = Tokenizer.from_str(tokens.tokenizer.to_str())
         self.tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in (MARK, SPLIT)])
         self.sentinels = tuple(self.tokenizer.token_to_id(token) for token in (MARK, SPLIT))
         env = environment()
-        source = spec.template if spec.template is not None else chat_template
+        source = spec.template or (builtin_template(spec.builtin) if spec.builtin else chat_template)
         try:
             self.template = env.from_string(source)
             variables = jinja2.meta.find_undeclared_variables(env.parse(source))
         except jinja2.exceptions.TemplateError as error:
             raise CheckpointError(f"{spec.source}: not a valid template ({error})") from error
-        self.reads_all = spec.template is not None and "questions" in variables
+        self.generic = spec.template is None and spec.builtin is None
+        self.reads_all = not self.generic and "questions" in variables
         self.variables = variables
         self.encoder = MarkedEncoder(self.tokenizer, template_literals(env, source))
         self.special_tokens = dict(special_tokens)
-        self._label_ids: dict[str, int] = {}
+
+    def new_state(self) -> StateLog:
+        return StateLog()
 
     # ----------------------------------------------------------------------------------------- questions
     def question(self, name: str, question: Question) -> TemplateQuestion:
         """The template's view of one question; InvalidQuestionError for what this model cannot read."""
         kind = TYPE_OF[type(question)]
         if isinstance(question, Choice) and question.scoring == "text":
-            raise InvalidQuestionError(f"question {name!r}: scoring='text' is not served with a decision model's "
-                                       "prompt (it reads labels or a head)")
+            raise InvalidQuestionError(f"question {name!r}: scoring='text' is not served with {self.spec.source} "
+                                       "(it reads labels or a head)")
         if kind == "noul":
             criteria = question.criteria or {}
             options = list(self.spec.noul_options)
@@ -173,7 +165,7 @@ class DecisionTemplate:
                                            f"{len(question.options)} {question.kind} options")
             ids = [start + index for index in question.order]
         else:
-            ids = [self._label_id(question.labels[index]) for index in question.order]
+            ids = [self.tokens.label_id(question.labels[index]) for index in question.order]
             if len(set(ids)) != len(ids):
                 raise InvalidQuestionError(f"question {question.name!r}: its labels {question.labels} are not "
                                            "distinct tokens")
@@ -184,110 +176,105 @@ class DecisionTemplate:
     def temperature(self, kind: str) -> float:
         return float(self.spec.temperature.get(kind, 1.0))
 
-    def _label_id(self, label: str) -> int:
-        if label not in self._label_ids:
-            ids = self.tokenizer.encode(label, add_special_tokens=False).ids
-            if len(ids) != 1 or ids[0] in self.sentinels:
-                raise InvalidQuestionError(f"label {label!r} is {len(ids)} tokens in this tokenizer, not one")
-            self._label_ids[label] = ids[0]
-        return self._label_ids[label]
-
     # ----------------------------------------------------------------------------------------- prompts
-    def _render(self, state: Any, shown_state: Any, group: list[TemplateQuestion],
-                shown: dict[str, dict[str, Any]]) -> str:
-        """One prompt's text; `shown_state` and `shown` (question dicts by name) as the template sees them
-        (control tokens marked, or sentinels dropped)."""
-        if self.spec.template is None:  # the generic prompt as the user turn of the chat template
-            content = generic_prompt(state, group[0].as_dict())
+    def _render(self, state: Any, group: list[TemplateQuestion], shown: dict[str, dict[str, Any]]) -> str:
+        """One prompt's text; `state` and `shown` (question dicts by name) as the template sees them (control
+        tokens marked, or sentinels dropped)."""
+        if self.generic:  # the generic prompt as the user turn of the chat template
+            content = generic_prompt(state, shown[group[0].name])
             values: dict[str, Any] = {}
         else:
             content = ""
-            values = {"state": shown_state, "question": shown[group[0].name],
-                      "questions": [shown[q.name] for q in group]}
+            values = {"state": state, "question": shown[group[0].name], "questions": [shown[q.name] for q in group]}
             values = {name: value for name, value in values.items() if name in self.variables}
-        if self.spec.sanitize:
-            content = self.encoder.mark(content)
-        try:
-            return self.template.render(messages=[{"role": "user", "content": content}], add_generation_prompt=True,
-                                        enable_thinking=False, tools=None, documents=None, **self.special_tokens,
-                                        **values)
-        except jinja2.exceptions.TemplateError as error:
-            raise InvalidQuestionError(f"{self.spec.source}: does not render this request ({error})") from error
+        return render_bounded(self.template, self.spec.source, self.tokens.max_prompt_tokens,
+                              messages=[{"role": "user", "content": content}], add_generation_prompt=True,
+                              enable_thinking=False, tools=None, documents=None, **self.special_tokens, **values)
 
-    def _encode(self, texts: list[str], state_text: str) -> list[tuple[np.ndarray, int]]:
-        """Each text's ids (sentinels kept) and how many of them come before its save point: the last stable
-        boundary inside the state, when the state is printed once, verbatim (0 otherwise). The text before
-        that point is encoded once for the texts sharing it, and the rest apart: the tokenization splits there
-        whatever follows. Texts holding marked control tokens are encoded whole."""
+    def _encode(self, texts: list[str], saves: list[int]) -> list[tuple[np.ndarray, int]]:
+        """Each text's ids (sentinels kept) and how many encode the text before its save point: that part is
+        encoded once for the texts sharing it, and the rest apart (a stable boundary: the tokenization splits
+        there whatever follows). Texts holding marked control tokens are encoded whole, with no save point."""
         if any(START in text or END in text for text in texts):
             return [(self.encoder.encode(text), 0) for text in texts]
-        cuts = [self._state_cut(text, state_text) for text in texts]
-        heads = {text[:cut]: None for text, cut in zip(texts, cuts)}
-        rests = {text[cut:]: None for text, cut in zip(texts, cuts)}
-        for parts in (heads, rests):
-            for part in parts:
-                parts[part] = self._fast(part)
-            declined = [part for part, ids in parts.items() if ids is None]
-            for part, encoding in zip(declined, self.tokenizer.encode_batch_fast(declined, add_special_tokens=False)):
-                parts[part] = np.asarray(encoding.ids, dtype=np.int64)
-        return [(np.concatenate([heads[text[:cut]], rests[text[cut:]]]), len(heads[text[:cut]]))
-                for text, cut in zip(texts, cuts)]
+        pieces = {part: None for text, save in zip(texts, saves) for part in (text[:save], text[save:])}
+        for part in pieces:
+            pieces[part] = self._fast(part)
+        declined = [part for part, ids in pieces.items() if ids is None]
+        for part, encoding in zip(declined, self.tokenizer.encode_batch_fast(declined, add_special_tokens=False)):
+            pieces[part] = np.asarray(encoding.ids, dtype=np.int64)
+        return [(np.concatenate([pieces[text[:save]], pieces[text[save:]]]), len(pieces[text[:save]]))
+                for text, save in zip(texts, saves)]
 
     def _fast(self, text: str) -> np.ndarray | None:
-        """The ids of `text` from the renderer's word encoder, the sentinels split out first (None: declined)."""
+        """The ids of `text` from the word encoder, the sentinels split out first (None: declined)."""
         parts = []
         for index, part in enumerate(_SENTINEL_SPLIT.split(text)):
             if index % 2:
                 parts.append(np.asarray([self.sentinels[part == SPLIT]], dtype=np.int64))
             elif part:
-                ids = self.words.encode(part)
+                ids = self.tokens.words.encode(part)
                 if ids is None:
                     return None
                 parts.append(ids)
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-    def _state_cut(self, text: str, state_text: str) -> int:
-        if not state_text or text.count(state_text) != 1:
-            return 0
-        start = text.index(state_text)
-        cut = self.boundaries.last(text[: start + len(state_text)], start + 1)
+    def _save_point(self, marked: str) -> tuple[str, int]:
+        """(the text without its SAVE marks, the last stable boundary before the first of them; 0: none)."""
+        at = marked.find(SAVE)
+        text = marked.replace(SAVE, "")  # the true text when the template prints the state's text as it is
+        if at < 1:
+            return text, 0
+        cut = self.tokens.boundaries.last(text[:at], 1)
         if cut is None or any(token in text[max(0, cut - len(token) + 1): cut + len(token) - 1]
                               for token in (MARK, SPLIT)):
-            return 0
-        return cut
+            return text, 0
+        return text, cut
 
     def prompts(self, state: Any, questions: list[TemplateQuestion]) -> list[Prompt]:
-        """Each prompt (sentinels dropped), with its read positions: one prompt per question, or one for all
-        when the template reads `questions`."""
+        """Each prompt (sentinels dropped), with its read positions and save point: one prompt per question, or
+        one for all when the template reads `questions`."""
         if not self.spec.sanitize:  # the template escapes nothing: sentinels in the request are dropped
             state = strip_sentinels(state)
             questions = [dataclasses.replace(q, instructions=strip_sentinels(q.instructions),
                                              options=strip_sentinels(q.options),
                                              descriptions=strip_sentinels(q.descriptions)) for q in questions]
+        prompt_text(state)  # InvalidStateError, before a template meets a state no prompt can hold
         shown_state, shown = state, {q.name: q.as_dict() for q in questions}
-        if self.spec.sanitize and self.spec.template is not None:  # each value marked once, not once a prompt
+        if self.spec.sanitize:  # each value marked once, not once a prompt
             shown_state, shown = self.encoder.mark(state), self.encoder.mark(shown)
-        state_text = prompt_text(state)  # InvalidStateError, before a template meets a state no prompt holds
+        saved_state = with_save_mark(shown_state)
         groups = [questions] if self.reads_all else [[q] for q in questions]
-        texts = [self._render(state, shown_state, group, shown) for group in groups]
+        texts, saves = [], []
+        for group in groups:
+            text = self._render(shown_state, group, shown)
+            save = 0
+            if saved_state is not None and SAVE not in text:
+                unmarked, cut = self._save_point(self._render(saved_state, group, shown))
+                save = cut if unmarked == text else 0  # a template that reads the state's text: no save point
+            texts.append(text)
+            saves.append(save)
         out = []
-        for group, text, (raw, saved) in zip(groups, texts, self._encode(texts, state_text)):
+        for group, text, (raw, before) in zip(groups, texts, self._encode(texts, saves)):
             keep = (raw != self.sentinels[0]) & (raw != self.sentinels[1])
             marks = np.cumsum(keep)[raw == self.sentinels[0]]
             ids = raw[keep]
             if len(marks) == 0 and len(group) == 1:
                 marks = np.asarray([len(ids)])
             if len(marks) != len(group):
-                raise InvalidQuestionError(f"{self.spec.source}: renders {len(marks)} {MARK} for "
-                                           f"{len(group)} question(s)")
+                where = " (the request's own <|mark|>, printed unescaped)" if _holds(state, MARK) else ""
+                error = InvalidStateError if where else InvalidQuestionError
+                raise error(f"{self.spec.source}: renders {len(marks)} {MARK} for {len(group)} question(s){where}")
             if (marks < 1).any():
                 raise InvalidQuestionError(f"{self.spec.source}: a {MARK} before any token reads nothing")
-            out.append(Prompt([q.name for q in group], ids, marks - 1, int(keep[:saved].sum()), text))
+            out.append(Prompt([q.name for q in group], ids, marks - 1, int(keep[:before].sum()), text))
         return out
 
     # ----------------------------------------------------------------------------------------- groups
-    def render(self, state: Any, questions: Mapping[str, Question]) -> list[TrunkQuestions]:
+    def parts(self, state: State, questions: Mapping[str, Question]) -> list[TrunkQuestions]:
         """A request's trunks, each with its questions' branches, read ids, labels and temperatures."""
+        if isinstance(state, Trunk):
+            raise InvalidStateError(f"{self.spec.source} renders the state itself; pass the state, not a trunk")
         views = {name: self.question(name, question) for name, question in questions.items()}
         groups, texts = self.groups(state, list(views.values()))
         out = []
@@ -300,6 +287,7 @@ class DecisionTemplate:
                                                   tuple(view.labels[i] for i in view.order), texts[name],
                                                   temperature=self.temperature(view.kind))
             out.append(TrunkQuestions(group.as_trunk(), rendered))
+        check_lengths(self.tokens, out)
         return out
 
     def groups(self, state: Any, questions: list[TemplateQuestion]) -> tuple[list[PromptGroup], dict[str, str]]:
@@ -333,6 +321,17 @@ class DecisionTemplate:
         return result, texts
 
 
+def _holds(value: Any, text: str) -> bool:
+    """Whether `text` occurs in a string (or key) of `value`."""
+    if isinstance(value, str):
+        return text in value
+    if isinstance(value, dict):
+        return any(_holds(key, text) or _holds(item, text) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_holds(item, text) for item in value)
+    return False
+
+
 def strip_sentinels(value: Any) -> Any:
     """`value` with <|mark|> and <|split|> removed from its strings and keys."""
     if isinstance(value, str):
@@ -349,21 +348,3 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if len(differ) else n
 
-
-def special_tokens_of(path: Path) -> dict[str, str]:
-    """The named special tokens of tokenizer_config.json (`bos_token`, ...), which chat templates may print."""
-    file = path / "tokenizer_config.json"
-    if not file.is_file():
-        return {}
-    try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    out = {}
-    for key in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
-        value = raw.get(key) if isinstance(raw, dict) else None
-        if isinstance(value, dict):
-            value = value.get("content")
-        if isinstance(value, str):
-            out[key] = value
-    return out

@@ -1,6 +1,6 @@
 """The prompts of decision models that ship no template of their own, written to render the same text as
 transformers' decision API: JEV's `bare-v1` prompt, the vLLM deciders' (pplx, d3) prompt, and the generic
-`DECISION_PROMPT` question block (the user turn of a model without a decision template).
+`DECISION_PROMPT` (the user turn of a model without a decision template, `rendering="transformers"`).
 
 Templates see `state` and `question` (`name`, `type`, `instructions`, `options`, `labels`, `descriptions`,
 the options in template order); `<|mark|>` is where the answer is read (the token before it).
@@ -9,8 +9,10 @@ the options in template order); `<|mark|>` is where the answer is read (the toke
 from __future__ import annotations
 
 import json
-import string
 from typing import Any
+
+from flide_sdk.prompt.base import LETTERS
+from flide_sdk.text.history import plain
 
 # JEV: kind, state, question, the options (a choice's lettered, with descriptions), read after "[decision]:"
 _JEV = """\
@@ -101,34 +103,14 @@ DECIDER_PROMPTS = {
 `prompt`)."""
 
 
-def jev_template() -> str:
-    return _JEV
-
-
-def decider_template(family: str) -> str:
-    """The decider prompt of `family`, its settings bound at the top."""
-    settings = DECIDER_PROMPTS[family]
-    bound = "".join(f"{{%- set {name} = {json.dumps(value) if value else 'none'} -%}}"
-                    for name, value in settings.items())
-    return bound + _DECIDER
-
-
-LETTERS = "".join(string.ascii_uppercase)
-
-
-def _plain(value: Any) -> str:
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
 
 def generic_prompt(state: Any, question: dict[str, Any]) -> str:
     """transformers' generic decision prompt of one question (a template question dict): the state, a blank
     line, the instructions, one line per option, the reply instruction."""
     kind, labels = question["type"], question["labels"]
-    lines = [_plain(question["instructions"])]
+    lines = [plain(question["instructions"])]
     for option, label, about in zip(question["options"], labels, question["descriptions"]):
-        answer = _plain(about)
+        answer = plain(about)
         if kind == "noul":
             answer = answer or (option if labels != ["Yes", "No"] else "")
             if answer:
@@ -137,9 +119,19 @@ def generic_prompt(state: Any, question: dict[str, Any]) -> str:
             if kind == "choice":
                 answer = f"{option}: {answer}" if answer else option
             lines.append(f"{label}. {answer}")
-    text = _plain(state) + "\n\n" + "\n".join(line for line in lines if line) + "\n"
+    text = plain(state) + "\n\n" + "\n".join(line for line in lines if line) + "\n"
     if kind == "noul":
         return text + f"Answer {labels[0]} or {labels[1]} only."
     what = "letter" if labels == list(LETTERS[: len(labels)]) else "label"
     noun = "option" if kind == "choice" else "level"
     return text + f"Answer with the {what} of the {noun} that fits best ({labels[0]} to {labels[-1]}) only."
+
+
+def builtin_template(name: str) -> str:
+    """The template a decision spec names (`DecisionSpec.builtin`): "jev", or a decider family."""
+    if name == "jev":
+        return _JEV
+    settings = DECIDER_PROMPTS[name]
+    bound = "".join(f"{{%- set {key} = {json.dumps(value) if value else 'none'} -%}}"
+                    for key, value in settings.items())
+    return bound + _DECIDER

@@ -1,0 +1,246 @@
+"""flide_sdk's own prompt (DESIGN.md §4): each question one user turn of the model's chat template.
+
+The turn holds the state (a string as is, anything else as its JSON), a blank line, `Question: <instructions>`,
+one line per option and a reply instruction. Each option's label is read as one token, the first of the reply; a
+Choice scored by text (`scoring="text"`) lists its options as written and reads each option's own tokens as the
+whole reply, up to the end of the turn. The trunk of a request is the template head + state + blank line; each
+branch is the question text + template tail, so `trunk + branch` is exactly the tokenizer's ids of the whole
+prompt: the split falls where the Qwen3.5 pre-tokenizer always splits (after a newline, before a letter or
+digit). Sessions grow the trunk incrementally (`text.history.History`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flide_sdk.errors import CheckpointError, InvalidQuestionError
+from flide_sdk.models.checkpoint import read_json
+from flide_sdk.prompt.base import LETTERS, RenderedQuestion, TrunkQuestions, check_lengths, environment
+from flide_sdk.questions import Choice, Noul, Question, Score, State
+from flide_sdk.text.history import SEPARATOR, History, Trunk, prompt_text
+from flide_sdk.text.tokens import Tokens, trim
+
+DIGITS = tuple("0123456789")
+REPLY_CHOICE = "Answer with the letter of one option only."
+REPLY_NOUL = "Answer with yes or no only."
+REPLY_SCORE = "Answer with the number of one level only."
+REPLY_LETTERED_SCORE = "Answer with the letter of one level only."  # scores past ten levels use letters
+REPLY_TEXT = "Answer with one option exactly as written."
+END_OF_TURN = "<|im_end|>"  # what closes a text-scored option's reply
+MAX_REPLY_TOKENS = 1024  # tokens of a text-scored question's replies, summed over its options
+QUESTION_CACHE = 4096  # rendered questions kept, least recently used dropped first
+_SENTINELS = ("\x00flide-content-a\x00", "\x00flide-content-b\x00")
+
+
+def load_chat_template(path: Path) -> str:
+    """The chat template of a checkpoint: chat_template.jinja, or `chat_template` in tokenizer_config.json."""
+    return chat_template(path)[0]
+
+
+def chat_template(path: Path) -> tuple[str, str]:
+    """(the chat template of a checkpoint, where it was read from: the file, and the field if any)."""
+    jinja_file = path / "chat_template.jinja"
+    if jinja_file.is_file():
+        try:
+            return jinja_file.read_text(encoding="utf-8"), str(jinja_file)
+        except (OSError, ValueError) as error:  # UnicodeDecodeError is a ValueError
+            raise CheckpointError(f"{jinja_file}: unreadable ({error})") from error
+    config_file = path / "tokenizer_config.json"
+    template = None
+    if config_file.is_file():
+        config = read_json(config_file)
+        if not isinstance(config, dict):
+            raise CheckpointError(f"{config_file}: must hold a JSON object, got a {type(config).__name__}")
+        template = config.get("chat_template")
+    if isinstance(template, list):  # named templates
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"),
+                        None)
+    if not isinstance(template, str):
+        raise CheckpointError(f"{path}: no chat template (chat_template.jinja or tokenizer_config.json)")
+    return template, f"{config_file} (chat_template)"
+
+
+def split_user_turn(template_source: str) -> tuple[str, str]:
+    """(head, tail) around the content of one user turn, thinking off, generation prompt on."""
+
+    def render(content: str) -> str:
+        return template.render(
+            messages=[{"role": "user", "content": content}], add_generation_prompt=True, enable_thinking=False
+        )
+
+    try:
+        template = environment().from_string(template_source)
+        first, second = (render(s) for s in _SENTINELS)
+    except Exception as error:  # the template is the checkpoint's code: whatever it raises, it does not render
+        message = f"the chat template does not render a user turn ({type(error).__name__}: {error})"
+        raise CheckpointError(message) from error
+    if first.count(_SENTINELS[0]) != 1:
+        raise CheckpointError("the chat template does not place the user content exactly once")
+    head, tail = first.split(_SENTINELS[0])
+    if second != head + _SENTINELS[1] + tail:
+        raise CheckpointError("the chat template transforms the user content; cannot render states verbatim")
+    return head, tail
+
+
+def scored_by_text(question: Question) -> bool:
+    return isinstance(question, Choice) and question.scoring == "text"
+
+
+def question_labels(question: Question) -> tuple[str, ...]:
+    """Single-token labels of a question's options: yes/no, letters, or digits (letters past ten levels); none
+    for a Choice scored by text."""
+    count = len(question.option_names())
+    if scored_by_text(question):
+        return ()
+    if isinstance(question, Noul):
+        return ("yes", "no")
+    alphabet = DIGITS if isinstance(question, Score) and count <= len(DIGITS) else LETTERS
+    if count > len(alphabet):
+        kind = type(question).__name__
+        raise InvalidQuestionError(f"a {kind} has {count} options; at most {len(alphabet)} single-token labels exist")
+    return alphabet[:count]
+
+
+def question_text(question: Question) -> str:
+    """The question block of a prompt: `Question: ...`, one line per option, the reply instruction."""
+    lines = [] if question.instructions is None else [f"Question: {prompt_text(question.instructions)}"]
+    if scored_by_text(question):
+        for name, description in zip(question.option_names(), question.option_descriptions()):
+            lines.append(f"- {name}" if description is None else f"- {name}: {prompt_text(description)}")
+        lines.append(REPLY_TEXT)
+        return "\n".join(lines)
+    labels = question_labels(question)
+    for label, name, description in zip(labels, question.option_names(), question.option_descriptions()):
+        if isinstance(question, Choice):
+            line = f"{label}: {name}" if description is None else f"{label}: {name} - {prompt_text(description)}"
+        elif isinstance(question, Noul):
+            line = label if description is None else f"{label}: {prompt_text(description)}"
+        else:
+            line = f"{label}: {prompt_text(description)}"
+        lines.append(line)
+    lines.append(_reply(question, labels))
+    return "\n".join(lines)
+
+
+def _reply(question: Question, labels: tuple[str, ...]) -> str:
+    if isinstance(question, Choice):
+        return REPLY_CHOICE
+    if isinstance(question, Noul):
+        return REPLY_NOUL
+    return REPLY_SCORE if labels[0] == DIGITS[0] else REPLY_LETTERED_SCORE
+
+
+def content_key(question: Question) -> tuple | None:
+    """A hashable key that determines how `question` renders (type, instructions, options in order), when
+    all its content is plain text; None when some of it is JSON data (rendered each time, never cached)."""
+    instructions, criteria = question.instructions, question.criteria
+    if instructions is not None and type(instructions) is not str:
+        return None
+    if criteria is None:
+        options = None
+    elif isinstance(question, Score):
+        options = tuple(criteria)
+        if not all(type(level) is str for level in options):
+            return None
+    else:
+        options = tuple(criteria.items())
+        if not all(type(name) is str and (value is None or type(value) is str) for name, value in options):
+            return None
+    return type(question), getattr(question, "scoring", "label"), instructions, options
+
+
+class ChatFormat:
+    """flide_sdk's own prompt in a checkpoint's chat template; questions rendered once, then cached by content."""
+
+    name = "flide"
+    decision = None
+    decision_head = None
+
+    def __init__(self, tokens: Tokens, template_source: str) -> None:
+        self.tokens = tokens
+        self.head, self.tail = split_user_turn(template_source)
+        self._questions: OrderedDict[tuple, RenderedQuestion] = OrderedDict()  # least recently used first
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, max_prompt_tokens: int) -> ChatFormat:
+        """flide_sdk's prompt in the tokenizer and chat template of a checkpoint directory."""
+        return cls(Tokens.from_checkpoint(path, max_prompt_tokens), load_chat_template(Path(path)))
+
+    def new_state(self) -> History:
+        return self.tokens.history(self.head)
+
+    def trunk(self, state: Any) -> Trunk:
+        """The trunk of a one-off ask about `state`, with its stable boundary."""
+        return self.tokens.trunk(self.head, prompt_text(state))
+
+    def prompt_text(self, state: Any, question: Question) -> str:
+        """The whole standalone prompt of one question, as text."""
+        return self.head + prompt_text(state) + SEPARATOR + question_text(question) + self.tail
+
+    def parts(self, state: State | Trunk, questions: Mapping[str, Question]) -> list[TrunkQuestions]:
+        rendered = self.render_questions(questions)
+        parts = [TrunkQuestions(state if isinstance(state, Trunk) else self.trunk(state), rendered)]
+        check_lengths(self.tokens, parts)
+        return parts
+
+    def render_questions(self, questions: Mapping[str, Question]) -> dict[str, RenderedQuestion]:
+        """Each question's branch. A question of plain-text content is rendered once, then served from a cache
+        by content (`content_key`); the branch texts of the rest are encoded together. Cached arrays are
+        read-only."""
+        keys = {name: content_key(question) for name, question in questions.items()}
+        rendered: dict[str, RenderedQuestion] = {}
+        with self._lock:
+            for name, key in keys.items():
+                hit = None if key is None else self._questions.get(key)
+                if hit is not None:
+                    self._questions.move_to_end(key)
+                    rendered[name] = hit
+        missing = [name for name in questions if name not in rendered]
+        if not missing:
+            return rendered
+        parts = {}
+        for name in missing:  # validation errors raise in question order
+            question = questions[name]
+            labels = question_labels(question)
+            label_ids = np.array([self.tokens.label_id(label) for label in labels], dtype=np.int64)
+            label_ids.flags.writeable = False  # shared through the cache
+            replies = self.replies(name, question) if scored_by_text(question) else ()
+            parts[name] = question_text(question), labels, label_ids, replies
+        branch_ids = self.tokens.encode_texts(parts[name][0] + self.tail for name in missing)
+        with self._lock:
+            for name, ids in zip(missing, branch_ids):
+                text, labels, label_ids, replies = parts[name]
+                rendered[name] = RenderedQuestion(ids, label_ids, labels, text, replies)
+                if keys[name] is not None:
+                    self._questions[keys[name]] = rendered[name]
+            trim(self._questions, QUESTION_CACHE)
+        return {name: rendered[name] for name in questions}
+
+    def cached_questions(self) -> int:
+        with self._lock:
+            return len(self._questions)
+
+    def replies(self, name: str, question: Choice) -> tuple[np.ndarray, ...]:
+        """Each option's reply (read-only): the tokenizer's ids of its name, then the end of the turn; at most
+        MAX_REPLY_TOKENS over all options."""
+        end = self.tokens.tokenizer.token_to_id(END_OF_TURN)
+        if end is None:
+            raise InvalidQuestionError(f"question {name!r}: scoring='text' needs the tokenizer's {END_OF_TURN} token")
+        replies = []
+        for option in question.option_names():
+            reply = np.append(self.tokens.encode(option), end)
+            reply.flags.writeable = False
+            replies.append(reply)
+        total = sum(len(reply) for reply in replies)
+        if total > MAX_REPLY_TOKENS:
+            raise InvalidQuestionError(f"question {name!r}: its options' replies are {total} tokens together; "
+                                       f"scoring='text' reads at most {MAX_REPLY_TOKENS} per question")
+        return tuple(replies)
+
