@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 import flide_sdk as fl
-from flide_sdk.prompt.base import as_rendered
 from benchmarks.baseline import fla_status, label_probabilities, load_transformers, prompts_of
 from benchmarks.common import (
     Phases,
@@ -40,6 +39,7 @@ from benchmarks.common import (
     run_metadata,
     write_result,
 )
+from flide_sdk.prompt.base import as_rendered
 
 
 def quality_request(renderer, max_tokens: int = 2000):

@@ -39,10 +39,9 @@ from flide_sdk.kernels.gated_delta import gated_delta_triton
 from flide_sdk.kernels.reference import gated_delta_reference
 from flide_sdk.plan.layout import plan_round
 from flide_sdk.plan.requests import Branches, RequestSpec
-from flide_sdk.questions import Noul
 from flide_sdk.prompt.base import as_rendered
 from flide_sdk.prompt.chat import ChatFormat
-from flide_sdk.questions import parse_questions
+from flide_sdk.questions import Noul, parse_questions
 
 CONV_KERNEL = 4
 REPEAT = 100

@@ -88,9 +88,9 @@ def flide_format(renderer_path: Path):
     from flide.formats.base import Plan, Read
     from flide.formats.next_token import NextToken, TokenRows
 
-    from flide_sdk.questions import parse_questions
     from flide_sdk.prompt.base import as_rendered
     from flide_sdk.prompt.chat import ChatFormat
+    from flide_sdk.questions import parse_questions
 
     @register("sdk_ids")
     class SameIds(NextToken):

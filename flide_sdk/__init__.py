@@ -32,6 +32,7 @@ from flide_sdk.errors import (
     StateTooLongError,
 )
 from flide_sdk.group import EngineGroup
+from flide_sdk.prompt.base import Rendered, RenderedQuestion
 from flide_sdk.questions import (
     Answer,
     Choice,
@@ -47,7 +48,6 @@ from flide_sdk.questions import (
     Usage,
 )
 from flide_sdk.session import Session
-from flide_sdk.prompt.base import Rendered, RenderedQuestion
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
@@ -65,8 +65,8 @@ __all__ = [
     "Decision",
     "DeviceError",
     "Engine",
-    "EngineGroup",
     "EngineClosedError",
+    "EngineGroup",
     "FlideError",
     "GuardBlockedError",
     "InvalidOptionError",
@@ -78,9 +78,9 @@ __all__ = [
     "Question",
     "Questions",
     "QueueFullError",
-    "ReplicaError",
     "Rendered",
     "RenderedQuestion",
+    "ReplicaError",
     "Score",
     "ScoreAnswer",
     "Session",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import concurrent.futures
 import time
 import weakref
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from flide_sdk.device.graphs import BUFFERS
-from flide_sdk.errors import AskTimeoutError, EngineClosedError
+from flide_sdk.errors import EngineClosedError
 from flide_sdk.models.checkpoint import load_model, read_config, read_raw_config
 from flide_sdk.models.ops import Ops, ops_for
 from flide_sdk.models.qwen35 import Qwen35Model
@@ -27,7 +26,7 @@ from flide_sdk.prompt.base import as_rendered
 from flide_sdk.questions import Questions, State, SystemOneResponse, parse_questions
 from flide_sdk.serve.asks import Ask, AskGroup
 from flide_sdk.serve.executor import build_executor
-from flide_sdk.serve.loop import RoundLoop, Staging, room_waits
+from flide_sdk.serve.loop import RoundLoop, Staging, submit_blocking
 from flide_sdk.serve.stats import Stats
 from flide_sdk.startup import Startup, load_kernels, memory_split, size, weight_bytes
 from flide_sdk.text.history import Trunk
@@ -213,27 +212,7 @@ class Engine:
         """Queue a prepared ask (waiting for room, at most `queue_timeout` s) and block until its answers arrive.
         After `timeout` s, AskTimeoutError; an ask no round has taken yet is withdrawn then (as when cancelled)."""
         asks = ask.asks if isinstance(ask, AskGroup) else [ask]
-        if queue_timeout is None:
-            for one in asks:
-                self._loop.submit(one)
-        else:
-            waits, queued = room_waits(queue_timeout, self._stats), 0
-            while queued < len(asks):  # a group's asks queued at once where there is room: they share a round
-                queued += self._loop.offer(asks[queued:])
-                if queued < len(asks):
-                    time.sleep(next(waits))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        responses = []
-        for index, one in enumerate(asks):
-            try:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                responses.append(one.future.result(left))
-            except concurrent.futures.TimeoutError:
-                withdrawn = [later.future.cancel() for later in asks[index:]]
-                if all(later.future.done() and not later.future.cancelled() for later in asks[index:]):
-                    responses += [later.future.result() for later in asks[index:]]  # answered just now
-                    break
-                raise AskTimeoutError(float(timeout), withdrawn=all(withdrawn)) from None
+        responses = submit_blocking(self._loop, self._stats, asks, timeout, queue_timeout)
         return ask.merge(responses) if isinstance(ask, AskGroup) else responses[0]
 
     def wait_for_graphs(self, timeout: float | None = None) -> bool:

@@ -19,9 +19,9 @@ import torch
 
 from flide_sdk.engine import Engine
 from flide_sdk.errors import EngineClosedError, InvalidOptionError
+from flide_sdk.prompt.base import Rendered
 from flide_sdk.questions import Questions, State, SystemOneResponse
 from flide_sdk.session import Session
-from flide_sdk.prompt.base import Rendered
 
 
 class EngineGroup:

@@ -19,8 +19,8 @@ import torch
 
 import flide_sdk as fl
 from flide_sdk.models.ops import reference_ops
-from flide_sdk.testing import tiny_checkpoint
 from flide_sdk.prompt.base import Rendered
+from flide_sdk.testing import tiny_checkpoint
 
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # xdist workers share the cores: no worker oversubscribes them
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))

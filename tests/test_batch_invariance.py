@@ -27,7 +27,7 @@ QUESTIONS = {
     "command": fl.Choice("Which command next?", {"the test": None, "the test again": None, "read line 12": None},
                          scoring="text"),
 }
-WORDS = "the agent opened the file read line 12 found an error edited the function and ran the tests again".split()
+WORDS = ["the", "agent", "opened", "the", "file", "read", "line", "12", "found", "an", "error", "edited", "the", "function", "and", "ran", "the", "tests", "again"]
 
 
 def growth(rng: random.Random) -> str:

@@ -16,9 +16,9 @@ import pytest
 from tokenizers import Tokenizer
 
 import flide_sdk as fl
+from flide_sdk.prompt.chat import ChatFormat, load_chat_template
 from flide_sdk.text.history import TAIL_TOKENS
 from flide_sdk.text.pretokenizer import PATTERN_SPACE, byte_level_chars
-from flide_sdk.prompt.chat import ChatFormat, load_chat_template
 from flide_sdk.text.tokens import Tokens
 
 from .conftest import TOLERANCE, answer_probabilities, reference_probabilities

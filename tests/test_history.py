@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from flide_sdk.errors import InvalidStateError
+from flide_sdk.prompt.chat import ChatFormat, load_chat_template
 from flide_sdk.text import tokens as render
 from flide_sdk.text.history import BLOCK, HASH_SEED, chain_hashes
-from flide_sdk.prompt.chat import ChatFormat, load_chat_template
 from flide_sdk.text.tokens import Tokens
 
 QWEN35_TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "data" / "tokenizer" / "qwen3.5"
@@ -84,7 +84,7 @@ def test_message_appends_tokenize_like_json_list(tiny_path):
 def test_prose_keeps_a_short_tail(tiny_path):
     renderer = ChatFormat.from_checkpoint(tiny_path, 1 << 20)
     history = renderer.new_state()
-    words = "the agent read the file and found an error in line 12 then ran the test again".split()
+    words = ["the", "agent", "read", "the", "file", "and", "found", "an", "error", "in", "line", "12", "then", "ran", "the", "test", "again"]
     for step in range(40):
         history.append(" " + " ".join(words[(step + i) % len(words)] for i in range(25)) + ".")
         assert len(history.snapshot().tail) <= 8

@@ -16,7 +16,7 @@ from flide_sdk.serve.loop import IDLE_WORK_AFTER_S
 from .conftest import TOLERANCE, answer_probabilities
 
 QUESTION = {"q": fl.Noul("Did the agent run the tests?")}
-WORDS = "the agent opened the file read line 12 found an error edited the function and ran the tests again".split()
+WORDS = ["the", "agent", "opened", "the", "file", "read", "line", "12", "found", "an", "error", "edited", "the", "function", "and", "ran", "the", "tests", "again"]
 
 
 def history(i: int, words: int) -> str:

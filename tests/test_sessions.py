@@ -24,7 +24,7 @@ QUESTIONS = {
     "next": fl.Choice("What comes next?", {"read": "inspect code", "edit": None, "test": "run tests", "submit": None}),
     "done": fl.Score("How close to done?", ["far", "halfway", "close", "done"]),
 }
-WORDS = "the agent opened the file read line 12 found an error edited the function and ran the tests again".split()
+WORDS = ["the", "agent", "opened", "the", "file", "read", "line", "12", "found", "an", "error", "edited", "the", "function", "and", "ran", "the", "tests", "again"]
 
 
 def growth(rng: random.Random) -> str:

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from tokenizers import AddedToken, Tokenizer, pre_tokenizers
 
-from flide_sdk.text import pretokenizer, word_cache
 from flide_sdk.prompt.chat import ChatFormat, load_chat_template
+from flide_sdk.text import pretokenizer, word_cache
 from flide_sdk.text.tokens import Tokens
 from flide_sdk.text.word_cache import WHITELIST, WordEncoder, character_classes
 

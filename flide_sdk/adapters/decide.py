@@ -34,8 +34,8 @@ from flide_sdk.errors import (
     MapInputError,
     QueueFullError,
 )
-from flide_sdk.questions import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Question, Score, SystemOneResponse
 from flide_sdk.prompt.base import LETTERS
+from flide_sdk.questions import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Question, Score, SystemOneResponse
 
 if typing.TYPE_CHECKING:
     from flide_sdk.engine import Engine

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from flide_sdk.plan.layout import Branches
+from flide_sdk.prompt.base import RenderedQuestion
 from flide_sdk.questions import Question, SystemOneResponse, Usage
 from flide_sdk.text.history import BLOCK, Trunk
-from flide_sdk.prompt.base import RenderedQuestion
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ Closing fails every queued ask with `EngineClosedError`; rounds already launched
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
@@ -31,8 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
-from flide_sdk.errors import EngineClosedError, QueueFullError
+from flide_sdk.errors import AskTimeoutError, EngineClosedError, QueueFullError
 from flide_sdk.options import on_device
+from flide_sdk.questions import SystemOneResponse
 from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.executor import Executor, Launched
 from flide_sdk.serve.stats import Stats
@@ -285,3 +287,31 @@ def queue_full(queue_timeout: float, stats: Stats) -> QueueFullError:
     counts = stats.snapshot()
     rounds, seconds = counts["rounds"], counts["round_seconds"]
     return QueueFullError(float(queue_timeout), max(1, round(1000 * seconds / rounds)) if rounds else 1)
+
+
+def submit_blocking(loop: RoundLoop, stats: Stats, asks: list[Ask], timeout: float | None,
+                    queue_timeout: float | None) -> list[SystemOneResponse]:
+    """Queue `asks` together (waiting for room, at most `queue_timeout` s) and block until their answers arrive.
+    After `timeout` s, AskTimeoutError; an ask no round has taken yet is withdrawn then (as when cancelled)."""
+    if queue_timeout is None:
+        for one in asks:
+            loop.submit(one)
+    else:
+        waits, queued = room_waits(queue_timeout, stats), 0
+        while queued < len(asks):  # a group's asks queued at once where there is room: they share a round
+            queued += loop.offer(asks[queued:])
+            if queued < len(asks):
+                time.sleep(next(waits))
+    deadline = None if timeout is None else time.monotonic() + timeout
+    responses = []
+    for index, one in enumerate(asks):
+        try:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            responses.append(one.future.result(left))
+        except concurrent.futures.TimeoutError:
+            withdrawn = [later.future.cancel() for later in asks[index:]]
+            if all(later.future.done() and not later.future.cancelled() for later in asks[index:]):
+                responses += [later.future.result() for later in asks[index:]]  # answered just now
+                break
+            raise AskTimeoutError(float(timeout), withdrawn=all(withdrawn)) from None
+    return responses
