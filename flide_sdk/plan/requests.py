@@ -132,19 +132,36 @@ class Branches:
 
     @classmethod
     def of(cls, branches: Sequence[np.ndarray], labels: Sequence[np.ndarray],
-           replies: Sequence[Sequence[np.ndarray]] | None = None) -> Branches:
+           replies: Sequence[Sequence[np.ndarray]] | None = None, shared: Sequence[bool] | None = None) -> Branches:
         """One question per branch (`labels`: its label ids), or, where `replies[i]` is not empty, question i
         scored by the text of its options: reply r (the option's tokens, then the end of the turn) is read at the
-        question's last token and at the option's tokens; its label row holds one label (any finite row)."""
+        question's last token and at the option's tokens; its label row holds one label (any finite row). The
+        questions where `shared[i]` is set read inside one piece, the longest of their branches, each at its own
+        branch's last token (each a prefix of that piece: one prompt read at several marks)."""
         if len(branches) != len(labels) or replies is not None and len(replies) != len(branches):
             raise ValueError("one label array (and one reply list) per question")
         if any(len(branch) == 0 for branch in branches):
             raise ValueError("a branch must have at least one token")
+        shared = [False] * len(branches) if shared is None else list(shared)
+        piece = max((b for b, s in zip(branches, shared) if s), key=len, default=None)
+        if piece is not None and any(s and not np.array_equal(piece[: len(b)], b) for b, s in zip(branches, shared)):
+            raise ValueError("shared branches must be prefixes of the longest")
         parts, lengths, parents, counts, rows, readout = [], [], [], [], [], []
         reads = [[], [], [], []]
-        at = 0
+        at, piece_at = 0, None
         for index, (branch, label) in enumerate(zip(branches, labels)):
             options = () if replies is None else replies[index]
+            if shared[index]:
+                if piece_at is None:
+                    piece_at = at
+                    parts.append(piece)
+                    lengths.append(len(piece))
+                    parents.append(-1)
+                    at += len(piece)
+                readout.append(piece_at + len(branch) - 1)
+                counts.append(int(len(branch) == len(piece)))  # the piece counted once: with its longest reader
+                rows.append(label)
+                continue
             question = len(lengths)
             parts.append(branch)
             lengths.append(len(branch))

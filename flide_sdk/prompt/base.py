@@ -41,6 +41,7 @@ class RenderedQuestion:
     text: str
     replies: tuple[np.ndarray, ...] = ()
     temperature: float = 1.0  # a decision model's, for this question's type: probabilities ~ p ** (1 / T)
+    shared: bool = False  # read inside the one branch the ask's shared questions have (`Branches.of`)
 
     @property
     def options(self) -> int:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,13 +33,14 @@ from flide_sdk.prompt.templates import builtin_template, generic_prompt
 from flide_sdk.questions import Choice, Noul, Question, Score, State
 from flide_sdk.text.history import StateLog, TokenBuffer, Trunk, chain_hashes, prompt_text
 from flide_sdk.text.marked_encoding import END, START, MarkedEncoder, template_literals
-from flide_sdk.text.tokens import Tokens
+from flide_sdk.text.tokens import TEXT_CACHE, Tokens, trim
 
 MARK, SPLIT = "<|mark|>", "<|split|>"
 SAVE = "\U000f0002"  # private use, after transformers' control-token markers: never in a rendered request
 _SENTINEL_SPLIT = re.compile(f"({re.escape(MARK)}|{re.escape(SPLIT)})")
 DEFAULT_LABELS = {"noul": ("Yes", "No"), "choice": LETTERS, "score": LETTERS}
 TYPE_OF = {Noul: "noul", Choice: "choice", Score: "score"}
+AFTER_STATE = 256  # characters searched past the state's end for a stable boundary to cut its rest at
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,18 @@ class Prompt:
     reads: np.ndarray
     save: int
     text: str
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A save point (a stable boundary; 0: none) found in a render whose text began with `before`, up to the
+    SAVE mark after the state: it serves every prompt that begins so too."""
+
+    before: str
+    save: int
+
+
+NO_CUT = Cut("", 0)
 
 
 @dataclass(frozen=True)
@@ -129,6 +144,8 @@ class TemplateFormat:
         self.variables = variables
         self.encoder = MarkedEncoder(self.tokenizer, template_literals(env, source))
         self.special_tokens = dict(special_tokens)
+        self._after: OrderedDict[str, np.ndarray] = OrderedDict()  # ids of what follows a state, by text
+        self._lock = threading.Lock()
 
     def new_state(self) -> StateLog:
         return StateLog()
@@ -191,23 +208,37 @@ class TemplateFormat:
                               messages=[{"role": "user", "content": content}], add_generation_prompt=True,
                               enable_thinking=False, tools=None, documents=None, **self.special_tokens, **values)
 
-    def _encode(self, texts: list[str], saves: list[int]) -> list[tuple[np.ndarray, int]]:
-        """Each text's ids (sentinels kept) and how many encode the text before its save point: that part is
-        encoded once for the texts sharing it, and the rest apart (a stable boundary: the tokenization splits
-        there whatever follows). Texts holding marked control tokens are encoded whole, with no save point."""
-        if any(START in text or END in text for text in texts):
-            return [(self.encoder.encode(text), 0) for text in texts]
-        pieces = {part: None for text, save in zip(texts, saves) for part in (text[:save], text[save:])}
-        for part in pieces:
-            pieces[part] = self._fast(part)
-        declined = [part for part, ids in pieces.items() if ids is None]
-        for part, encoding in zip(declined, self.tokenizer.encode_batch_fast(declined, add_special_tokens=False)):
-            pieces[part] = np.asarray(encoding.ids, dtype=np.int64)
-        return [(np.concatenate([pieces[text[:save]], pieces[text[save:]]]), len(pieces[text[:save]]))
-                for text, save in zip(texts, saves)]
+    def _encode(self, text: str, cut: Cut, heads: dict[str, np.ndarray]) -> tuple[np.ndarray, int]:
+        """The ids of `text` (sentinels kept) and how many encode the text before its save point. It is encoded
+        in three parts cut at stable boundaries (the tokenization splits there whatever follows): the part
+        before the save point (once for the texts sharing it: `heads`), the state's end, and what follows the
+        state (cached by text: the same questions give the same text there). Texts holding marked control
+        tokens are encoded whole, with no save point."""
+        if START in text or END in text:
+            return self.encoder.encode(text), 0
+        if not cut.save:
+            return self._piece(text), 0
+        head = text[: cut.save]
+        if head not in heads:
+            heads[head] = self._piece(head)
+        end = len(cut.before)
+        middle = self._boundary(text[: end + AFTER_STATE + 1], end) or cut.save
+        rest = text[middle:]
+        with self._lock:
+            after = self._after.get(rest)
+        if after is None:
+            after = self._piece(rest)
+            after.flags.writeable = False
+            with self._lock:
+                self._after[rest] = after
+                trim(self._after, TEXT_CACHE)
+        ids = np.concatenate([heads[head], self._piece(text[cut.save : middle]), after])
+        return ids, len(heads[head])
 
-    def _fast(self, text: str) -> np.ndarray | None:
-        """The ids of `text` from the word encoder, the sentinels split out first (None: declined)."""
+    def _piece(self, text: str) -> np.ndarray:
+        """The ids of `text`: the word encoder (sentinels split out first), else the tokenizer."""
+        if not _SENTINEL_SPLIT.search(text):
+            return self.tokens.encode_cut(text, 0)[0]
         parts = []
         for index, part in enumerate(_SENTINEL_SPLIT.split(text)):
             if index % 2:
@@ -215,25 +246,34 @@ class TemplateFormat:
             elif part:
                 ids = self.tokens.words.encode(part)
                 if ids is None:
-                    return None
+                    return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int64)
                 parts.append(ids)
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-    def _save_point(self, marked: str) -> tuple[str, int]:
-        """(the text without its SAVE marks, the last stable boundary before the first of them; 0: none)."""
+    def _cut(self, marked: str) -> Cut | None:
+        """The save point of a text rendered with a SAVE mark: the last stable boundary before the mark (None:
+        none, or the mark first)."""
         at = marked.find(SAVE)
-        text = marked.replace(SAVE, "")  # the true text when the template prints the state's text as it is
         if at < 1:
-            return text, 0
-        cut = self.tokens.boundaries.last(text[:at], 1)
-        if cut is None or any(token in text[max(0, cut - len(token) + 1): cut + len(token) - 1]
-                              for token in (MARK, SPLIT)):
-            return text, 0
-        return text, cut
+            return None
+        before = marked[:at]
+        save = self._boundary(before, 1)
+        return None if save is None else Cut(before, save)
+
+    def _boundary(self, text: str, low: int) -> int | None:
+        """The last stable boundary of `text` from `low` on, not inside a sentinel (None: none)."""
+        found = self.tokens.boundaries.last(text, low)
+        if found is None or any(token in text[max(0, found - len(token) + 1): found + len(token) - 1]
+                                for token in (MARK, SPLIT)):
+            return None
+        return found
 
     def prompts(self, state: Any, questions: list[TemplateQuestion]) -> list[Prompt]:
         """Each prompt (sentinels dropped), with its read positions and save point: one prompt per question, or
-        one for all when the template reads `questions`."""
+        one for all when the template reads `questions`. The save point is found in a render with the SAVE mark
+        (of the first question of a group), and serves every prompt whose text starts as that render's did up
+        to the mark: the text before it is then the true prompt's (a template that reads the state's text
+        finds no save point)."""
         if not self.spec.sanitize:  # the template escapes nothing: sentinels in the request are dropped
             state = strip_sentinels(state)
             questions = [dataclasses.replace(q, instructions=strip_sentinels(q.instructions),
@@ -245,17 +285,22 @@ class TemplateFormat:
             shown_state, shown = self.encoder.mark(state), self.encoder.mark(shown)
         saved_state = with_save_mark(shown_state)
         groups = [questions] if self.reads_all else [[q] for q in questions]
-        texts, saves = [], []
+        texts, cuts, found = [], [], []
         for group in groups:
             text = self._render(shown_state, group, shown)
-            save = 0
-            if saved_state is not None and SAVE not in text:
-                unmarked, cut = self._save_point(self._render(saved_state, group, shown))
-                save = cut if unmarked == text else 0  # a template that reads the state's text: no save point
+            cut = next((c for c in found if text.startswith(c.before)), None)
+            if cut is None and saved_state is not None and SAVE not in text:
+                cut = self._cut(self._render(saved_state, group[:1], shown))
+                if cut is not None and text.startswith(cut.before):
+                    found.append(cut)
+                else:
+                    cut = None
             texts.append(text)
-            saves.append(save)
+            cuts.append(cut or NO_CUT)
+        heads: dict[str, np.ndarray] = {}
         out = []
-        for group, text, (raw, before) in zip(groups, texts, self._encode(texts, saves)):
+        for group, text, cut in zip(groups, texts, cuts):
+            raw, before = self._encode(text, cut, heads)
             keep = (raw != self.sentinels[0]) & (raw != self.sentinels[1])
             marks = np.cumsum(keep)[raw == self.sentinels[0]]
             ids = raw[keep]
@@ -285,17 +330,25 @@ class TemplateFormat:
                 branch.flags.writeable = False
                 rendered[name] = RenderedQuestion(branch, self.read_ids(view),
                                                   tuple(view.labels[i] for i in view.order), texts[name],
-                                                  temperature=self.temperature(view.kind))
+                                                  temperature=self.temperature(view.kind), shared=self.reads_all)
             out.append(TrunkQuestions(group.as_trunk(), rendered))
         check_lengths(self.tokens, out)
         return out
 
     def groups(self, state: Any, questions: list[TemplateQuestion]) -> tuple[list[PromptGroup], dict[str, str]]:
-        """The questions' trunks and branches, and each question's whole prompt text."""
+        """The questions' trunks and branches, and each question's whole prompt text. The one prompt of a template
+        that reads `questions` is one trunk, up to the first read token, and one branch read at every mark."""
         sequences: dict[str, np.ndarray] = {}
         texts: dict[str, str] = {}
         saves: dict[str, int] = {}
-        for prompt in self.prompts(state, questions):
+        prompts = self.prompts(state, questions)
+        if self.reads_all:
+            (prompt,) = prompts
+            first = int(prompt.reads.min())
+            branches = {name: prompt.ids[first : read + 1] for name, read in zip(prompt.names, prompt.reads)}
+            group = PromptGroup(prompt.ids[:first], min(prompt.save, first) or first, branches)
+            return [group], dict.fromkeys(prompt.names, prompt.text)
+        for prompt in prompts:
             for name, read in zip(prompt.names, prompt.reads):
                 sequences[name], texts[name], saves[name] = prompt.ids[: read + 1], prompt.text, prompt.save
         groups: list[tuple[np.ndarray, list[str]]] = []

@@ -49,11 +49,12 @@ class Ask:
         """Everything the round thread reads about the ask, computed once here on the asking thread."""
         rendered = [self.rendered[name] for name in self.questions]
         self.branches = Branches.of([q.ids for q in rendered], [q.label_ids for q in rendered],
-                                    [q.replies for q in rendered])
+                                    [q.replies for q in rendered], [q.shared for q in rendered])
         self.branch_tokens = int(self.branches.lengths.sum())
         self.option_counts = [q.options for q in rendered]
         self.temperatures = [q.temperature for q in rendered]
-        self.prompt_tokens = len(self.trunk) + sum(len(q.ids) for q in rendered)
+        self.prompt_tokens = len(self.trunk) + sum(len(q.ids) for q in rendered if not q.shared) + max(
+            (len(q.ids) for q in rendered if q.shared), default=0)
         self.output_tokens = sum(sum(len(reply) for reply in q.replies) or 1 for q in rendered)
         trunk = self.trunk
         self.trunk_key = TrunkKey(len(trunk), trunk.boundary, trunk.block_hash(trunk.boundary // BLOCK))
