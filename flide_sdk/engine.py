@@ -157,7 +157,7 @@ class Engine:
         decision = None if spec is None else DecisionTemplate(spec, renderer, load_chat_template(Path(path)),
                                                               special_tokens_of(Path(path)))
         with on_device(device):  # what loading runs on the device runs on this one, the caller's device kept
-            return cls(load_model(path, device, dtype, None if spec is None else spec.head), renderer, device,
+            return cls(load_model(path, device, dtype, spec and spec.head, spec and spec.adapter), renderer, device,
                        graphs=graphs, batch_invariant=batch_invariant, name=Path(path).name, startup=startup,
                        decision=decision,
                        max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192), **options)
