@@ -24,6 +24,7 @@ from .conftest import TOLERANCE, text_of_tokens
 from .test_decision_models import GENERIC_CONFIG, QUESTION_TEMPLATE, REPO_CONFIG, copy_tiny, jev_next_to_weights
 from .test_decision_pipeline import QUESTIONS, assert_as_pipeline, probabilities
 from .test_loader import save_release_layout
+from .test_moe import save_moe
 
 GDN = ["in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj"]  # the Gated DeltaNet's projections
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -44,6 +45,9 @@ ADAPTERS: dict[str, dict[str, Any]] = {
     "jev": {"r": 4, "lora_alpha": 8, "target_modules": GDN + ATTENTION + ["gate_proj", "down_proj"]},
     # the release layout (Qwen3_5ForConditionalGeneration): peft names its decoder model.language_model.layers.N
     "release": {"r": 4, "lora_alpha": 8, "target_modules": GDN + ["q_proj", "down_proj"]},
+    # Qwen3.5-MoE: the shared expert and its gate (the routed experts are not nn.Linear modules in transformers)
+    "moe": {"r": 4, "lora_alpha": 8, "target_modules": GDN + ["o_proj", "shared_expert.gate_proj",
+                                                              "shared_expert.down_proj", "shared_expert_gate"]},
 }
 
 
@@ -62,12 +66,12 @@ def save_adapter(model, folder: Path, seed: int = 0, **config: Any) -> None:
     model.save_pretrained(folder)
 
 
-def causal_lm(path: Path, release: bool = False):
-    """transformers' float32 model of the checkpoint at `path` (the release layout's multimodal model)."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
+def causal_lm(path: Path, kind: str = "text"):
+    """transformers' float32 model of the checkpoint at `path` (of the release layout: the multimodal model)."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5MoeForCausalLM
 
-    kind = Qwen3_5ForConditionalGeneration if release else Qwen3_5ForCausalLM
-    return kind.from_pretrained(path, dtype=torch.float32).eval()
+    model = {"release": Qwen3_5ForConditionalGeneration, "moe": Qwen3_5MoeForCausalLM}.get(kind, Qwen3_5ForCausalLM)
+    return model.from_pretrained(path, dtype=torch.float32).eval()
 
 
 def build(kind: str, tiny_path: Path, root: Path):
@@ -84,6 +88,8 @@ def build(kind: str, tiny_path: Path, root: Path):
         return path, pipeline("decision", model=model, tokenizer=AutoTokenizer.from_pretrained(path))
     if kind == "release":
         save_release_layout(path, train_tiny_tokenizer(seed=0))
+    elif kind == "moe":
+        save_moe(tiny_path, path)
     else:
         copy_tiny(tiny_path, path)
     if kind == "rslora":
@@ -91,9 +97,8 @@ def build(kind: str, tiny_path: Path, root: Path):
     else:
         (path / "decision_template.jinja").write_text(QUESTION_TEMPLATE)
         (path / "decision.json").write_text(json.dumps({**REPO_CONFIG, "adapter": "tuned"}))
-    save_adapter(causal_lm(path, kind == "release"), path / "tuned", seed=len(kind), **ADAPTERS[kind])
-    return path, pipeline("decision", model=causal_lm(path, kind == "release"),
-                          tokenizer=AutoTokenizer.from_pretrained(path))
+    save_adapter(causal_lm(path, kind), path / "tuned", seed=len(kind), **ADAPTERS[kind])
+    return path, pipeline("decision", model=causal_lm(path, kind), tokenizer=AutoTokenizer.from_pretrained(path))
 
 
 @pytest.fixture(scope="module", params=list(ADAPTERS))
@@ -240,4 +245,22 @@ def test_a_jev_without_its_default_adapter_folder_is_served_as_merged(tiny_path,
     judge = json.loads((path / "judge_config.json").read_text())
     (path / "judge_config.json").write_text(json.dumps({**judge, "adapter_subfolder": "adapter"}))
     with pytest.raises(fl.CheckpointError, match="judge_config.json: adapter_subfolder: names the adapter folder"):
+        fl.Engine.load(path, device="cpu")
+
+
+@pytest.mark.parametrize(("target", "what"), [("gate", "the MoE router"), ("experts", "the MoE routed experts")])
+def test_the_moe_router_and_routed_experts_are_refused(tiny_path, tmp_path, target, what):
+    # mutation: `modules_of` listing the router (a Linear of ours) as a projection -> the adapter is read and fails
+    # on its keys instead -> fails; the experts left out of the modules -> "matches no module" -> fails
+    path = tmp_path / "moe"
+    save_moe(tiny_path, path)
+    (path / "decision.json").write_text(json.dumps({"adapter": "tuned"}))
+    (path / "tuned").mkdir()
+    (path / "tuned" / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": [target]}))
+    save_file({"unread": torch.zeros(1)}, str(path / "tuned" / "adapter_model.safetensors"))
+    for weights in path.glob("model*.safetensors"):
+        weights.write_bytes(b"not read")
+    with pytest.raises(fl.CheckpointError, match=f"adapter_config.json: target_modules targets model.layers.0.mlp."
+                                                 f"{target}, {what}"):
         fl.Engine.load(path, device="cpu")
