@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,12 +102,20 @@ def build(kind: str, tiny_path: Path, root: Path):
     return path, pipeline("decision", model=causal_lm(path, kind), tokenizer=AutoTokenizer.from_pretrained(path))
 
 
+@dataclass(frozen=True)
+class Served:
+    """An adapter's checkpoint as the engine serves it and as transformers' pipeline (peft, unmerged) does."""
+
+    kind: str
+    engine: fl.Engine
+    decide: Any
+
+
 @pytest.fixture(scope="module", params=list(ADAPTERS))
-def served(request, tiny_path, tmp_path_factory):
-    """(kind, engine, pipeline) of each adapter."""
+def served(request, tiny_path, tmp_path_factory) -> Iterator[Served]:
     path, decide = build(request.param, tiny_path, tmp_path_factory.mktemp("lora"))
     with fl.Engine.load(path, device="cpu", dtype="float32") as engine:
-        yield request.param, engine, decide
+        yield Served(request.param, engine, decide)
 
 
 @pytest.mark.parametrize("tokens", [1, 300])
@@ -115,21 +124,13 @@ def test_answers_are_the_pipelines_with_its_adapter(served, tokens):
     # alpha / r under rsLoRA -> fails rslora; alpha_pattern ignored -> fails repo; rank_pattern ignored -> the
     # factors' shapes are refused -> fails repo, rslora; layers_to_transform or exclude_modules ignored -> the
     # factors the file lacks for the modules then targeted are refused -> fails layers
-    _, engine, decide = served
-    state = text_of_tokens(engine.renderer, tokens, seed=tokens)
-    assert_as_pipeline(decide, state, QUESTIONS, engine.ask_sync(state, QUESTIONS))
-
-
-def test_the_adapter_moves_the_answers(served):
-    # the check that the comparisons above can fail: without its adapter the pipeline answers otherwise.
-    # mutation: none needed; if the pipeline ignored the adapter (say, a key layout transformers does not load),
-    # this fails
-    _, engine, decide = served
-    state = text_of_tokens(engine.renderer, 200, seed=11)
-    answers = engine.ask_sync(state, QUESTIONS)
-    base = answers_without_adapter(decide, state)
+    state = text_of_tokens(served.engine.renderer, tokens, seed=tokens)
+    answers = served.engine.ask_sync(state, QUESTIONS)
+    assert_as_pipeline(served.decide, state, QUESTIONS, answers)
+    # the adapter matters: the pipeline without it answers otherwise, so an adapter left out could not pass
+    base = answers_without_adapter(served.decide, state)
     moved = max(np.abs(probabilities(base[name]) - probabilities(answers[name])).max() for name in QUESTIONS)
-    assert moved > 100 * TOLERANCE
+    assert moved > 100 * TOLERANCE, served.kind
 
 
 def answers_without_adapter(decide, state: Any) -> dict:
