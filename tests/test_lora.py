@@ -46,6 +46,8 @@ ADAPTERS: dict[str, dict[str, Any]] = {
     "jev": {"r": 4, "lora_alpha": 8, "target_modules": GDN + ATTENTION + ["gate_proj", "down_proj"]},
     # the release layout (Qwen3_5ForConditionalGeneration): peft names its decoder model.language_model.layers.N
     "release": {"r": 4, "lora_alpha": 8, "target_modules": GDN + ["q_proj", "down_proj"]},
+    # "all-linear" as a config may say it (peft saves the names it expands it to): every projection, not lm_head
+    "all_linear": {"r": 2, "lora_alpha": 4, "target_modules": "all-linear"},
     # Qwen3.5-MoE: the shared expert and its gate (the routed experts are not nn.Linear modules in transformers)
     "moe": {"r": 4, "lora_alpha": 8, "target_modules": GDN + ["o_proj", "shared_expert.gate_proj",
                                                               "shared_expert.down_proj", "shared_expert_gate"]},
@@ -65,6 +67,9 @@ def save_adapter(model, folder: Path, seed: int = 0, **config: Any) -> None:
                 std = parameter.shape[1] ** -0.5 if ".lora_A." in name else 0.3
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * std)
     model.save_pretrained(folder)
+    if config["target_modules"] == "all-linear":  # peft saved the names it expanded the shorthand to: put it back
+        raw = json.loads((folder / "adapter_config.json").read_text())
+        (folder / "adapter_config.json").write_text(json.dumps({**raw, "target_modules": "all-linear"}))
 
 
 def causal_lm(path: Path, kind: str = "text"):
@@ -123,7 +128,8 @@ def test_answers_are_the_pipelines_with_its_adapter(served, tokens):
     # mutations: the merge skipped (`MergePlan.merged` returning its input) -> fails every kind; the scale
     # alpha / r under rsLoRA -> fails rslora; alpha_pattern ignored -> fails repo; rank_pattern ignored -> the
     # factors' shapes are refused -> fails repo, rslora; layers_to_transform or exclude_modules ignored -> the
-    # factors the file lacks for the modules then targeted are refused -> fails layers
+    # factors the file lacks for the modules then targeted are refused -> fails layers; "all-linear" taking in
+    # lm_head -> refused as the language-model head -> fails all_linear
     state = text_of_tokens(served.engine.renderer, tokens, seed=tokens)
     answers = served.engine.ask_sync(state, QUESTIONS)
     assert_as_pipeline(served.decide, state, QUESTIONS, answers)
