@@ -149,7 +149,8 @@ class Engine:
         tokens = Tokens.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size)
         prompt = load_format(Path(path), read_raw_config(Path(path)), tokens, rendering)
         with on_device(device):  # what loading runs on the device runs on this one, the caller's device kept
-            return cls(load_model(path, device, dtype, prompt.decision_head), prompt, device,
+            spec = prompt.spec
+            return cls(load_model(path, device, dtype, spec and spec.head, spec and spec.adapter), prompt, device,
                        graphs=graphs, batch_invariant=batch_invariant, name=Path(path).name, startup=startup,
                        max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192), **options)
 

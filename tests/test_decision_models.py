@@ -193,7 +193,7 @@ def engine_path(engine: fl.Engine) -> Path:
 
 
 REFUSALS = [
-    ("jev", lambda p: (p / "adapter").mkdir(), "judge_config.json: adapter_subfolder: the LoRA adapter"),
+    ("jev", lambda p: (p / "adapter").mkdir(), "judge_config.json: adapter_subfolder: .* holds no adapter_config.json"),
     ("jev", lambda p: (p / "judge_config.json").write_text(json.dumps({**JUDGE, "head_type": "kev"})),
      "judge_config.json: head_type 'kev' is not served"),
     ("jev", lambda p: (p / "calibration.json").unlink(), "judge_config.json: a JEV head needs its calibration.json"),
@@ -209,7 +209,7 @@ REFUSALS = [
     ("question", lambda p: (p / "decision.json").write_text(json.dumps({"noul_options": ["yes", "no"]})),
      "decision.json: noul_options must order"),
     ("question", lambda p: ((p / "decision.json").write_text(json.dumps({"adapter": "lora"})), (p / "lora").mkdir()),
-     "decision.json: adapter: the LoRA adapter"),
+     "decision.json: adapter: .* holds no adapter_config.json"),
     ("question", lambda p: (p / "decision_template.jinja").write_text("{% for %}"), ("decision_template.jinja: not a "
      "valid template")),
     ("question", lambda p: (p / "readout.safetensors").write_bytes(b"x"), ("readout.safetensors: a decision head's "
@@ -219,7 +219,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize(("kind", "change", "message"), REFUSALS)
 def test_what_the_engine_cannot_serve_is_refused_before_weights_are_read(tiny_path, tmp_path, kind, change, message):
-    # mutation: `_refuse_adapter` returning at once -> the LoRA checkpoint loads as its base model -> fails; any
+    # mutation: `lora.adapter_in` returning None -> the adapter folder loads as its base model -> fails; any
     # check of models.decision removed -> its case loads or fails later, elsewhere -> fails
     path = jev_next_to_weights(tiny_path, tmp_path / "m") if kind == "jev" else copy_tiny(tiny_path, tmp_path / "m")
     if kind == "decider":

@@ -36,10 +36,9 @@ def moe_config(tiny_path) -> dict:
             "tie_word_embeddings": False}
 
 
-@pytest.fixture(scope="module")
-def moe(tiny_path, tmp_path_factory):
-    """(checkpoint path, transformers model): our random weights (not near-uniform answers) in a
-    Qwen3_5MoeForCausalLM, saved by it (one tensor per expert projection) with the tiny tokenizer."""
+def save_moe(tiny_path, path):
+    """A Qwen3_5MoeForCausalLM carrying our random weights (not near-uniform answers), saved by it at `path` (one
+    tensor per expert projection) with the tiny tokenizer; returns the model."""
     from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
     config = Qwen3_5MoeTextConfig(**moe_config(tiny_path))
@@ -55,11 +54,17 @@ def moe(tiny_path, tmp_path_factory):
                                                          for e in range(EXPERTS)])
     missing, unexpected = model.load_state_dict(state, strict=False)
     assert not missing and not unexpected
-    path = tmp_path_factory.mktemp("moe")
     model.save_pretrained(path)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tiny_path / name, path / name)
-    return path, model
+    return model
+
+
+@pytest.fixture(scope="module")
+def moe(tiny_path, tmp_path_factory):
+    """(checkpoint path, transformers model) of `save_moe`."""
+    path = tmp_path_factory.mktemp("moe")
+    return path, save_moe(tiny_path, path)
 
 
 @pytest.fixture(scope="module")

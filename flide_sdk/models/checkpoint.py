@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 from flide_sdk.errors import CheckpointError
 from flide_sdk.models.config import MOE_TYPES, Qwen35Config
 from flide_sdk.models.decision import HeadSpec
+from flide_sdk.models.lora import LoraAdapter, MergePlan
 from flide_sdk.models.qwen35 import DecisionHead, Qwen35Model
 
 FLOAT32_PARAMETERS = ("A_log", "dt_bias")
@@ -118,12 +119,14 @@ def _target_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
 
 
 def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype,
-               head: HeadSpec | None = None) -> Qwen35Model:
+               head: HeadSpec | None = None, adapter: LoraAdapter | None = None) -> Qwen35Model:
     """Build the decoder of the checkpoint at `path` on `device` in `dtype`, reading only its tensors, and its
-    decision head when `head` says where it is (a saved JEV has no language-model head: it is not read).
+    decision head when `head` says where it is (a saved JEV has no language-model head: it is not read), with the
+    LoRA `adapter` merged into the projections it targets (in float32, each as it is read, before the cast).
 
-    The config is validated first (nothing is allocated for a bad one); each tensor's shape and dtype are checked
-    before it is read, and all are checked finite on the device with one read of the device at the end."""
+    The config is validated first (nothing is allocated for a bad one), then the adapter against the model's
+    projections; each tensor's shape and dtype are checked before it is read, and all are checked finite on the
+    device with one read of the device at the end."""
     path = Path(path)
     device = torch.device(device)
     config, prefix = read_config(path)
@@ -150,6 +153,7 @@ def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype,
         keys = {"lm_head.weight": "lm_head.weight", **{ours: key for key, ours in head_keys.items()}}
         return keys.get(name, prefix + name)
 
+    lora = None if adapter is None else MergePlan.of(adapter, model, prefix, device)
     expected_shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     wanted = {key_of(name): name for name in expected_shapes if not name.startswith("decision_head.")}
     files = _tensor_files(path)
@@ -176,7 +180,10 @@ def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype,
                     if stored not in FLOATING_DTYPES:
                         raise CheckpointError(f"{file}: {key} has dtype {stored}; weights must be floating point "
                                               f"({', '.join(FLOATING_DTYPES)})")
-                    tensor = reader.get_tensor(key).to(device=device, dtype=_target_dtype(name, dtype))
+                    tensor = reader.get_tensor(key)
+                    if lora is not None:
+                        tensor = lora.merged(name, tensor.to(device))
+                    tensor = tensor.to(device=device, dtype=_target_dtype(name, dtype))
                     found[name], sources[name] = tensor, file
                     finite.append(torch.isfinite(tensor).all())
         except (OSError, SafetensorError) as error:

@@ -3,8 +3,10 @@
 Three layouts of transformers' decision API are read: a repo's `decision.json` (+ `decision_template.jinja`);
 a JEV head next to the weights (`judge_config.json`, `calibration.json`, `head.safetensors`), or saved as
 `JevForDecision` (`config.json` of model_type `jev`, `proj.*` tensors); and vLLM-style decision repos
-(`decision_config.json` with `codes` and a temperature, `readout.safetensors`). What the engine cannot serve
-(a LoRA adapter, another head type, noncausal attention) is a CheckpointError naming the file and field.
+(`decision_config.json` with `codes` and a temperature, `readout.safetensors`). A LoRA adapter the config names
+(`adapter`, JEV's `adapter_subfolder`) is read by `models.lora` and merged at load. What the engine cannot serve
+(another head type, noncausal attention, an adapter beyond plain LoRA) is a CheckpointError naming the file and
+field.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flide_sdk.errors import CheckpointError
+from flide_sdk.models.lora import LoraAdapter, adapter_in
 
 QUESTION_TYPES = ("noul", "choice", "score")
 DECISION_CONFIG, DECISION_TEMPLATE = "decision.json", "decision_template.jinja"
@@ -45,8 +48,8 @@ class DecisionSpec:
     """How a decision model asks and reads: its template (`template`, the repo's; else `builtin`, a prompt
     the SDK writes as transformers does: "jev" or a decider family; neither: transformers' generic prompt in
     the chat template) and where it came from, labels and temperature per question type, the order a noul's
-    two options reach the template, whether control tokens in requests are encoded as text, and its head
-    (None: the label tokens' logits)."""
+    two options reach the template, whether control tokens in requests are encoded as text, its head
+    (None: the label tokens' logits), and the LoRA adapter merged into its weights (None: none)."""
 
     template: str | None
     source: str
@@ -56,6 +59,7 @@ class DecisionSpec:
     noul_options: tuple[str, str] = ("true", "false")
     sanitize: bool = True
     head: HeadSpec | None = None
+    adapter: LoraAdapter | None = None
 
 
 def _json(file: Path) -> Any:
@@ -95,17 +99,6 @@ def _per_type(raw: Any, where: str, read: Any) -> dict[str, Any]:
     return {kind: read(value, f"{where}.{kind}") for kind, value in raw.items()}
 
 
-def _refuse_adapter(path: Path, name: Any, where: str) -> None:
-    """A LoRA adapter in the repo changes the weights; it is not merged here."""
-    if name is None:
-        return
-    if not isinstance(name, str) or not name:
-        raise CheckpointError(f"{where}: must name a subfolder, got {name!r}")
-    if (path / name).exists():
-        raise CheckpointError(f"{where}: the LoRA adapter {path / name} is not merged by flide_sdk; merge it "
-                              "into the weights (peft's merge_and_unload) and save the merged checkpoint")
-
-
 def _repo_config(path: Path, head: HeadSpec | None) -> DecisionSpec:
     """`decision.json` and/or `decision_template.jinja` of a repo."""
     file = path / DECISION_CONFIG
@@ -125,11 +118,11 @@ def _repo_config(path: Path, head: HeadSpec | None) -> DecisionSpec:
     sanitize = raw.get("sanitize_control_tokens", True)
     if not isinstance(sanitize, bool):
         raise CheckpointError(f"{file}: sanitize_control_tokens must be true or false, got {sanitize!r}")
-    _refuse_adapter(path, raw.get("adapter"), f"{file}: adapter")
+    adapter = adapter_in(path, raw.get("adapter"), f"{file}: adapter")
     return DecisionSpec(template, source if template is not None else str(file), None,
                         _per_type(raw.get("labels", {}), f"{file}: labels", _labels),
                         _per_type(raw.get("temperature", {}), f"{file}: temperature", _temperature),
-                        (noul[0], noul[1]), sanitize, head)
+                        (noul[0], noul[1]), sanitize, head, adapter)
 
 
 def _jev_head(path: Path, judge_file: Path) -> tuple[HeadSpec, dict[str, tuple[str, ...]], dict[str, Any]]:
@@ -171,9 +164,10 @@ def _jev_next_to_weights(path: Path, judge_file: Path) -> DecisionSpec:
         raise CheckpointError(f"{judge_file}: a JEV head needs its {CALIBRATION} (per_kind temperatures)")
     per_kind = _object(calibration).get("per_kind")
     temperature = _per_type(per_kind, f"{calibration}: per_kind", _temperature)
-    _refuse_adapter(path, judge.get("adapter_subfolder", "adapter"), f"{judge_file}: adapter_subfolder")
+    adapter = adapter_in(path, judge.get("adapter_subfolder", "adapter"), f"{judge_file}: adapter_subfolder",
+                         optional="adapter_subfolder" not in judge)  # no adapter/: a JEV with its LoRA merged
     return DecisionSpec(None, f"{judge_file} (the JEV prompt)", "jev", labels, temperature, ("false", "true"),
-                        True, head)
+                        True, head, adapter)
 
 
 def _vllm(path: Path, file: Path) -> DecisionSpec:

@@ -20,7 +20,7 @@ import jinja2.sandbox
 import numpy as np
 
 from flide_sdk.errors import InvalidQuestionError, StateTooLongError
-from flide_sdk.models.decision import HeadSpec
+from flide_sdk.models.decision import DecisionSpec
 from flide_sdk.questions import Question, State
 from flide_sdk.text.history import History, StateLog, Trunk
 from flide_sdk.text.tokens import Tokens
@@ -72,12 +72,13 @@ class TrunkQuestions:
 
 class PromptFormat(Protocol):
     """How questions about a state are written and read. `name` is `Engine.info()["rendering"]`, `decision`
-    the decision files it follows (None: a plain model's), `decision_head` the head it reads (None: label tokens)."""
+    the decision files it follows (None: a plain model's), `spec` what it reads them as (its head and adapter are
+    loaded with the weights; None: flide_sdk's own prompt)."""
 
     name: str
     tokens: Tokens
     decision: str | None
-    decision_head: HeadSpec | None
+    spec: DecisionSpec | None
 
     def new_state(self) -> History | StateLog:
         """An empty session state: what `Session.append` grows and `snapshot()` gives `parts`."""

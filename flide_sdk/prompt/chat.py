@@ -160,7 +160,7 @@ class ChatFormat:
 
     name = "flide"
     decision = None
-    decision_head = None
+    spec = None
 
     def __init__(self, tokens: Tokens, template_source: str) -> None:
         self.tokens = tokens

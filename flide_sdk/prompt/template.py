@@ -127,7 +127,6 @@ class TemplateFormat:
                  name: str) -> None:
         self.spec, self.tokens, self.name = spec, tokens, name
         self.decision = None if name == "transformers" else spec.source
-        self.decision_head = spec.head
         # its own copy of the tokenizer: the sentinels are added to it
         self.tokenizer = Tokenizer.from_str(tokens.tokenizer.to_str())
         self.tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in (MARK, SPLIT)])
