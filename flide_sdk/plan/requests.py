@@ -137,15 +137,13 @@ class Branches:
         scored by the text of its options: reply r (the option's tokens, then the end of the turn) is read at the
         question's last token and at the option's tokens; its label row holds one label (any finite row). The
         questions where `shared[i]` is set read inside one piece, the longest of their branches, each at its own
-        branch's last token (each a prefix of that piece: one prompt read at several marks)."""
+        branch's last token (each must be a prefix of that piece: one prompt read at several marks)."""
         if len(branches) != len(labels) or replies is not None and len(replies) != len(branches):
             raise ValueError("one label array (and one reply list) per question")
         if any(len(branch) == 0 for branch in branches):
             raise ValueError("a branch must have at least one token")
         shared = [False] * len(branches) if shared is None else list(shared)
         piece = max((b for b, s in zip(branches, shared) if s), key=len, default=None)
-        if piece is not None and any(s and not np.array_equal(piece[: len(b)], b) for b, s in zip(branches, shared)):
-            raise ValueError("shared branches must be prefixes of the longest")
         parts, lengths, parents, counts, rows, readout = [], [], [], [], [], []
         reads = [[], [], [], []]
         at, piece_at = 0, None

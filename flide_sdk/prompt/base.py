@@ -143,9 +143,10 @@ def render_bounded(template: jinja2.Template, source: str, max_tokens: int, **va
     (StateTooLongError, before anything is encoded); whatever the template raises is an InvalidQuestionError
     naming `source`."""
     limit, parts, size = CHARS_PER_TOKEN * max_tokens, [], 0
+    append = parts.append
     try:
-        for part in template.generate(**values):
-            parts.append(part)
+        for part in template.root_render_func(template.new_context(values)):
+            append(part)
             size += len(part)
             if size > limit:
                 raise StateTooLongError(size // CHARS_PER_TOKEN, max_tokens)

@@ -29,6 +29,7 @@ from tokenizers import AddedToken, Tokenizer
 from flide_sdk.errors import CheckpointError, InvalidQuestionError, InvalidStateError
 from flide_sdk.models.decision import DecisionSpec
 from flide_sdk.prompt.base import LETTERS, RenderedQuestion, TrunkQuestions, check_lengths, environment, render_bounded
+from flide_sdk.prompt.chat import QUESTION_CACHE, content_key
 from flide_sdk.prompt.templates import builtin_template, generic_prompt
 from flide_sdk.questions import Choice, Noul, Question, Score, State
 from flide_sdk.text.history import StateLog, TokenBuffer, Trunk, chain_hashes, prompt_text
@@ -59,6 +60,11 @@ class TemplateQuestion:
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "type": self.kind, "instructions": self.instructions, "options": self.options,
                 "labels": self.labels, "descriptions": self.descriptions}
+
+    @property
+    def read_labels(self) -> tuple[str, ...]:
+        """The labels in the SDK's option order."""
+        return tuple(self.labels[i] for i in self.order)
 
 
 @dataclass(frozen=True)
@@ -144,12 +150,31 @@ class TemplateFormat:
         self.encoder = MarkedEncoder(self.tokenizer, template_literals(env, source))
         self.special_tokens = dict(special_tokens)
         self._after: OrderedDict[str, np.ndarray] = OrderedDict()  # ids of what follows a state, by text
+        self._read_ids: dict[tuple, np.ndarray] = {}
+        self._views: OrderedDict[tuple, TemplateQuestion] = OrderedDict()  # by name and content (`content_key`)
         self._lock = threading.Lock()
 
     def new_state(self) -> StateLog:
         return StateLog()
 
     # ----------------------------------------------------------------------------------------- questions
+    def view(self, name: str, question: Question) -> TemplateQuestion:
+        """`question`'s template view, cached by name and content when all its content is plain text."""
+        key = content_key(question)
+        if key is None:
+            return self.question(name, question)
+        key = (name, key)
+        with self._lock:
+            found = self._views.get(key)
+            if found is not None:
+                self._views.move_to_end(key)
+                return found
+        found = self.question(name, question)
+        with self._lock:
+            self._views[key] = found
+            trim(self._views, QUESTION_CACHE)
+        return found
+
     def question(self, name: str, question: Question) -> TemplateQuestion:
         """The template's view of one question; InvalidQuestionError for what this model cannot read."""
         kind = TYPE_OF[type(question)]
@@ -172,7 +197,15 @@ class TemplateFormat:
                                 list(descriptions), order)
 
     def read_ids(self, question: TemplateQuestion) -> np.ndarray:
-        """Where each of the SDK's options is read: a head's rows from the type's offset, or label token ids."""
+        """Where each of the SDK's options is read: a head's rows from the type's offset, or label token ids
+        (cached: they depend on the question's type and option order alone)."""
+        key = (question.kind, tuple(question.order))
+        found = self._read_ids.get(key)
+        if found is None:
+            found = self._read_ids[key] = self._new_read_ids(question)
+        return found
+
+    def _new_read_ids(self, question: TemplateQuestion) -> np.ndarray:
         head = self.spec.head
         if head is not None:
             start = head.offsets.get(question.kind)
@@ -273,12 +306,15 @@ class TemplateFormat:
         (of the first question of a group), and serves every prompt whose text starts as that render's did up
         to the mark: the text before it is then the true prompt's (a template that reads the state's text
         finds no save point)."""
+        state_text = prompt_text(state)  # InvalidStateError, before a template meets a state no prompt can hold
         if not self.spec.sanitize:  # the template escapes nothing: sentinels in the request are dropped
-            state = strip_sentinels(state)
-            questions = [dataclasses.replace(q, instructions=strip_sentinels(q.instructions),
-                                             options=strip_sentinels(q.options),
-                                             descriptions=strip_sentinels(q.descriptions)) for q in questions]
-        prompt_text(state)  # InvalidStateError, before a template meets a state no prompt can hold
+            if MARK in state_text or SPLIT in state_text:
+                state = strip_sentinels(state)
+            shown_text = prompt_text([[q.instructions, q.options, q.descriptions] for q in questions])
+            if MARK in shown_text or SPLIT in shown_text:
+                questions = [dataclasses.replace(q, instructions=strip_sentinels(q.instructions),
+                                                 options=strip_sentinels(q.options),
+                                                 descriptions=strip_sentinels(q.descriptions)) for q in questions]
         shown_state, shown = state, {q.name: q.as_dict() for q in questions}
         if self.spec.sanitize:  # each value marked once, not once a prompt
             shown_state, shown = self.encoder.mark(state), self.encoder.mark(shown)
@@ -319,7 +355,7 @@ class TemplateFormat:
         """A request's trunks, each with its questions' branches, read ids, labels and temperatures."""
         if isinstance(state, Trunk):
             raise InvalidStateError(f"{self.spec.source} renders the state itself; pass the state, not a trunk")
-        views = {name: self.question(name, question) for name, question in questions.items()}
+        views = {name: self.view(name, question) for name, question in questions.items()}
         groups, texts = self.groups(state, list(views.values()))
         out = []
         for group in groups:
@@ -327,8 +363,7 @@ class TemplateFormat:
             for name, branch in group.branches.items():
                 view = views[name]
                 branch.flags.writeable = False
-                rendered[name] = RenderedQuestion(branch, self.read_ids(view),
-                                                  tuple(view.labels[i] for i in view.order), texts[name],
+                rendered[name] = RenderedQuestion(branch, self.read_ids(view), view.read_labels, texts[name],
                                                   temperature=self.temperature(view.kind), shared=self.reads_all)
             out.append(TrunkQuestions(group.as_trunk(), rendered))
         check_lengths(self.tokens, out)
