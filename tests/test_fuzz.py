@@ -25,7 +25,8 @@ import pytest
 
 import flide_sdk as fl
 
-from .test_decision_models import JUDGE, QUESTION_TEMPLATE, copy_tiny, head_tensors
+from .test_decision_models import JUDGE, QUESTION_TEMPLATE, REPO_CONFIG, copy_tiny, head_tensors, jev_next_to_weights
+from .test_temperatures import write_decider
 
 ENGINES = ("tiny", "question", "jev")
 ASKS = 100  # random asks per engine (300 in all), after the fixed EDGE_ASKS
@@ -398,24 +399,17 @@ def assert_still_answers(engine: fl.Engine) -> None:
 # ---- engines and checkpoints -------------------------------------------------------------------------------------
 
 def decision_checkpoint(tiny_path: Path, path: Path, kind: str) -> Path:
-    """A decision checkpoint of `kind` (as tests/test_decision_models.py builds them)."""
-    from safetensors.torch import save_file
-
+    """A decision checkpoint of `kind`: a repo's template ("question"), a JEV head next to the weights ("jev") or
+    a vLLM-style decider ("decider"), as tests/test_decision_models.py builds them."""
+    if kind == "jev":
+        return jev_next_to_weights(tiny_path, path)
     copy_tiny(tiny_path, path)
-    hidden = json.loads((path / "config.json").read_text())["hidden_size"]
     if kind == "question":
         (path / "decision_template.jinja").write_text(QUESTION_TEMPLATE)
-        config = {"labels": {"noul": ["yes", "no"]}, "noul_options": ["false", "true"],
-                  "temperature": {"noul": 0.5, "choice": 2.0}}
-        (path / "decision.json").write_text(json.dumps(config))
-    elif kind == "jev":
-        (path / "judge_config.json").write_text(json.dumps(JUDGE))
-        (path / "calibration.json").write_text(json.dumps({"per_kind": {"noul": 0.7, "choice": 1.3, "score": 1.1}}))
-        save_file(head_tensors(hidden, 24), str(path / "head.safetensors"))
+        (path / "decision.json").write_text(json.dumps(REPO_CONFIG))
     else:
-        (path / "decision_config.json").write_text(json.dumps({"codes": list("ABCDEF"), "temperature": 1.5,
-                                                               "prompt": "d3", "attention_mode": "causal"}))
-        save_file({"weight": head_tensors(hidden, 6, bias=False)["proj.weight"]}, str(path / "readout.safetensors"))
+        hidden = json.loads((path / "config.json").read_text())["hidden_size"]
+        write_decider(path, head_tensors(hidden, 6, bias=False)["proj.weight"], 1.5)
     return path
 
 

@@ -46,10 +46,15 @@ def build(kind: str, tiny_path: Path, root: Path, temperature: float = 50.0):
         save_file(far_head(hidden, 24, bias=True), str(path / "head.safetensors"))
         model = jev_model(path)
     else:
-        (path / "decision_config.json").write_text(json.dumps({"codes": list("ABCDEF"), "temperature": temperature}))
-        save_file({"weight": far_head(hidden, 6, bias=False)["proj.weight"]}, str(path / "readout.safetensors"))
+        write_decider(path, far_head(hidden, 6, bias=False)["proj.weight"], temperature)
         model = jev_model(path)
     return path, pipeline("decision", model=model, tokenizer=AutoTokenizer.from_pretrained(path))
+
+
+def write_decider(path: Path, weight: torch.Tensor, temperature: float) -> None:
+    """A vLLM-style decider's files in checkpoint `path`: codes A to F, its temperature, its readout's weight."""
+    (path / "decision_config.json").write_text(json.dumps({"codes": list("ABCDEF"), "temperature": temperature}))
+    save_file({"weight": weight}, str(path / "readout.safetensors"))
 
 
 @pytest.fixture(scope="module", params=KINDS)
