@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Union
 
 import msgspec
@@ -84,27 +83,17 @@ def _surrogate_path(value: Any, path: str) -> tuple[str, tuple[int, str]] | None
             found = surrogate_at(item)
             if found is not None:
                 return at, (found, item)
-        elif isinstance(item, KeyAt):
-            return item.path, (surrogate_at(item.key), item.key)
         elif isinstance(item, Mapping):
             children: list[tuple[Any, str]] = []
             for key, child in item.items():
-                if isinstance(key, str) and surrogate_at(key) is not None:
-                    children.append((KeyAt(key, f"{at} (a key)" if at else "a key"), at))
+                if isinstance(key, str) and surrogate_at(key) is not None:  # found when it is popped
+                    children.append((key, f"{at} (a key)" if at else "a key"))
                     break
                 children.append((child, f"{at}[{key!r}]"))
             pending.extend(reversed(children))
         elif isinstance(item, (list, tuple)):
             pending.extend(reversed([(child, f"{at}[{index}]") for index, child in enumerate(item)]))
     return None
-
-
-@dataclass(frozen=True)
-class KeyAt:
-    """A dict key holding a lone surrogate, met on the walk of `_surrogate_path`: where it is reported."""
-
-    key: str
-    path: str
 
 
 def check_nesting(value: Any, what: str, error: type[FlideError] = InvalidStateError) -> None:
