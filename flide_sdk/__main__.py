@@ -9,7 +9,8 @@
 PATH is a Hugging Face Qwen3.5 checkpoint directory, or `tiny` for the embedded random-weight model. The
 questions are a JSON object of name -> question dict (`{"ok": {"type": "noul", "instructions": "..."}}`),
 given inline or as `@file.json`. A state file holding a JSON object or array is asked as JSON data with
-`--json-state`; otherwise its text is the state. `bundle build` compiles every kernel an engine on each
+`--json-state`; otherwise its text is the state. `--rendering transformers` writes questions as transformers'
+`pipeline("decision")` does (`Engine.load(rendering=...)`; default `flide`). `bundle build` compiles every kernel an engine on each
 checkpoint runs (all CUDA-graph capacities) into an empty Triton cache and packs it (`kernels.bundle`; default:
 into the bundle directory, where the next engine on this machine finds it). Errors print one line on stderr and
 exit with status 2.
@@ -35,7 +36,8 @@ from flide_sdk.kernels.bundle import (BundleError, add_bundle, bundle_dir, curre
 def _engine(args: argparse.Namespace) -> Any:
     from flide_sdk.engine import Engine
 
-    options: dict[str, Any] = {"device": args.device, "dtype": args.dtype, "batch_invariant": args.batch_invariant}
+    options: dict[str, Any] = {"device": args.device, "dtype": args.dtype, "batch_invariant": args.batch_invariant,
+                               "rendering": args.rendering}
     if args.path == "tiny":
         return Engine.tiny(**options)
     return Engine.load(args.path, **options)
@@ -52,6 +54,8 @@ def _read_questions(value: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise InvalidQuestionError(f"--questions is not JSON: {error}") from error
+    except RecursionError:  # deeper than the JSON decoder goes: far past the questions' nesting limit
+        raise InvalidQuestionError("--questions is nested too deeply to read") from None
 
 
 def _read_state(value: str, as_json: bool) -> Any:
@@ -65,6 +69,8 @@ def _read_state(value: str, as_json: bool) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise InvalidStateError(f"--state {value} is not JSON (--json-state): {error}") from error
+    except RecursionError:  # deeper than the JSON decoder goes: far past the state's nesting limit
+        raise InvalidStateError(f"--state {value} is nested too deeply to read (--json-state)") from None
 
 
 def build_bundle(checkpoints: list[str], out: str | None) -> Path:
@@ -142,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--dtype", default=None, help="float32, bfloat16, float16 (default: per device)")
         command.add_argument("--batch-invariant", action="store_true",
                              help="the same bits whatever shares a round (Engine.load(batch_invariant=True))")
+        command.add_argument("--rendering", default="flide",
+                             help="how questions are written: flide (default) or transformers (as transformers' "
+                                  "pipeline('decision') writes them; not for decision models)")
         if name == "ask":
             command.add_argument("--state", required=True, help="a file with the state, or - for stdin")
             command.add_argument("--json-state", action="store_true", help="parse the state file as JSON data")

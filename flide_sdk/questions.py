@@ -6,6 +6,9 @@ changing the client. They are msgspec Structs tagged by a `type` field, so plain
 convert to them losslessly. Formulas (DESIGN.md §4), for option probabilities p over k options:
 Noul = P(yes); Choice confidence = (max p - 1/k) / (1 - 1/k); Score = sum_i i * p_i and score confidence =
 1 - sum_i p_i * |i - mode| / MAD_uniform with MAD_uniform = sum_i |i - (k - 1) / 2| / k, clipped at 0.
+
+Input checks shared with the state's path live here too: lone surrogates (`unencodable`) and the nesting limit
+(`check_nesting`, `MAX_NESTING`), both walked without recursion, so no input raises a bare RecursionError.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, Union
 
 import msgspec
 
-from .errors import InvalidQuestionError
+from .errors import FlideError, InvalidQuestionError, InvalidStateError
 
 Content = Union[str, dict, list]
 """Instructions and option descriptions: text, or a JSON object / array rendered with json.dumps."""
@@ -24,6 +27,11 @@ Content = Union[str, dict, list]
 NOUL_OUTCOMES = ("true", "false")
 SCORINGS = ("label", "text")
 """How a Choice's options are read: one label token each (A, B, ...), or each option's own text as the reply."""
+MAX_NESTING = 100
+"""The deepest JSON data a state, an appended message or a question's content may hold: a container (dict,
+list, tuple) inside another counts one level, a top-level container is level 1. Deeper data (a JSON encoder's
+recursion gives out near 1,000) is refused with InvalidStateError / InvalidQuestionError before anything is
+queued."""
 
 
 class Tagged(msgspec.Struct, frozen=True, tag_field="type"):
@@ -66,22 +74,42 @@ def unencodable(value: Any, text: str | None = None) -> str | None:
 
 
 def _surrogate_path(value: Any, path: str) -> tuple[str, tuple[int, str]] | None:
-    if isinstance(value, str):
-        at = surrogate_at(value)
-        return None if at is None else (path, (at, value))
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(key, str) and surrogate_at(key) is not None:
-                return f"{path} (a key)" if path else "a key", (surrogate_at(key), key)
-            found = _surrogate_path(item, f"{path}[{key!r}]")
+    """(the path of the first lone surrogate in `value`, (its position, the string holding it)), in the order
+    json.dumps writes the data (a key before its value), walked with a stack: no depth is too deep."""
+    pending: list[tuple[Any, str]] = [(value, path)]
+    while pending:
+        item, at = pending.pop()
+        if isinstance(item, str):
+            found = surrogate_at(item)
             if found is not None:
-                return found
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            found = _surrogate_path(item, f"{path}[{index}]")
-            if found is not None:
-                return found
+                return at, (found, item)
+        elif isinstance(item, Mapping):
+            children: list[tuple[Any, str]] = []
+            for key, child in item.items():
+                if isinstance(key, str) and surrogate_at(key) is not None:  # found when it is popped
+                    children.append((key, f"{at} (a key)" if at else "a key"))
+                    break
+                children.append((child, f"{at}[{key!r}]"))
+            pending.extend(reversed(children))
+        elif isinstance(item, (list, tuple)):
+            pending.extend(reversed([(child, f"{at}[{index}]") for index, child in enumerate(item)]))
     return None
+
+
+def check_nesting(value: Any, what: str, error: type[FlideError] = InvalidStateError) -> None:
+    """Refuse JSON data nested deeper than MAX_NESTING levels (or circular) with `error` naming `what` ("the
+    state", "the message", "Noul instructions", ...); a string or a number is level 0. Walked with a stack, so
+    any depth is refused with a typed error, never a RecursionError; free for a string."""
+    if not isinstance(value, (Mapping, list, tuple)):
+        return
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if depth > MAX_NESTING:
+            raise error(f"{what} is nested deeper than {MAX_NESTING} levels (JSON objects and arrays inside "
+                        f"each other; flide_sdk.questions.MAX_NESTING) or refers to itself; flatten it")
+        children = item.values() if isinstance(item, Mapping) else item
+        pending.extend((child, depth + 1) for child in children if isinstance(child, (Mapping, list, tuple)))
 
 
 UNENCODABLE_HINT = "text must be valid Unicode (bytes decoded with errors='surrogateescape' are not: use errors='replace')"
@@ -92,13 +120,22 @@ def _check_content(where: str, value: Any, optional: bool) -> None:
         return
     if not isinstance(value, (str, dict, list)):
         raise InvalidQuestionError(f"{where} must be a string, a JSON object or a list, not {type(value).__name__}")
-    found = unencodable(value) if isinstance(value, str) else unencodable(value, json.dumps(value, ensure_ascii=False))
+    check_nesting(value, where, InvalidQuestionError)
+    if isinstance(value, str):
+        found = unencodable(value)
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError) as error:  # a set, bytes, an object, a non-string key
+            raise InvalidQuestionError(f"{where} must be JSON data: {error}") from None
+        found = unencodable(value, text)
     if found is not None:
         raise InvalidQuestionError(f"{where} holds a lone surrogate{found}; {UNENCODABLE_HINT}")
 
 
 class Noul(Tagged, tag="noul", frozen=True, forbid_unknown_fields=True):
-    """A yes/no question. `criteria` may describe the outcomes: {"true": ..., "false": ...}."""
+    """A yes/no question. `criteria` may describe the outcomes: {"true": ..., "false": ...}. Both are optional,
+    as in transformers' decision pipeline: a bare `{"type": "noul"}` asks the prompt's own yes/no."""
 
     instructions: Content | None = None
     criteria: dict[str, Content | None] | None = None
@@ -113,9 +150,6 @@ class Noul(Tagged, tag="noul", frozen=True, forbid_unknown_fields=True):
                 raise InvalidQuestionError(f"Noul criteria keys must be 'true'/'false', got {sorted(map(str, unknown))}")
             for key, value in self.criteria.items():
                 _check_content(f"Noul criteria[{key!r}]", value, optional=True)
-        described = self.criteria is not None and any(v is not None for v in self.criteria.values())
-        if self.instructions is None and not described:
-            raise InvalidQuestionError("a Noul needs instructions or a described outcome in criteria")
 
     def option_names(self) -> list[str]:
         return ["yes", "no"]
@@ -262,7 +296,8 @@ def score_confidence(probabilities: Sequence[float]) -> float:
 
 
 def parse_questions(questions: Any) -> dict[str, Question]:
-    """Validate a questions mapping: names are non-empty strings; values as `parse_question` takes them."""
+    """Validate a questions mapping: names are non-empty strings of valid Unicode (they are keys of the answers'
+    JSON); values as `parse_question` takes them."""
     if not isinstance(questions, Mapping):
         raise InvalidQuestionError(
             f"questions must be a mapping of name -> question, not {type(questions).__name__}"
@@ -273,6 +308,9 @@ def parse_questions(questions: Any) -> dict[str, Question]:
     for name, question in questions.items():
         if not isinstance(name, str) or not name:
             raise InvalidQuestionError(f"question names must be non-empty strings, got {name!r}")
+        found = unencodable(name)
+        if found is not None:
+            raise InvalidQuestionError(f"question name {name!r} holds a lone surrogate{found}; {UNENCODABLE_HINT}")
         parsed[name] = parse_question(name, question)
     return parsed
 

@@ -309,7 +309,7 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
                     else:
                         host_run = host
                     readout = model(host_run.to("cpu"), ops, engine.pool.layer_caches())
-                    outputs.append(readout.probabilities[: host.num_questions, : host.label_ids.shape[1]])
+                    outputs.append(readout.label_logprobs[: host.num_questions, : host.label_ids.shape[1]])
                     outputs.append(readout.text_logprobs[: len(host.plan.text_reads)])
                 outputs += [tensor[: 4 * PAGE if kind == "full_attention" else 2].clone()
                             for tensor, kind in caches]  # keys and values of 4 pages, states and windows of 2 slots
@@ -424,9 +424,9 @@ def test_a_pass_over_refilled_round_tensors_answers_the_new_round(two_layer_path
             host.plan.stage(layout.views(flat.numpy()), capacity.shape, pool.window_sink)
             expand()
             rnd = rnd or round_tensors(host.plan, capacity.shape, arrays)
-            reused = model(rnd, ops, engine.pool.layer_caches()).probabilities[: host.num_questions]
-        fresh = model(hosts[1].to("cpu"), ops, engine.pool.layer_caches()).probabilities
-        assert torch.allclose(reused[:, :2], fresh[:, :2], atol=1e-6, rtol=0)
+            reused = model(rnd, ops, engine.pool.layer_caches()).label_logprobs[: host.num_questions]
+        fresh = model(hosts[1].to("cpu"), ops, engine.pool.layer_caches()).label_logprobs
+        assert torch.allclose(reused[:, :2].exp(), fresh[:, :2].exp(), atol=1e-6, rtol=0)  # probabilities
     finally:
         engine.close()
 

@@ -170,9 +170,31 @@ def test_cli_ask_prints_the_answers_as_json(tiny_path, engine, monkeypatch, caps
         assert json.loads(capsys.readouterr().out) == invariant.ask_sync(state, QUESTIONS).to_dict()
 
 
+def test_cli_rendering_writes_questions_as_the_engine_option_does(monkeypatch, capsys):
+    # mutation: `--rendering` parsed but not passed to the engine -> the flide prompt's answers -> fails
+    state = "Customer: my order arrived broken."
+    questions = {name: q.to_dict() for name, q in QUESTIONS.items()}
+    printed = {}
+    for rendering in ("transformers", "flide"):
+        monkeypatch.setattr(sys, "stdin", io.StringIO(state))
+        assert cli(["ask", "tiny", "--rendering", rendering, "--state", "-", "--questions", json.dumps(questions)]) == 0
+        printed[rendering] = json.loads(capsys.readouterr().out)
+        with fl.Engine.tiny(rendering=rendering) as engine:
+            assert printed[rendering] == engine.ask_sync(state, QUESTIONS).to_dict()
+    assert printed["transformers"]["answers"] != printed["flide"]["answers"]  # the option changed the prompt
+    assert cli(["info", "tiny", "--rendering", "transformers"]) == 0
+    assert json.loads(capsys.readouterr().out)["rendering"] == "transformers"
+
+
+DEEP_JSON = "[" * 100_000 + "]" * 100_000  # past the JSON decoder's recursion
+
+
 @pytest.mark.parametrize(
     ("arguments", "error"),
     [
+        (["ask", "tiny", "--rendering", "vllm", "--state", "-", "--questions", "{}"], "InvalidOptionError"),
+        (["ask", "tiny", "--state", "-", "--questions", DEEP_JSON], "InvalidQuestionError"),
+        (["ask", "tiny", "--state", "-", "--json-state", "--questions", "{}"], "InvalidStateError"),
         (["ask", "tiny", "--state", "-", "--questions", "{not json"], "InvalidQuestionError"),
         (["ask", "tiny", "--state", "-", "--questions", '{"q": {"type": "box"}}'], "InvalidQuestionError"),
         (["ask", "tiny", "--state", "/no/such/file", "--questions", "{}"], "InvalidStateError"),
@@ -180,7 +202,7 @@ def test_cli_ask_prints_the_answers_as_json(tiny_path, engine, monkeypatch, caps
     ],
 )
 def test_cli_errors_are_one_line_and_status_2(arguments, error, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "stdin", io.StringIO("a state"))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(DEEP_JSON if "--json-state" in arguments else "a state"))
     assert cli(arguments) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.startswith(f"error: {error}: ") and captured.err.count("\n") == 1

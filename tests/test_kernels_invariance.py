@@ -14,7 +14,7 @@ from flide_sdk.kernels.attention_front import attention_front_triton
 from flide_sdk.kernels.fork_attention import attention_tiles, fork_attention_config, fork_attention_triton
 from flide_sdk.kernels.gated_delta import gated_delta_triton
 from flide_sdk.kernels.gdn_front import gdn_front_triton
-from flide_sdk.kernels.label_softmax import label_softmax_triton
+from flide_sdk.kernels.label_softmax import label_log_softmax_triton
 from flide_sdk.kernels.matmul import MATMUL, MATMUL_FLOAT32, RowCountLinear, linear_triton
 from flide_sdk.kernels.rms_norm import add_rms_norm_triton, gated_rms_norm_triton, rms_norm_triton
 from flide_sdk.kernels.swiglu import swiglu_triton
@@ -55,8 +55,8 @@ def test_per_token_kernels_rows_alone_and_in_larger_launches():
         "gated_rms_norm": lambda s: gated_rms_norm_triton(x[s].view(-1, 4, 16), gate[s].view(-1, 4, 16),
                                                           weight[:16], 1e-6),
         "swiglu": lambda s: swiglu_triton(x[s], gate[s]),
-        "label_softmax": lambda s: label_softmax_triton(x[s].float(), head, labels[s]),
-        "label_softmax_narrow": lambda s: label_softmax_triton(x[s].float(), head, labels[s, :3]),
+        "label_softmax": lambda s: label_log_softmax_triton(x[s].float(), head, labels[s]),
+        "label_softmax_narrow": lambda s: label_log_softmax_triton(x[s].float(), head, labels[s, :3]),
     }
     for name, run in kernels.items():
         full = run(slice(0, 300))
@@ -64,7 +64,7 @@ def test_per_token_kernels_rows_alone_and_in_larger_launches():
             assert torch.equal(run(slice(lo, hi)), full[lo:hi]), (name, lo, hi)
     # a question's probabilities do not depend on the round's label width
     wide = kernels["label_softmax"](slice(0, 300))[::3, :3]
-    assert (labels[::3, 3:] == -1).all() and torch.equal(label_softmax_triton(x[::3].float(), head, labels[::3, :3]), wide)
+    assert (labels[::3, 3:] == -1).all() and torch.equal(label_log_softmax_triton(x[::3].float(), head, labels[::3, :3]), wide)
 
 
 def attention_round(branch_counts: list[int], seed: int = 0):

@@ -69,9 +69,10 @@ def test_score_answer_formula():
         (lambda: fl.Choice("?", ["a", "b"]), "mapping"),
         (lambda: fl.Score("?", []), "at least one level"),
         (lambda: fl.Score("?", [None]), "level 0"),
-        (lambda: fl.Noul(), "instructions or a described outcome"),
         (lambda: fl.Noul("?", {"maybe": "x"}), "true"),
         (lambda: fl.Noul(3), "string"),
+        (lambda: fl.Noul({"tags": {1, 2}}), "must be JSON data"),
+        (lambda: fl.Choice("?", {"a": {(1, 2): "tuple key"}}), "must be JSON data"),
     ],
 )
 def test_invalid_questions_raise(build, message):

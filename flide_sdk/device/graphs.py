@@ -6,7 +6,7 @@ rounds while the engine already serves, rounds that fit no captured capacity yet
 would (`run_eagerly`: the same staging and kernels). Each graph reads its round from views of ONE device int64
 buffer, laid out per capacity (`StagingLayout`). A round is launched by staging its host arrays straight into a
 pinned staging buffer and one replay, which copies that buffer into the device buffer, runs the forward and copies
-the label probabilities (and the text reads' log-probabilities) into a pinned readback buffer; `Launch.wait()`
+the label log-probabilities (and the text reads') into a pinned readback buffer; `Launch.wait()`
 later synchronises on an event recorded after it. A round with text-scored options replays its capacity's twin with
 read rows (`capacity.text_capacity`), captured the first time a round needs it, so label-only rounds never run the
 read path. Two staging/readback buffer pairs alternate, so the host can build round k+1 while the device still runs
@@ -101,30 +101,30 @@ def placeholder_round(conv_kernel: int, rows: StateRows, kv_sink: int) -> HostRo
 class _Captured:
     graphs: list[torch.cuda.CUDAGraph]  # per buffer pair: staging buffer -> forward -> readback buffer
     host_views: list[dict[str, np.ndarray]]  # per pinned staging buffer
-    probabilities: list[np.ndarray]  # per pinned readback buffer: its [questions, labels] head
+    label_logprobs: list[np.ndarray]  # per pinned readback buffer: its [questions, labels] head
     text_logprobs: list[np.ndarray]  # per pinned readback buffer: the text reads' log-probabilities after it
 
 
 class Launch:
-    """A round on its way through the device; `wait()` returns its probabilities [questions, labels] (a
+    """A round on its way through the device; `wait()` returns its log-probabilities [questions, labels] (a
     text-scored question's row from its reads, `TextReads.scores`)."""
 
-    def __init__(self, probabilities: np.ndarray, text_logprobs: np.ndarray, reads: TextReads,
+    def __init__(self, label_logprobs: np.ndarray, text_logprobs: np.ndarray, reads: TextReads,
                  events: Sequence[torch.cuda.Event], capacity: Capacity, host_seconds: dict[str, float],
                  started_at: float) -> None:
-        self._probabilities, self._text_logprobs, self._reads = probabilities, text_logprobs, reads
+        self._label_logprobs, self._text_logprobs, self._reads = label_logprobs, text_logprobs, reads
         self._events = events  # before and after the replay (copies in and out included)
         self.capacity = capacity
         self.host_seconds = host_seconds  # host time of the launch's parts (`GraphRunner.launch`)
         self.started_at = started_at  # time.perf_counter() when the replay was issued
 
     def done(self) -> bool:
-        """Whether the device has finished the round (its probabilities are on the host); never blocks."""
+        """Whether the device has finished the round (its log-probabilities are on the host); never blocks."""
         return self._events[-1].query()
 
     def wait(self) -> np.ndarray:
         self._events[-1].synchronize()
-        return self._reads.scores(self._probabilities, self._text_logprobs)
+        return self._reads.scores(self._label_logprobs, self._text_logprobs)
 
     def device_seconds(self) -> dict[str, float]:
         """GPU time of the replay, its copy in and its readback included (call after `wait`)."""
@@ -204,7 +204,7 @@ class GraphRunner:
     def run_eagerly(self, plan: RoundPlan) -> np.ndarray | None:
         """A round whose graph is not captured yet, run as its graph would run it but without the graph: staged
         and copied into the device buffer, expanded by the same kernel, the forward at its capacity's shape (the
-        kernels the graph's capture compiles); its probabilities, or None past the largest capacity."""
+        kernels the graph's capture compiles); its log-probabilities, or None past the largest capacity."""
         capacity = choose(self._choices, plan)
         if capacity is None:
             return None
@@ -216,7 +216,7 @@ class GraphRunner:
         self._compile(capacity, expand, rnd)
         expand()
         readout = self.model(rnd, self.ops, self.caches)
-        return plan.text_reads.scores(readout.probabilities[: plan.num_questions].cpu().numpy(),
+        return plan.text_reads.scores(readout.label_logprobs[: plan.num_questions].cpu().numpy(),
                                       readout.text_logprobs.cpu().numpy())
 
     def capture_next(self) -> CaptureReport:
@@ -258,7 +258,7 @@ class GraphRunner:
                 self._copy_in(buffer, capacity)
                 expand()
                 readout = self.model(rnd, self.ops, self.caches)
-                readback[buffer].copy_(readout.probabilities, non_blocking=True)
+                readback[buffer].copy_(readout.label_logprobs, non_blocking=True)
                 if capacity.text_reads:
                     text_readback[buffer].copy_(readout.text_logprobs, non_blocking=True)
             graphs.append(graph)
@@ -291,7 +291,7 @@ class GraphRunner:
         replayed = time.perf_counter()
         host_seconds = {"buffer_wait_seconds": freed - started, "pad_seconds": padded - freed,
                         "replay_call_seconds": replayed - padded}
-        return Launch(captured.probabilities[buffer][: plan.num_questions], captured.text_logprobs[buffer],
+        return Launch(captured.label_logprobs[buffer][: plan.num_questions], captured.text_logprobs[buffer],
                       plan.text_reads, events, capacity, host_seconds, padded)
 
     def _compile(self, capacity: Capacity, expand: Callable[[], None], rnd: RoundTensors) -> None:

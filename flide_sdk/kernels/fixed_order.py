@@ -151,18 +151,18 @@ gdn_front_fixed = functools.partial(gdn_front_reference, pointwise=FIXED)
 swiglu_fixed = functools.partial(swiglu_reference, pointwise=FIXED)
 
 
-def label_softmax_fixed(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Tensor,
-                        bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
-    """`label_softmax_reference`'s contract, each row's logits fixed-order dot products and its softmax over
-    its own labels only (not over the round's label width)."""
+def label_log_softmax_fixed(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Tensor,
+                            bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+    """`label_log_softmax_reference`'s contract, each row's logits fixed-order dot products and its log_softmax
+    over its own labels only (not over the round's label width)."""
     label_rows = head[label_ids.clamp(min=0)].float()  # [R, L, hidden]
     logits = fixed_matmul(h.float()[:, None, :], label_rows.transpose(-1, -2))[:, 0]  # [R, L]
     logits = head_logits(logits, label_ids, bias, softcap)
-    out = torch.zeros_like(logits)
+    out = torch.full_like(logits, float("-inf"))
     counts = (label_ids >= 0).sum(-1)
     for count in torch.unique(counts).tolist():
         rows = (counts == count).nonzero().squeeze(1)
-        out[rows, :count] = torch.softmax(logits[rows, :count], dim=-1)
+        out[rows, :count] = torch.log_softmax(logits[rows, :count], dim=-1)
     return out
 
 

@@ -1,11 +1,12 @@
-"""The model's readout: each question's option probabilities from its readout row's final hidden state.
+"""The model's readout: each question's option log-probabilities from its readout row's final hidden state.
 
 Only the label rows of the head are needed: question r's logits are the float32 dot products of its hidden
 state h[r] with the head rows of its label ids (-1 pads a question with fewer labels: no logit), and its
-probabilities their softmax. In torch that is a clamp, a gather of the label rows, two casts, a batched
-product, a mask and a softmax: seven launches (a decision head's rows add their bias and are soft-capped
-first). `label_softmax_reference` is the definition;
-`label_softmax_triton` one launch (a program per question; grid from tensor shapes only: CUDA-graph safe).
+log-probabilities their log_softmax (log-probabilities, so that a temperature applied on the host never meets a
+probability that underflowed). In torch that is a clamp, a gather of the label rows, two casts, a batched
+product, a mask and a log_softmax: seven launches (a decision head's rows add their bias and are soft-capped
+first). `label_log_softmax_reference` is the definition;
+`label_log_softmax_triton` one launch (a program per question; grid from tensor shapes only: CUDA-graph safe).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ BLOCK_LABELS = 32
 
 
 @triton.jit
-def _label_softmax_kernel(
+def _label_log_softmax_kernel(
     h_ptr, head_ptr, ids_ptr, bias_ptr, out_ptr, hidden, labels, softcap, stride_h, stride_head, stride_ids,
     stride_out, BL: tl.constexpr, BH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):
@@ -42,21 +43,22 @@ def _label_softmax_kernel(
     if HAS_SOFTCAP:  # softcap * tanh(x / softcap), tanh(y) = 1 - 2 / (exp(2y) + 1)
         logits = softcap * (1.0 - 2.0 / (tl.exp(2.0 * logits / softcap) + 1.0))
     logits = tl.where(real, logits, float("-inf"))
-    weights = tl.exp(logits - tl.max(logits, axis=0))
-    tl.store(out_ptr + r * stride_out + lane, weights / tl.sum(weights, axis=0), mask=lane < labels)
+    shifted = logits - tl.max(logits, axis=0)
+    tl.store(out_ptr + r * stride_out + lane, shifted - tl.log(tl.sum(tl.exp(shifted), axis=0)), mask=lane < labels)
 
 
-def label_softmax_triton(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Tensor,
-                         bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
-    """One launch behind the contract of `label_softmax_reference` (a row without labels, as a graph's padding
+def label_log_softmax_triton(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Tensor,
+                             bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+    """One launch behind the contract of `label_log_softmax_reference` (a row without labels, as a graph's padding
     rows may be, gets NaN there as well)."""
     questions, labels = label_ids.shape
     hidden = h.shape[1]
     if head.shape[1] != hidden or h.shape[0] != questions or h.stride(-1) != 1 or head.stride(-1) != 1:
-        raise ValueError(f"label_softmax: h {tuple(h.shape)}, head {tuple(head.shape)}, label ids {tuple(label_ids.shape)}")
+        raise ValueError(f"label_log_softmax: h {tuple(h.shape)}, head {tuple(head.shape)}, "
+                         f"label ids {tuple(label_ids.shape)}")
     out = torch.empty(questions, labels, dtype=torch.float32, device=h.device)
     if questions and labels:
-        _label_softmax_kernel[(questions,)](
+        _label_log_softmax_kernel[(questions,)](
             h, head, label_ids, head if bias is None else bias, out, hidden, labels, 1.0 if softcap is None else softcap,
             h.stride(0), head.stride(0), label_ids.stride(0), out.stride(0),
             BL=max(BLOCK_LABELS, triton.next_power_of_2(labels)),

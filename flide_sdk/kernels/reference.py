@@ -363,15 +363,17 @@ def head_logits(logits: torch.Tensor, label_ids: torch.Tensor, bias: torch.Tenso
     return logits
 
 
-def label_softmax_reference(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Tensor,
-                            bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
-    """softmax over each row's labels of h[r] . head[label_ids[r, l]] in float32 ([R, L]; 0 where l is -1);
-    a decision head's rows add `bias` and are soft-capped (`softcap * tanh(x / softcap)`) first.
+def label_log_softmax_reference(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Tensor,
+                                bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+    """log_softmax over each row's labels of h[r] . head[label_ids[r, l]] in float32 ([R, L]; -inf where l is
+    -1); a decision head's rows add `bias` and are soft-capped (`softcap * tanh(x / softcap)`) first.
+    Log-probabilities, not probabilities: an option far below the best keeps its value (its probability
+    underflows in float32), so a temperature applied on the host (`executor.tempered`) stays exact.
 
     h [R, hidden]; head [vocab or head rows, hidden]; label_ids [R, L] (-1: no label); bias [rows] or None."""
     label_rows = head[label_ids.clamp(min=0)]  # [R, L, hidden]
     logits = head_logits(torch.einsum("rh,rlh->rl", h.float(), label_rows.float()), label_ids, bias, softcap)
-    return torch.softmax(logits.masked_fill(label_ids < 0, float("-inf")), dim=-1)
+    return torch.log_softmax(logits.masked_fill(label_ids < 0, float("-inf")), dim=-1)
 
 
 TEXT_ROW_BLOCK = 64  # rows whose logits one product computes (the last block padded)

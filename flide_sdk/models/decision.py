@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flide_sdk.errors import CheckpointError
+from flide_sdk.questions import unencodable
 from flide_sdk.models.lora import LoraAdapter, adapter_in
 
 QUESTION_TYPES = ("noul", "choice", "score")
@@ -85,6 +86,8 @@ def _temperature(value: Any, where: str) -> float:
 def _labels(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(label, str) and label for label in value):
         raise CheckpointError(f"{where}: must be a non-empty list of label strings, got {value!r}")
+    if any(unencodable(label) is not None for label in value):
+        raise CheckpointError(f"{where}: a label holds a lone surrogate, which no tokenizer encodes: {value!r}")
     if len(set(value)) != len(value):
         raise CheckpointError(f"{where}: labels must be distinct, got {value!r}")
     return tuple(value)

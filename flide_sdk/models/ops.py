@@ -4,7 +4,7 @@ The model never touches request structure itself: attention, the gated delta rul
 front (short convolution, gates, saved conv windows) and attention's front (q/k norms with the rotary
 embedding, the keys and values saved into the pool) read it from the round's metadata through the first four
 functions. The RMS norms (plain, with the residual add folded in, the Gated DeltaNet's gated one), the MLP's
-SwiGLU, the readout's label softmax and its token log-probabilities go through here too, so that each is one kernel on CUDA instead of a
+SwiGLU, the readout's label log-softmax and its token log-probabilities go through here too, so that each is one kernel on CUDA instead of a
 chain of elementwise ops.
 So do an MoE FFN's routed experts (`moe_experts`: grouped GEMMs on CUDA). The projections (`linear`) go
 through here as well, so the batch-invariant mode can swap in its fixed-order GEMM.
@@ -30,7 +30,7 @@ from flide_sdk.kernels.reference import (
     gated_delta_reference,
     gated_rms_norm_reference,
     gdn_front_reference,
-    label_softmax_reference,
+    label_log_softmax_reference,
     moe_experts_reference,
     rms_norm_reference,
     swiglu_reference,
@@ -77,10 +77,10 @@ class Ops:
     moe_experts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     """(x [T, H], gate_up [E, 2I, H], down [E, H, I], experts [T, k], weights [T, k] float32) -> the weighted sum
     of each token's experts' SwiGLU MLPs [T, H] in x's dtype (`kernels.reference.moe_experts_reference`)."""
-    label_softmax: Callable[..., torch.Tensor]
+    label_log_softmax: Callable[..., torch.Tensor]
     """(h [R, hidden], head weight [vocab, hidden], label ids [R, L], -1 for none[, bias [rows], softcap]) ->
-    float32 softmax over each row's label logits (float32 dot products, plus a decision head's bias, soft-capped)
-    [R, L]."""
+    float32 log_softmax over each row's label logits (float32 dot products, plus a decision head's bias,
+    soft-capped) [R, L], -inf where a row has no label."""
     token_logprobs: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
     """(h [X, hidden], head weight [vocab, hidden], target ids [X]) -> float32 log-probability of each row's target
     under the softmax over the whole vocabulary (float32 logits) [X]; a row's value independent of the others."""
@@ -103,7 +103,7 @@ reference_ops = Ops(
     gated_rms_norm=gated_rms_norm_reference,
     swiglu=swiglu_reference,
     moe_experts=moe_experts_reference,
-    label_softmax=label_softmax_reference,
+    label_log_softmax=label_log_softmax_reference,
     token_logprobs=token_logprobs_reference,
 )
 
@@ -120,7 +120,7 @@ invariant_reference_ops = replace(
     add_rms_norm=fixed_order.add_rms_norm_fixed,
     gated_rms_norm=fixed_order.gated_rms_norm_fixed,
     swiglu=fixed_order.swiglu_fixed,
-    label_softmax=fixed_order.label_softmax_fixed,
+    label_log_softmax=fixed_order.label_log_softmax_fixed,
     token_logprobs=fixed_order.token_logprobs_fixed,
 )
 
@@ -134,7 +134,7 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
     from flide_sdk.kernels.fork_attention import attention_tiles, fork_attention_config, fork_attention_triton
     from flide_sdk.kernels.gated_delta import delta_workspace, gated_delta_triton
     from flide_sdk.kernels.gdn_front import gdn_front_triton
-    from flide_sdk.kernels.label_softmax import label_softmax_triton
+    from flide_sdk.kernels.label_softmax import label_log_softmax_triton
     from flide_sdk.kernels.matmul import linear_triton
     from flide_sdk.kernels.moe import moe_experts_grouped
     from flide_sdk.kernels.rms_norm import (
@@ -167,7 +167,7 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
         gated_rms_norm=gated_rms_norm_triton,
         swiglu=swiglu_triton,
         moe_experts=moe_experts_grouped,
-        label_softmax=label_softmax_triton,
+        label_log_softmax=label_log_softmax_triton,
         token_logprobs=token_logprobs_triton,
     )
 

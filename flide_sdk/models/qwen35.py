@@ -44,10 +44,10 @@ LayerCache = tuple[torch.Tensor, torch.Tensor]
 
 
 class Readout(NamedTuple):
-    """What a forward returns: each question's label probabilities [R, L] (float32; a text-scored question's
-    row holds no answer) and the log-probability of each text read's token [X] (float32)."""
+    """What a forward returns: each question's label log-probabilities [R, L] (float32, -inf past its labels; a
+    text-scored question's row holds no answer) and the log-probability of each text read's token [X] (float32)."""
 
-    probabilities: torch.Tensor
+    label_logprobs: torch.Tensor
     text_logprobs: torch.Tensor
 """A layer's pool arenas: (keys, values) [pages * PAGE, Hkv, D], or (states [rows, Hv, Dk, Dv], windows [S, K-1, C]).
 The state arena's rows are the pool's slots plus a zero row and scratch rows (`layout.StateRows`)."""
@@ -327,7 +327,7 @@ class DecoderLayer(nn.Module):
 
 
 class Qwen35Model(nn.Module):
-    """The decoder; `forward(rnd, ops, caches)` returns each question's option probabilities [R, L] (float32) and
+    """The decoder; `forward(rnd, ops, caches)` returns each question's option log-probabilities [R, L] (float32) and
     the log-probabilities of its text reads (`Readout`).
 
     `caches[i]` is layer i's view of the checkpoint pool: (keys, values) arenas for an attention layer,
@@ -379,12 +379,12 @@ class Qwen35Model(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
-    def label_probabilities(self, h: torch.Tensor, label_ids: torch.Tensor, ops: Ops) -> torch.Tensor:
-        """Each readout row's option probabilities: the decision head's rows, or the label tokens' logits."""
+    def label_logprobs(self, h: torch.Tensor, label_ids: torch.Tensor, ops: Ops) -> torch.Tensor:
+        """Each readout row's option log-probabilities: the decision head's rows, or the label tokens' logits."""
         head = self.decision_head
         if head is None:
-            return ops.label_softmax(h, self.head_weight(), label_ids)
-        return ops.label_softmax(h, head.weight, label_ids, head.bias, head.softcap)
+            return ops.label_log_softmax(h, self.head_weight(), label_ids)
+        return ops.label_log_softmax(h, head.weight, label_ids, head.bias, head.softcap)
 
     @torch.inference_mode()
     def forward(self, rnd: RoundTensors, ops: Ops, caches: Sequence[LayerCache]) -> Readout:
@@ -415,8 +415,8 @@ class Qwen35Model(nn.Module):
         _, h = self.norm.add(x, delta, ops)  # [R (+ X), hidden]
         if not readout.text_rows.numel():
             # [R, L]; label ids -1 where a question has fewer labels
-            probabilities = self.label_probabilities(h, readout.label_ids, ops)
-            return Readout(probabilities, h.new_zeros(0, dtype=torch.float32))
+            logprobs = self.label_logprobs(h, readout.label_ids, ops)
+            return Readout(logprobs, h.new_zeros(0, dtype=torch.float32))
         questions = readout.rows.shape[0]
-        probabilities = self.label_probabilities(h[place[:questions]], readout.label_ids, ops)
-        return Readout(probabilities, ops.token_logprobs(h[place[questions:]], self.head_weight(), readout.text_targets))
+        logprobs = self.label_logprobs(h[place[:questions]], readout.label_ids, ops)
+        return Readout(logprobs, ops.token_logprobs(h[place[questions:]], self.head_weight(), readout.text_targets))

@@ -84,21 +84,20 @@ class TextReads:
     def __len__(self) -> int:
         return len(self.offset)
 
-    def scores(self, probabilities: np.ndarray, logprobs: np.ndarray) -> np.ndarray:
-        """`probabilities` [questions, L] with each text-scored question's row the softmax over its options of
-        their reads' log-probabilities `logprobs` [X or more: the first X are read], each option's summed in read
-        order, in float64 (without reads: `probabilities` itself)."""
+    def scores(self, label_logprobs: np.ndarray, logprobs: np.ndarray) -> np.ndarray:
+        """`label_logprobs` [questions, L] with each text-scored question's row the log_softmax over its options
+        of their reads' log-probabilities `logprobs` [X or more: the first X are read], each option's summed in
+        read order, in float64 (-inf past its options; without reads: `label_logprobs` itself)."""
         if not len(self):
-            return probabilities
-        out = probabilities.astype(np.float64)
+            return label_logprobs
+        out = label_logprobs.astype(np.float64)
         sums = np.zeros(out.shape)
         np.add.at(sums, (self.question, self.option), logprobs[: len(self)].astype(np.float64))
         for question in np.unique(self.question).tolist():
             options = int(self.option[self.question == question].max()) + 1
-            row = sums[question, :options]
-            weights = np.exp(row - row.max())
-            out[question] = 0.0
-            out[question, :options] = weights / weights.sum()
+            row = sums[question, :options] - sums[question, :options].max()
+            out[question] = -np.inf
+            out[question, :options] = row - np.log(np.exp(row).sum())
         return out
 
 

@@ -3,8 +3,9 @@
 `launch` plans each request's checkpoint save at its stable boundary, lays the round out as one flat stream
 and starts the model on it: the replay of the smallest captured CUDA graph it fits, or an eager forward (CPU,
 or a round larger than every graph). It publishes the new checkpoints at once (device work is stream-ordered).
-`finish` waits for the one copy of the label probabilities to the host and resolves each ask's future (a
-text-scored question's option probabilities come from its reads' log-probabilities, summed on the host).
+`finish` waits for the one copy of the label log-probabilities to the host and resolves each ask's future (a
+text-scored question's come from its reads' log-probabilities, summed on the host); the option probabilities
+are their softmax at each question's temperature, in float64 (`tempered`).
 `idle_step` captures the next CUDA graph of the ladder, or of a text capacity a round needed (or trims the
 pool), which the round thread calls when it is idle (`idle_work_after`), so the engine serves (eagerly) while
 its graphs are captured. A failed round
@@ -17,7 +18,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,8 +45,8 @@ TRIM_AFTER_S = 10.0  # idle device time before unused pool memory is given back
 
 @dataclass(eq=False)
 class Launched:
-    """A round on the device: its requests, real stream tokens, and its probabilities (a graph `Launch` to
-    wait for, or the array itself when it ran eagerly)."""
+    """A round on the device: its requests, real stream tokens, and its label log-probabilities (a graph
+    `Launch` to wait for, or the array itself when it ran eagerly)."""
 
     requests: list[Request]
     tokens: int
@@ -221,9 +222,9 @@ class Executor:
         """Wait for a launched round and resolve its asks."""
         waited = time.perf_counter()
         result = launched.result
-        probabilities = result.wait() if isinstance(result, Launch) else result
+        logprobs = result.wait() if isinstance(result, Launch) else result
         finished = time.perf_counter()
-        answers = self._answers(launched.requests, probabilities)
+        answers = self._answers(launched.requests, logprobs)
         if not self.answered:
             self.answered = True
             self.stats.set(first_answer_ready_seconds=self.startup.elapsed())
@@ -255,11 +256,11 @@ class Executor:
     def _run_eager(self, plan: RoundPlan) -> np.ndarray:
         """The round's forward outside any graph: as its graph would run it while that one is not captured yet
         (the same kernels), unpadded past the largest capacity or without graphs."""
-        probabilities = None if self.graphs is None else self.graphs.run_eagerly(plan)
-        if probabilities is not None:
-            return probabilities
+        logprobs = None if self.graphs is None else self.graphs.run_eagerly(plan)
+        if logprobs is not None:
+            return logprobs
         readout = self.model(HostRound.of(plan).to(self.device), self.ops, self.caches)
-        return plan.text_reads.scores(readout.probabilities.cpu().numpy(), readout.text_logprobs.cpu().numpy())
+        return plan.text_reads.scores(readout.label_logprobs.cpu().numpy(), readout.text_logprobs.cpu().numpy())
 
     def _request_spec(self, request: Request, saves: list[PlannedSave], base: Checkpoint | None = None,
                       forked: bool = False) -> RequestSpec:
@@ -287,26 +288,30 @@ class Executor:
             if request.resume is not None:
                 self.pool.unpin(request.resume)
 
-    def _answers(self, requests: list[Request], probabilities: np.ndarray) -> list[tuple[Ask, SystemOneResponse]]:
-        # Python floats, one conversion a round of the label columns its questions use: the answer formulas on
-        # a few floats each are cheaper than on numpy rows
+    def _answers(self, requests: list[Request], logprobs: np.ndarray) -> list[tuple[Ask, SystemOneResponse]]:
+        # one pass over the round's rows (a question's row: its options' log-probabilities), then Python floats:
+        # the answer formulas on a few floats each are cheaper than on numpy rows
         asks = asks_of(requests)
-        width = max(max(ask.option_counts) for ask in asks)
-        rows = iter(probabilities[:, :width].astype(np.float64).tolist())
+        counts = [count for ask in asks for count in ask.option_counts]
+        temperatures = [temperature for ask in asks for temperature in ask.temperatures]
+        rows = iter(tempered(logprobs[: len(counts)], counts, temperatures).tolist())
         results = []
         for ask in asks:
-            answers: dict[str, Answer] = {
-                name: question.answer(tempered(next(rows)[:count], temperature)) for (name, question), count,
-                temperature in zip(ask.questions.items(), ask.option_counts, ask.temperatures)}
+            answers: dict[str, Answer] = {name: question.answer(next(rows)[:count])
+                                          for (name, question), count in zip(ask.questions.items(), ask.option_counts)}
             usage = Usage(input_tokens=ask.prompt_tokens, output_tokens=ask.output_tokens)
             results.append((ask, SystemOneResponse(answers, model=self.name, usage=usage)))
         return results
 
 
-
-def tempered(probabilities: list[float], temperature: float) -> list[float]:
-    """softmax(z / T) from softmax(z): p ** (1 / T), renormalised (the logits' constant cancels)."""
-    if temperature == 1.0:
-        return probabilities
-    powered = np.asarray(probabilities, dtype=np.float64) ** (1.0 / temperature)
-    return (powered / powered.sum()).tolist()
+def tempered(logprobs: np.ndarray, counts: Sequence[int], temperatures: Sequence[float]) -> np.ndarray:
+    """Each row's option probabilities at its temperature T > 0: softmax(log p / T) over its first `counts[r]`
+    columns, in float64 (0 past them). Equal to transformers' softmax(z / T) of the logits z (log p = z - c, and
+    the constant cancels), from log-probabilities no float32 probability underflowed into: exact for any T, a
+    tiny one included (the best option's row term is 0, so no row sums to 0)."""
+    counts_at = np.asarray(counts, dtype=np.int64)
+    width = int(counts_at.max())
+    scaled = logprobs[:, :width].astype(np.float64) / np.asarray(temperatures, dtype=np.float64)[:, None]
+    scaled[np.arange(width)[None, :] >= counts_at[:, None]] = -np.inf
+    weights = np.exp(scaled - scaled.max(axis=1, keepdims=True))
+    return weights / weights.sum(axis=1, keepdims=True)

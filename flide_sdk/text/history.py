@@ -23,7 +23,7 @@ import numpy as np
 import xxhash
 
 from flide_sdk.errors import InvalidStateError
-from flide_sdk.questions import UNENCODABLE_HINT, unencodable
+from flide_sdk.questions import UNENCODABLE_HINT, check_nesting, unencodable
 from flide_sdk.text.cuts import BoundaryFinder
 
 LOG = logging.getLogger(__name__)
@@ -120,10 +120,12 @@ class Trunk:
 
 def prompt_text(value: Any, what: str = "the state") -> str:
     """`value` as it appears in a prompt: a string as is, anything else as JSON. InvalidStateError naming `what`
-    when it is not JSON-serializable or holds a lone surrogate, which no tokenizer can encode."""
+    when it is not JSON-serializable, nests deeper than `questions.MAX_NESTING` or holds a lone surrogate, which no
+    tokenizer can encode."""
     if isinstance(value, str):
         text = value
     else:
+        check_nesting(value, what)
         try:
             text = json.dumps(value, ensure_ascii=False)
         except (TypeError, ValueError) as error:
