@@ -123,7 +123,7 @@ async def test_cluster_errors_are_the_sdks(tiny_path):
     handle = FakeHandle([replica])
     client = ClusterClient(handle)
     with pytest.raises(fl.InvalidQuestionError):
-        await client.ask("state", {"q": {"type": "noul"}})
+        await client.ask("state", {"q": {"type": "vote"}})
     session = client.session()
     session.append("the agent")
     with pytest.raises(fl.InvalidQuestionError):

@@ -141,14 +141,14 @@ class Branches:
             raise ValueError("one label array (and one reply list) per question")
         if any(len(branch) == 0 for branch in branches):
             raise ValueError("a branch must have at least one token")
-        shared = [False] * len(branches) if shared is None else list(shared)
-        piece = max((b for b, s in zip(branches, shared) if s), key=len, default=None)
+        in_piece = [False] * len(branches) if shared is None else list(shared)
+        piece = max((b for b, s in zip(branches, in_piece) if s), key=len, default=None)
         parts, lengths, parents, counts, rows, readout = [], [], [], [], [], []
         reads = [[], [], [], []]
         at, piece_at = 0, None
         for index, (branch, label) in enumerate(zip(branches, labels)):
             options = () if replies is None else replies[index]
-            if shared[index]:
+            if in_piece[index]:
                 if piece_at is None:
                     piece_at = at
                     parts.append(piece)
