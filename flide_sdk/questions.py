@@ -100,7 +100,7 @@ def check_nesting(value: Any, what: str, error: type[FlideError] = InvalidStateE
     """Refuse JSON data nested deeper than MAX_NESTING levels (or circular) with `error` naming `what` ("the
     state", "the message", "Noul instructions", ...); a string or a number is level 0. Walked with a stack, so
     any depth is refused with a typed error, never a RecursionError; free for a string."""
-    if not isinstance(value, (Mapping, list, tuple)):
+    if not _nested(value):
         return
     pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:
@@ -109,7 +109,12 @@ def check_nesting(value: Any, what: str, error: type[FlideError] = InvalidStateE
             raise error(f"{what} is nested deeper than {MAX_NESTING} levels (JSON objects and arrays inside "
                         f"each other; flide_sdk.questions.MAX_NESTING) or refers to itself; flatten it")
         children = item.values() if isinstance(item, Mapping) else item
-        pending.extend((child, depth + 1) for child in children if isinstance(child, (Mapping, list, tuple)))
+        pending.extend((child, depth + 1) for child in children if _nested(child))
+
+
+def _nested(value: Any) -> bool:
+    """Whether `value` holds other values (a JSON object or array): strings and numbers are checked first."""
+    return not isinstance(value, (str, int, float)) and isinstance(value, (dict, list, tuple, Mapping))
 
 
 UNENCODABLE_HINT = "text must be valid Unicode (bytes decoded with errors='surrogateescape' are not: use errors='replace')"
@@ -304,6 +309,9 @@ def parse_questions(questions: Any) -> dict[str, Question]:
         )
     if not questions:
         raise InvalidQuestionError("at least one question is required")
+    fast = _parse_plain(questions)
+    if fast is not None:
+        return fast
     parsed: dict[str, Question] = {}
     for name, question in questions.items():
         if not isinstance(name, str) or not name:
@@ -313,6 +321,20 @@ def parse_questions(questions: Any) -> dict[str, Question]:
             raise InvalidQuestionError(f"question name {name!r} holds a lone surrogate{found}; {UNENCODABLE_HINT}")
         parsed[name] = parse_question(name, question)
     return parsed
+
+
+def _parse_plain(questions: Mapping) -> dict[str, Question] | None:
+    """The common case in one msgspec call: a dict of plain dict questions under valid names; None for anything
+    else, or anything it refuses (`parse_questions` then says precisely what and where)."""
+    if type(questions) is not dict or not all(type(q) is dict for q in questions.values()):
+        return None
+    if not all(type(name) is str and name for name in questions):
+        return None
+    try:
+        "".join(questions).encode("utf-8")  # a lone surrogate in a name cannot be encoded
+        return msgspec.convert(questions, type=dict[str, Question])
+    except (UnicodeEncodeError, msgspec.ValidationError, FlideError):
+        return None
 
 
 def parse_question(name: str, question: Any) -> Question:

@@ -56,6 +56,7 @@ class TemplateQuestion:
     labels: list[str]
     descriptions: list[Any]
     order: list[int]  # template option index of each of the SDK's options
+    shown: dict[str, Any] | None = None  # `as_dict` as the template sees it (`TemplateFormat.question`)
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "type": self.kind, "instructions": self.instructions, "options": self.options,
@@ -69,14 +70,23 @@ class TemplateQuestion:
 
 @dataclass(frozen=True)
 class Prompt:
-    """One rendered prompt: the questions it asks, its ids (sentinels dropped), each question's read position,
-    how many ids come before its save point (0: none found), and its text."""
+    """One rendered prompt: the questions it asks, its ids (sentinels dropped) before its save point (`head`,
+    one array for the prompts of an ask sharing it; empty: no save point) and after it (`tail`), each question's
+    read position in the whole, and its text."""
 
     names: list[str]
-    ids: np.ndarray
+    head: np.ndarray
+    tail: np.ndarray
     reads: np.ndarray
-    save: int
     text: str
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """Token ids with the sentinels dropped, and how many come before each `<|mark|>`."""
+
+    ids: np.ndarray
+    marks: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -89,6 +99,7 @@ class Cut:
 
 
 NO_CUT = Cut("", 0)
+NO_HEAD = Encoded(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -193,8 +204,11 @@ class TemplateFormat:
         if len(labels) < len(options):
             raise InvalidQuestionError(f"question {name!r}: this model reads at most {len(labels)} options for a "
                                        f"{kind} question, got {len(options)}")
-        return TemplateQuestion(name, kind, question.instructions, options, list(labels[: len(options)]),
+        view = TemplateQuestion(name, kind, question.instructions, options, list(labels[: len(options)]),
                                 list(descriptions), order)
+        # what the template sees: control tokens marked (sanitized), else sentinels dropped
+        shown = self.encoder.mark(view.as_dict()) if self.spec.sanitize else strip_sentinels(view.as_dict())
+        return dataclasses.replace(view, shown=shown)
 
     def read_ids(self, question: TemplateQuestion) -> np.ndarray:
         """Where each of the SDK's options is read: a head's rows from the type's offset, or label token ids
@@ -240,32 +254,36 @@ class TemplateFormat:
                               messages=[{"role": "user", "content": content}], add_generation_prompt=True,
                               enable_thinking=False, tools=None, documents=None, **self.special_tokens, **values)
 
-    def _encode(self, text: str, cut: Cut, heads: dict[str, np.ndarray]) -> tuple[np.ndarray, int]:
-        """The ids of `text` (sentinels kept) and how many encode the text before its save point. It is encoded
-        in three parts cut at stable boundaries (the tokenization splits there whatever follows): the part
-        before the save point (once for the texts sharing it: `heads`), the state's end, and what follows the
-        state (cached by text: the same questions give the same text there). Texts holding marked control
-        tokens are encoded whole, with no save point."""
+    def _encode(self, text: str, cut: Cut, parts: dict[str, Encoded]) -> tuple[Encoded, Encoded]:
+        """The ids of `text` before its save point and after it, sentinels dropped. Each part is encoded in
+        pieces cut at stable boundaries (the tokenization splits there whatever follows): the part before the
+        save point and the state's end after it once for the texts of an ask sharing them (`parts`), and what
+        follows the state once per text (a cache: the same questions give the same text there). Texts holding
+        marked control tokens are encoded whole, with no save point."""
         if START in text or END in text:
-            return self.encoder.encode(text), 0
+            return NO_HEAD, self._drop_sentinels(self.encoder.encode(text))
         if not cut.save:
-            return self._piece(text), 0
-        head = text[: cut.save]
-        if head not in heads:
-            heads[head] = self._piece(head)
+            return NO_HEAD, self._drop_sentinels(self._piece(text))
         end = len(cut.before)
-        middle = self._boundary(text[: end + AFTER_STATE + 1], end) or cut.save
-        rest = text[middle:]
+        middle = self._first_boundary(text, end, end + AFTER_STATE) or cut.save
+        head, state_end, rest = text[: cut.save], text[cut.save : middle], text[middle:]
+        for part in (head, state_end):
+            if part not in parts:
+                parts[part] = self._drop_sentinels(self._piece(part))
         with self._lock:
             after = self._after.get(rest)
         if after is None:
-            after = self._piece(rest)
-            after.flags.writeable = False
+            after = self._drop_sentinels(self._piece(rest))
             with self._lock:
                 self._after[rest] = after
                 trim(self._after, TEXT_CACHE)
-        ids = np.concatenate([heads[head], self._piece(text[cut.save : middle]), after])
-        return ids, len(heads[head])
+        before = parts[state_end]
+        return parts[head], Encoded(np.concatenate([before.ids, after.ids]),
+                                    np.concatenate([before.marks, len(before.ids) + after.marks]))
+
+    def _drop_sentinels(self, raw: np.ndarray) -> Encoded:
+        keep = (raw != self.sentinels[0]) & (raw != self.sentinels[1])
+        return Encoded(raw[keep], np.cumsum(keep)[raw == self.sentinels[0]])
 
     def _piece(self, text: str) -> np.ndarray:
         """The ids of `text`: the word encoder (sentinels split out first), else the tokenizer."""
@@ -294,7 +312,14 @@ class TemplateFormat:
 
     def _boundary(self, text: str, low: int) -> int | None:
         """The last stable boundary of `text` from `low` on, not inside a sentinel (None: none)."""
-        found = self.tokens.boundaries.last(text, low)
+        return self._clear(text, self.tokens.boundaries.last(text, low))
+
+    def _first_boundary(self, text: str, low: int, high: int) -> int | None:
+        """The first stable boundary of `text` in [low, high], not inside a sentinel (None: none)."""
+        return self._clear(text, self.tokens.boundaries.first(text, low, high))
+
+    @staticmethod
+    def _clear(text: str, found: int | None) -> int | None:
         if found is None or any(token in text[max(0, found - len(token) + 1): found + len(token) - 1]
                                 for token in (MARK, SPLIT)):
             return None
@@ -307,17 +332,10 @@ class TemplateFormat:
         to the mark: the text before it is then the true prompt's (a template that reads the state's text
         finds no save point)."""
         state_text = prompt_text(state)  # InvalidStateError, before a template meets a state no prompt can hold
-        if not self.spec.sanitize:  # the template escapes nothing: sentinels in the request are dropped
-            if MARK in state_text or SPLIT in state_text:
-                state = strip_sentinels(state)
-            shown_text = prompt_text([[q.instructions, q.options, q.descriptions] for q in questions])
-            if MARK in shown_text or SPLIT in shown_text:
-                questions = [dataclasses.replace(q, instructions=strip_sentinels(q.instructions),
-                                                 options=strip_sentinels(q.options),
-                                                 descriptions=strip_sentinels(q.descriptions)) for q in questions]
-        shown_state, shown = state, {q.name: q.as_dict() for q in questions}
-        if self.spec.sanitize:  # each value marked once, not once a prompt
-            shown_state, shown = self.encoder.mark(state), self.encoder.mark(shown)
+        if not self.spec.sanitize and (MARK in state_text or SPLIT in state_text):
+            state = strip_sentinels(state)  # the template escapes nothing: sentinels in the request are dropped
+        shown_state = self.encoder.mark(state) if self.spec.sanitize else state
+        shown = {q.name: q.shown for q in questions}
         saved_state = with_save_mark(shown_state)
         groups = [questions] if self.reads_all else [[q] for q in questions]
         texts, cuts, found = [], [], []
@@ -332,22 +350,22 @@ class TemplateFormat:
                     cut = None
             texts.append(text)
             cuts.append(cut or NO_CUT)
-        heads: dict[str, np.ndarray] = {}
+        parts: dict[str, Encoded] = {}
         out = []
         for group, text, cut in zip(groups, texts, cuts):
-            raw, before = self._encode(text, cut, heads)
-            keep = (raw != self.sentinels[0]) & (raw != self.sentinels[1])
-            marks = np.cumsum(keep)[raw == self.sentinels[0]]
-            ids = raw[keep]
+            head, tail = self._encode(text, cut, parts)
+            marks = np.concatenate([head.marks, len(head.ids) + tail.marks])
             if len(marks) == 0 and len(group) == 1:
-                marks = np.asarray([len(ids)])
+                marks = np.asarray([len(head.ids) + len(tail.ids)])
             if len(marks) != len(group):
                 where = " (the request's own <|mark|>, printed unescaped)" if _holds(state, MARK) else ""
                 error = InvalidStateError if where else InvalidQuestionError
                 raise error(f"{self.spec.source}: renders {len(marks)} {MARK} for {len(group)} question(s){where}")
             if (marks < 1).any():
                 raise InvalidQuestionError(f"{self.spec.source}: a {MARK} before any token reads nothing")
-            out.append(Prompt([q.name for q in group], ids, marks - 1, int(keep[:before].sum()), text))
+            if len(head.marks):  # a mark before the save point: no save point
+                head, tail = NO_HEAD, Encoded(np.concatenate([head.ids, tail.ids]), marks)
+            out.append(Prompt([q.name for q in group], head.ids, tail.ids, marks - 1, text))
         return out
 
     # ----------------------------------------------------------------------------------------- groups
@@ -372,40 +390,40 @@ class TemplateFormat:
     def groups(self, state: Any, questions: list[TemplateQuestion]) -> tuple[list[PromptGroup], dict[str, str]]:
         """The questions' trunks and branches, and each question's whole prompt text. The one prompt of a template
         that reads `questions` is one trunk, up to the first read token, and one branch read at every mark."""
-        sequences: dict[str, np.ndarray] = {}
-        texts: dict[str, str] = {}
-        saves: dict[str, int] = {}
         prompts = self.prompts(state, questions)
         if self.reads_all:
             (prompt,) = prompts
+            ids = np.concatenate([prompt.head, prompt.tail])
             first = int(prompt.reads.min())
-            branches = {name: prompt.ids[first : read + 1] for name, read in zip(prompt.names, prompt.reads)}
-            group = PromptGroup(prompt.ids[:first], min(prompt.save, first) or first, branches)
+            branches = {name: ids[first : read + 1] for name, read in zip(prompt.names, prompt.reads)}
+            group = PromptGroup(ids[:first], min(len(prompt.head), first) or first, branches)
             return [group], dict.fromkeys(prompt.names, prompt.text)
+        # per question: its head (shared) and its tail up to its read token; joined with a group of the same
+        # head when the prefix shared is worth more than what the group's branches then recompute
+        groups: list[tuple[np.ndarray, np.ndarray, list[str]]] = []
+        sequences: dict[str, np.ndarray] = {}
         for prompt in prompts:
-            for name, read in zip(prompt.names, prompt.reads):
-                sequences[name], texts[name], saves[name] = prompt.ids[: read + 1], prompt.text, prompt.save
-        groups: list[tuple[np.ndarray, list[str]]] = []
-        for name, sequence in sequences.items():
+            (name,), (read,) = prompt.names, prompt.reads.tolist()
+            sequence = sequences[name] = prompt.tail[: read - len(prompt.head) + 1]
             best, shared = None, 0
-            for index, (prefix, _) in enumerate(groups):
-                common = _common_prefix(prefix, sequence)
-                if common > shared:
-                    best, shared = index, common
+            for index, (head, prefix, _) in enumerate(groups):
+                if head is prompt.head:
+                    common = _common_prefix(prefix, sequence)
+                    if best is None or common > shared:
+                        best, shared = index, common
             if best is not None:
-                prefix, names = groups[best]
+                head, prefix, names = groups[best]
                 shared = min(shared, len(sequence) - 1)
-                # join when the prefix shared is worth more than what the group's branches then recompute
-                if shared >= (len(prefix) - shared) * len(names):
-                    groups[best] = (prefix[:shared], [*names, name])
+                if len(head) + shared >= (len(prefix) - shared) * len(names):
+                    groups[best] = (head, prefix[:shared], [*names, name])
                     continue
-            groups.append((sequence[:-1], [name]))
+            groups.append((prompt.head, sequence[:-1], [name]))
         result = []
-        for prefix, names in groups:
-            save = min(saves[name] for name in names) or len(prefix)  # no save point found: the trunk's end
-            result.append(PromptGroup(prefix, min(save, len(prefix)),
+        for head, prefix, names in groups:
+            trunk = np.concatenate([head, prefix])
+            result.append(PromptGroup(trunk, len(head) or len(trunk),  # no save point found: the trunk's end
                                       {name: sequences[name][len(prefix):] for name in names}))
-        return result, texts
+        return result, {prompt.names[0]: prompt.text for prompt in prompts}
 
 
 def _holds(value: Any, text: str) -> bool:
