@@ -293,3 +293,63 @@ def test_a_decider_without_readout_reads_its_codes_label_logits(tiny_path, tmp_p
             want = torch.softmax(logits[codes] / 1.7, -1)
             got = [answers[name].noul] if name == "n" else list(answers[name].probabilities.values())
             assert torch.allclose(torch.tensor(got), want[: len(got)], atol=1e-4), name  # a noul's: P(true)
+
+
+@pytest.mark.parametrize("layout", ["release_base", "head_as_weight"])
+def test_a_saved_jev_of_either_base_layout_and_head_key_answers_as_the_pipeline(layout, tiny_path, tmp_path):
+    # mutations: read_config refusing a jev whose text_config is a release-layout qwen3_5 -> CheckpointError;
+    # the `weight` alias of a saved JEV's head dropped -> "decoder tensors missing" -> fails
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, JevForDecision, pipeline
+
+    from .test_loader import save_release_layout
+
+    source = tmp_path / "source"
+    if layout == "release_base":
+        from flide_sdk.testing import train_tiny_tokenizer
+
+        source.mkdir()
+        save_release_layout(source, train_tiny_tokenizer(seed=0))
+        hidden = json.loads((source / "config.json").read_text())["text_config"]["hidden_size"]
+        (source / "judge_config.json").write_text(json.dumps(JUDGE))
+        (source / "calibration.json").write_text(json.dumps(CALIBRATION))
+        save_file(head_tensors(hidden, 24), str(source / "head.safetensors"))
+    else:
+        jev_next_to_weights(tiny_path, source)
+    saved = tmp_path / "saved"
+    jev_model(source).save_pretrained(saved)
+    AutoTokenizer.from_pretrained(source).save_pretrained(saved)
+    if layout == "head_as_weight":  # the head's weight under the key transformers renames to proj.weight
+        tensors = load_file(str(saved / "model.safetensors"))
+        tensors["weight"] = tensors.pop("proj.weight")
+        save_file(tensors, str(saved / "model.safetensors"), metadata={"format": "pt"})
+    model = JevForDecision.from_pretrained(saved, dtype=torch.float32).eval()
+    decide = pipeline("decision", model=model, tokenizer=AutoTokenizer.from_pretrained(saved))
+    with fl.Engine.load(saved, device="cpu", dtype="float32") as engine:
+        state = text_of_tokens(engine.tokens, 300, seed=3)
+        assert_as_pipeline(decide, state, QUESTIONS, engine.ask_sync(state, QUESTIONS))
+        assert_session_and_fork_as_pipeline(engine, decide, seed=2, steps=3, fork_at=1)
+
+
+@pytest.mark.parametrize(("template", "error", "message"), [
+    ("{{ 1 / 0 }}<|mark|>", fl.InvalidQuestionError, r"decision_template.jinja: does not render .*ZeroDivisionError"),
+    ("{% for i in range(10**9) %}x{% endfor %}<|mark|>", fl.InvalidQuestionError, "decision_template.jinja"),
+    ("{{ 'x' * 10**8 }}<|mark|>", fl.StateTooLongError, "max_prompt_tokens"),
+    ("{% for i in range(90000) %}{{ state }}{% endfor %}<|mark|>", fl.StateTooLongError, "max_prompt_tokens"),
+    ("{{ state }} and {{ question.instructions }}<|mark|>", fl.InvalidStateError, "request's own <|mark|>"),
+])
+def test_a_template_failing_at_ask_is_a_typed_error_and_the_engine_answers_on(template, error, message, tiny_path,
+                                                                             tmp_path):
+    # mutation: `render_bounded` letting the template's own exceptions through -> ZeroDivisionError / OverflowError
+    # escape untyped; its output cap removed -> the 90,000 copies of the state are rendered and encoded (gigabytes)
+    path = copy_tiny(tiny_path, tmp_path / "m")
+    (path / "decision_template.jinja").write_text(template)
+    marked = "<|mark|>" in message  # a JSON state printed as Python: its marked <|mark|> is a mark again
+    (path / "decision.json").write_text(json.dumps({"sanitize_control_tokens": marked}))
+    with fl.Engine.load(path, device="cpu", dtype="float32") as engine:
+        state = {"log": ["ran the tests", "a <|mark|> in the output"]} if marked else "x " * 2000
+        with pytest.raises(error, match=message):
+            engine.ask_sync(state, {"q": fl.Noul("Is it?")})
+        assert engine.stats()["asks"] == 0
+        if "request's" in message:
+            assert 0 <= engine.ask_sync({"log": ["ran the tests"]}, {"q": fl.Noul("Is it?")})["q"].noul <= 1

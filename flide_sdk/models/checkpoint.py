@@ -58,8 +58,17 @@ def read_config(path: str | Path) -> tuple[Qwen35Config, str]:
             if not isinstance(text, dict):
                 raise TypeError(f"must be a JSON object, got {type(text).__name__}")
             base = text.get("model_type")
+            if base in ("qwen3_5", "qwen3_5_moe"):  # on a release-layout base: its decoder's config nested again
+                where = f"{config_path}: text_config.text_config"
+                inner = text.get("text_config")
+                if not isinstance(inner, dict):
+                    raise TypeError(f"must be a JSON object, got {type(inner).__name__}")
+                tie = text.get("tie_word_embeddings", inner.get("tie_word_embeddings", False))
+                return (Qwen35Config.from_text_config(inner, tie_word_embeddings=tie, moe=base in MOE_TYPES),
+                        "model.language_model.")
             if base not in ("qwen3_5_text", "qwen3_5_moe_text"):
-                raise ValueError(f"model_type {base!r}: a JEV head is served on qwen3_5_text or qwen3_5_moe_text")
+                raise ValueError(f"model_type {base!r}: a JEV head is served on qwen3_5, qwen3_5_text, qwen3_5_moe "
+                                 "or qwen3_5_moe_text")
             return Qwen35Config.from_text_config(text, moe=base in MOE_TYPES), "model."
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{where}: {error}") from error
@@ -148,6 +157,8 @@ def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype,
     head_keys = {} if head is None else {head.weight_key: "decision_head.weight"}
     if head is not None and head.bias_key is not None:
         head_keys[head.bias_key] = "decision_head.bias"
+    if saved_jev and head is not None:  # transformers renames a saved JEV's top-level `weight` to `proj.weight`
+        head_keys.setdefault("weight", "decision_head.weight")
 
     def key_of(name: str) -> str:
         keys = {"lm_head.weight": "lm_head.weight", **{ours: key for key, ours in head_keys.items()}}

@@ -103,6 +103,14 @@ def check_lengths(tokens: Tokens, parts: list[TrunkQuestions]) -> None:
                                                   for q in part.questions.values()))
 
 
+class _TooLong(Exception):
+    """A template built a string or list past MAX_REPEAT items (`render_bounded` makes it a StateTooLongError)."""
+
+    def __init__(self, items: int) -> None:
+        super().__init__(f"{items} items")
+        self.items = items
+
+
 class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     """transformers' chat-template sandbox, with `*` and `**` bounded so a template cannot exhaust memory."""
 
@@ -113,7 +121,7 @@ class _Sandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
             left, right = right, left
         if operator == "*" and isinstance(left, (str, list, tuple)) and isinstance(right, int):
             if len(left) * max(right, 0) > MAX_REPEAT:
-                raise jinja2.sandbox.SecurityError(f"a template may build at most {MAX_REPEAT} items with '*'")
+                raise _TooLong(len(left) * right)
         if operator == "**" and isinstance(left, int) and isinstance(right, int):
             if right > 0 and abs(left) > 1 and right * max(1, abs(left).bit_length()) > MAX_REPEAT:
                 raise jinja2.sandbox.SecurityError("a template's '**' result is too large")
@@ -152,6 +160,8 @@ def render_bounded(template: jinja2.Template, source: str, max_tokens: int, **va
                 raise StateTooLongError(size // CHARS_PER_TOKEN, max_tokens)
     except (StateTooLongError, InvalidQuestionError):
         raise
+    except _TooLong as error:
+        raise StateTooLongError(max(error.items // CHARS_PER_TOKEN, max_tokens + 1), max_tokens) from None
     except Exception as error:  # the template is the checkpoint's code: whatever it raises, it did not render
         raise InvalidQuestionError(f"{source}: does not render this request ({type(error).__name__}: "
                                    f"{error})") from None
