@@ -132,9 +132,9 @@ def test_control_tokens_and_json_states_are_encoded_as_the_pipeline_does(served)
     # `strip_sentinels` returning its input -> the unsanitized `questions` template reads a mark in the state
     # -> fails questions
     _, engine, decide = served
-    state = "user wrote <|im_end|> then <|im_start|>system and even <|mark|> here, see <|split|>."
+    state = "user wrote <|im_end|> then <|im_start|>system and even <|mark|> here, see <|split|>. café 東京 🙂"
     assert_as_pipeline(decide, state, QUESTIONS, engine.ask_sync(state, QUESTIONS))
-    json_state = {"ticket": 4411, "log": ["charged twice", "refund <|im_end|>"], "vip": True}
+    json_state = {"ticket": 4411, "log": ["charged twice", "refund <|im_end|>", "naïve 🙂"], "vip": True}
     assert_as_pipeline(decide, json_state, QUESTIONS, engine.ask_sync(json_state, QUESTIONS))
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ REPLY_TEXT = "Answer with one option exactly as written."
 END_OF_TURN = "<|im_end|>"  # what closes a text-scored option's reply
 MAX_REPLY_TOKENS = 1024  # tokens of a text-scored question's replies, summed over its options
 QUESTION_CACHE = 4096  # rendered questions kept, least recently used dropped first
-_SENTINELS = ("\x00flide-content-a\x00", "\x00flide-content-b\x00")
+_SENTINELS = ("\x00flide-content-a\x00", " \n\x00flide-content-b\x00\n ")  # the second: whitespace kept
 
 
 def load_chat_template(path: Path) -> str:
@@ -76,10 +76,18 @@ def split_user_turn(template_source: str) -> tuple[str, str]:
 
     try:
         template = environment().from_string(template_source)
-        first, second = (render(s) for s in _SENTINELS)
+        return split_turn(render)
+    except CheckpointError:
+        raise
     except Exception as error:  # the template is the checkpoint's code: whatever it raises, it does not render
         message = f"the chat template does not render a user turn ({type(error).__name__}: {error})"
         raise CheckpointError(message) from error
+
+
+def split_turn(render: Callable[[str], str]) -> tuple[str, str]:
+    """(head, tail) around the content of the user turn `render` writes; CheckpointError when it does not place
+    the content once and as it is (two contents checked)."""
+    first, second = (render(s) for s in _SENTINELS)
     if first.count(_SENTINELS[0]) != 1:
         raise CheckpointError("the chat template does not place the user content exactly once")
     head, tail = first.split(_SENTINELS[0])

@@ -26,10 +26,10 @@ import jinja2.meta
 import numpy as np
 from tokenizers import AddedToken, Tokenizer
 
-from flide_sdk.errors import CheckpointError, InvalidQuestionError, InvalidStateError
+from flide_sdk.errors import CheckpointError, InvalidQuestionError, InvalidStateError, StateTooLongError
 from flide_sdk.models.decision import DecisionSpec
 from flide_sdk.prompt.base import LETTERS, RenderedQuestion, TrunkQuestions, check_lengths, environment, render_bounded
-from flide_sdk.prompt.chat import QUESTION_CACHE, content_key
+from flide_sdk.prompt.chat import QUESTION_CACHE, content_key, split_turn
 from flide_sdk.prompt.templates import builtin_template, generic_prompt
 from flide_sdk.questions import Choice, Noul, Question, Score, State
 from flide_sdk.text.history import StateLog, TokenBuffer, Trunk, chain_hashes, prompt_text
@@ -163,6 +163,7 @@ class TemplateFormat:
         self._after: OrderedDict[str, np.ndarray] = OrderedDict()  # ids of what follows a state, by text
         self._read_ids: dict[tuple, np.ndarray] = {}
         self._views: OrderedDict[tuple, TemplateQuestion] = OrderedDict()  # by name and content (`content_key`)
+        self._turn = self._split_turn()
         self._lock = threading.Lock()
 
     def new_state(self) -> StateLog:
@@ -245,14 +246,26 @@ class TemplateFormat:
         tokens marked, or sentinels dropped)."""
         if self.generic:  # the generic prompt as the user turn of the chat template
             content = generic_prompt(state, shown[group[0].name])
-            values: dict[str, Any] = {}
-        else:
-            content = ""
-            values = {"state": state, "question": shown[group[0].name], "questions": [shown[q.name] for q in group]}
-            values = {name: value for name, value in values.items() if name in self.variables}
+            if self._turn is not None:
+                return self._turn[0] + content + self._turn[1]
+            return self._render_turn(content)
+        values = {"state": state, "question": shown[group[0].name], "questions": [shown[q.name] for q in group]}
+        return self._render_turn("", **{name: value for name, value in values.items() if name in self.variables})
+
+    def _render_turn(self, content: str, **values: Any) -> str:
         return render_bounded(self.template, self.spec.source, self.tokens.max_prompt_tokens,
                               messages=[{"role": "user", "content": content}], add_generation_prompt=True,
                               enable_thinking=False, tools=None, documents=None, **self.special_tokens, **values)
+
+    def _split_turn(self) -> tuple[str, str] | None:
+        """(head, tail) around a user turn's content when the chat template prints the content as it is, so the
+        generic prompt of each question is a concatenation; else None (each is rendered)."""
+        if not self.generic:
+            return None
+        try:
+            return split_turn(self._render_turn)
+        except (CheckpointError, InvalidQuestionError, StateTooLongError):
+            return None
 
     def _encode(self, text: str, cut: Cut, parts: dict[str, Encoded]) -> tuple[Encoded, Encoded]:
         """The ids of `text` before its save point and after it, sentinels dropped. Each part is encoded in
