@@ -57,26 +57,34 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as root:
-        for name, (path, rendering) in checkpoints(Path(root)).items():
-            with fl.Engine.load(path, device="cpu", dtype="float32", rendering=rendering) as engine:
-                states = [state_of(engine, i) for i in range(args.repeat)]
-                for q in (1, 16, 64):
-                    questions = {f"q{i}": {"type": "noul", "instructions": f"Is claim number {i} of the list true?"}
-                                 for i in range(q)}
-                    times, ask = [], None
-                    for state in states:
-                        started = time.perf_counter()
-                        ask = engine.prepare(state, questions)
-                        times.append(1000 * (time.perf_counter() - started))
-                    asks = getattr(ask, "asks", [ask])
-                    kept = times[len(times) // 8:]  # the first asks fill the caches
-                    results.setdefault(name, {})[f"q{q}"] = {
-                        "median_ms": round(statistics.median(kept), 3),
-                        "p10_ms": round(sorted(kept)[len(kept) // 10], 3),
-                        "stream_tokens": sum(len(a.trunk) + a.branch_tokens for a in asks),
-                        "prompt_tokens": sum(a.prompt_tokens for a in asks)}
-                    print(f"{name:36s} Q={q:2d} {results[name][f'q{q}']}", file=sys.stderr)
-    print(json.dumps({"benchmark": "prompt_host", "results": results}, indent=2))
+        engines = {name: fl.Engine.load(path, device="cpu", dtype="float32", rendering=rendering)
+                   for name, (path, rendering) in checkpoints(Path(root)).items()}
+        states = [state_of(next(iter(engines.values())), i) for i in range(args.repeat)]
+        for q in (1, 16, 64):
+            questions = {f"q{i}": {"type": "noul", "instructions": f"Is claim number {i} of the list true?"}
+                         for i in range(q)}
+            times: dict[str, list[float]] = {name: [] for name in engines}
+            asks = {}
+            for state in states:  # the formats in turn, so each sees the same machine
+                for name, engine in engines.items():
+                    started = time.perf_counter()
+                    asks[name] = engine.prepare(state, questions)
+                    times[name].append(1000 * (time.perf_counter() - started))
+            for name, ask in asks.items():
+                parts = getattr(ask, "asks", [ask])
+                kept = times[name][len(times[name]) // 8:]  # the first asks fill the caches
+                results.setdefault(name, {})[f"q{q}"] = {
+                    "median_ms": round(statistics.median(kept), 3),
+                    "p10_ms": round(sorted(kept)[len(kept) // 10], 3),
+                    "stream_tokens": sum(len(a.trunk) + a.branch_tokens for a in parts),
+                    "prompt_tokens": sum(a.prompt_tokens for a in parts)}
+                print(f"{name:36s} Q={q:2d} {results[name][f'q{q}']}", file=sys.stderr)
+        for engine in engines.values():
+            engine.close()
+    from benchmarks.common import run_metadata, write_result
+
+    write_result("prompt_host-tiny", {**run_metadata(" ".join(sys.argv)), "benchmark": "prompt_host",
+                                      "model_size": "tiny", "device": "cpu", "results": results})
 
 
 if __name__ == "__main__":

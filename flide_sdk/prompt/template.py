@@ -57,15 +57,12 @@ class TemplateQuestion:
     descriptions: list[Any]
     order: list[int]  # template option index of each of the SDK's options
     shown: dict[str, Any] | None = None  # `as_dict` as the template sees it (`TemplateFormat.question`)
+    read_labels: tuple[str, ...] = ()  # the labels in the SDK's option order
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "type": self.kind, "instructions": self.instructions, "options": self.options,
                 "labels": self.labels, "descriptions": self.descriptions}
 
-    @property
-    def read_labels(self) -> tuple[str, ...]:
-        """The labels in the SDK's option order."""
-        return tuple(self.labels[i] for i in self.order)
 
 
 @dataclass(frozen=True)
@@ -209,7 +206,7 @@ class TemplateFormat:
                                 list(descriptions), order)
         # what the template sees: control tokens marked (sanitized), else sentinels dropped
         shown = self.encoder.mark(view.as_dict()) if self.spec.sanitize else strip_sentinels(view.as_dict())
-        return dataclasses.replace(view, shown=shown)
+        return dataclasses.replace(view, shown=shown, read_labels=tuple(view.labels[i] for i in view.order))
 
     def read_ids(self, question: TemplateQuestion) -> np.ndarray:
         """Where each of the SDK's options is read: a head's rows from the type's offset, or label token ids
