@@ -62,6 +62,11 @@ class _Access(ctypes.Structure):  # CUmemAccessDesc
 
 
 PINNED, ON_DEVICE, READ_WRITE, RECOMMENDED = 1, 1, 3, 1  # CUDA driver enum values
+OUT_OF_MEMORY = 2  # CUDA_ERROR_OUT_OF_MEMORY
+
+
+class DeviceMemoryFull(RuntimeError):
+    """The device has no physical memory left for an arena to grow into (its rows stay as they were)."""
 
 
 class _Driver:
@@ -72,6 +77,8 @@ class _Driver:
 
     def __call__(self, name: str, *args) -> None:
         status = getattr(self.lib, name)(*args)
+        if status == OUT_OF_MEMORY:
+            raise DeviceMemoryFull(f"{name}: the device is out of memory")
         if status != 0:
             raise RuntimeError(f"{name} failed with CUDA driver error {status}")
 

@@ -26,13 +26,14 @@ the key/value arenas one sink page, where padded saves of a fixed-shape round go
 from __future__ import annotations
 
 import heapq
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from flide_sdk.device.arena import Arena, PlainArena, arena
+from flide_sdk.device.arena import Arena, DeviceMemoryFull, PlainArena, arena
 from flide_sdk.models.qwen35 import (
     FULL_ATTENTION,
     LINEAR_ATTENTION,
@@ -44,6 +45,8 @@ from flide_sdk.text.history import BLOCK, TokenBuffer, Trunk
 
 PAGE_SLOTS = np.arange(PAGE, dtype=np.int64)  # offsets of a page's entries from its first
 GROW_PAGES, GROW_SLOTS = 64, 4  # the least a growing pool adds (it doubles past these)
+
+LOG = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -123,7 +126,9 @@ class CheckpointPool:
         self._page_fill = np.zeros(pages, dtype=np.int64)  # entries written from the page start
         self._lru: OrderedDict[Checkpoint, None] = OrderedDict()
         self._index: dict[int, list[Checkpoint]] = {}
-        self.counters = {"checkpoints_saved": 0, "evictions": 0, "superseded": 0, "page_copies": 0}
+        self.counters = {"checkpoints_saved": 0, "evictions": 0, "superseded": 0, "page_copies": 0,
+                         "growth_refused": 0}
+        self._device_full = False  # the device refused to back more rows: grow no more until memory is given back
 
     # -------------------------------------------------------------------------------------- queries
     @property
@@ -304,6 +309,7 @@ class CheckpointPool:
         heapq.heapify(self._free_slots)
         heapq.heapify(self._free_pages)
         self._back(keep_slots, keep_pages)
+        self._device_full = False
 
     # ------------------------------------------------------------------------------------- internals
     def _arenas(self) -> list[Arena]:
@@ -324,15 +330,24 @@ class CheckpointPool:
         return slots, int(in_use[-1]) + 1 if len(in_use) else 0
 
     def _grow(self, slots: int = 0, pages: int = 0) -> bool:
-        """Back at least `slots` more slots / `pages` more pages (doubling, within the cap); False at the cap."""
+        """Back at least `slots` more slots / `pages` more pages (doubling, within the cap); False at the cap, or
+        when the device has no memory left for it (the pool then evicts, or saves no checkpoint: never an error)."""
         backed_slots, backed_pages = self.backed
         new_slots = backed_slots if not slots else min(self.num_slots, max(backed_slots + slots, 2 * backed_slots,
                                                                              GROW_SLOTS))
         new_pages = backed_pages if not pages else min(self.num_pages, max(backed_pages + pages, 2 * backed_pages,
                                                                              GROW_PAGES))
-        if new_slots == backed_slots and new_pages == backed_pages:
+        if new_slots == backed_slots and new_pages == backed_pages or self._device_full:
             return False
-        self._back(new_slots, new_pages)
+        try:
+            self._back(new_slots, new_pages)
+        except DeviceMemoryFull:
+            self._back(backed_slots, backed_pages)  # the arenas that grew give their new rows back (none in use)
+            self._device_full = True
+            self.counters["growth_refused"] += 1
+            LOG.warning("the device has no memory left for the checkpoint pool to grow past %d slots and %d pages; "
+                        "it evicts checkpoints for room instead", backed_slots, backed_pages)
+            return False
         for slot in range(backed_slots, new_slots):
             heapq.heappush(self._free_slots, slot)
         for page in range(backed_pages, new_pages):
