@@ -45,6 +45,7 @@ from flide_sdk.text.history import BLOCK, TokenBuffer, Trunk
 
 PAGE_SLOTS = np.arange(PAGE, dtype=np.int64)  # offsets of a page's entries from its first
 GROW_PAGES, GROW_SLOTS = 64, 4  # the least a growing pool adds (it doubles past these)
+DEVICE_HEADROOM = 1 << 30  # device memory a growing pool leaves to the rounds' own allocations
 
 LOG = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class CheckpointPool:
         scratch_rows: int = 64,
     ) -> None:
         c = config
+        self.device = device
         self.gdn_layers = [i for i, kind in enumerate(c.layer_types) if kind == LINEAR_ATTENTION]
         self.attention_layers = [i for i, kind in enumerate(c.layer_types) if kind == FULL_ATTENTION]
         element = dtype.itemsize
@@ -340,6 +342,7 @@ class CheckpointPool:
         if new_slots == backed_slots and new_pages == backed_pages or self._device_full:
             return False
         try:
+            self._check_room((new_slots - backed_slots) * self.slot_bytes + (new_pages - backed_pages) * self.page_bytes)
             self._back(new_slots, new_pages)
         except DeviceMemoryFull:
             self._back(backed_slots, backed_pages)  # the arenas that grew give their new rows back (none in use)
@@ -353,6 +356,17 @@ class CheckpointPool:
         for page in range(backed_pages, new_pages):
             heapq.heappush(self._free_pages, page)
         return True
+
+    def _check_room(self, extra: int) -> None:
+        """DeviceMemoryFull unless the device keeps DEVICE_HEADROOM free for the rounds (torch's cached, unused
+        memory counts as free) after the pool takes `extra` more bytes."""
+        if self.device.type != "cuda":
+            return
+        free, _ = torch.cuda.mem_get_info(self.device)
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        if free + cached - extra < DEVICE_HEADROOM:
+            raise DeviceMemoryFull(f"growing the checkpoint pool by {extra} bytes would leave less than "
+                                   f"{DEVICE_HEADROOM} bytes of device memory to the rounds")
 
     def _take_slot(self) -> int | None:
         while not self._free_slots:
