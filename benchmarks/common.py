@@ -30,6 +30,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("FLIDE_BENCH_DATA", ROOT / ".bench-data"))
 MODEL_SIZES = ("0.8B", "2B", "4B")
+GEMMA_SIZES = ("E2B", "E4B", "26B-A4B", "31B")  # Gemma 4 release shapes (engine benchmarks: --model-size E4B ...)
 
 
 def data_path(*parts: str) -> Path:
@@ -41,12 +42,16 @@ def data_path(*parts: str) -> Path:
 
 
 def release_config(model_size: str) -> dict[str, Any]:
-    return json.loads(data_path("configs", f"Qwen3.5-{model_size}.json").read_text())
+    family = "Gemma-4" if model_size in GEMMA_SIZES else "Qwen3.5"
+    return json.loads(data_path("configs", f"{family}-{model_size}.json").read_text())
 
 
 def build_random_checkpoint(model_size: str, target: Path, seed: int = 0) -> Path:
     """A text-layout (`qwen3_5_text`) Qwen3.5 checkpoint with the real config and tokenizer and random bf16
-    weights, readable by flide_sdk and by transformers' Qwen3_5ForCausalLM alike."""
+    weights, readable by flide_sdk and by transformers' Qwen3_5ForCausalLM alike; Gemma 4 sizes go to
+    `build_random_gemma_checkpoint`."""
+    if model_size in GEMMA_SIZES:
+        return build_random_gemma_checkpoint(model_size, target, seed)
     from flide_sdk.models.checkpoint import random_state_dict, save_text_checkpoint
     from flide_sdk.models.qwen35 import Qwen35Config
 
@@ -59,6 +64,50 @@ def build_random_checkpoint(model_size: str, target: Path, seed: int = 0) -> Pat
     save_text_checkpoint(target, text, {name: tensor.cpu() for name, tensor in weights.items()})
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(data_path("tokenizer", "qwen3.5", name), target / name)
+    return target
+
+
+def build_random_gemma_checkpoint(model_size: str, target: Path, seed: int = 0,
+                                  shard_bytes: int = 4 << 30) -> Path:
+    """A text-only (`gemma4_text`) Gemma 4 checkpoint with the release's text config, random bf16 weights (the
+    shapes transformers' Gemma4ForCausalLM has, its tied head left out) in safetensors shards written one at a
+    time, and a synthetic Gemma-layout tokenizer of the full vocabulary (no real one can be downloaded)."""
+    from safetensors.torch import save_file
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    from flide_sdk.testing import write_gemma_tokenizer
+
+    text = {**release_config(model_size)["text_config"], "model_type": "gemma4_text",
+            "architectures": ["Gemma4ForCausalLM"]}
+    config = Gemma4TextConfig.from_dict(text)
+    with torch.device("meta"):
+        shapes = {name: tuple(t.shape) for name, t in Gemma4ForCausalLM(config).state_dict().items()}
+    if config.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)
+    target.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator("cuda").manual_seed(seed)
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        nbytes = 2 * int(np.prod(shape))
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    index = {}
+    for number, names in enumerate(shards, 1):
+        file = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {name: (0.02 * torch.randn(shapes[name], generator=generator, device="cuda")).bfloat16().cpu()
+                   for name in names}
+        save_file(tensors, str(target / file), metadata={"format": "pt"})
+        index.update(dict.fromkeys(names, file))
+        del tensors
+    total = sum(2 * int(np.prod(shape)) for shape in shapes.values())
+    (target / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                     "weight_map": index}))
+    config.save_pretrained(target)
+    write_gemma_tokenizer(target, vocab_size=config.vocab_size)
     return target
 
 
@@ -221,7 +270,7 @@ STAGE_SUFFIX = "_seconds"
 
 def add_engine_args(parser) -> None:
     """Options every engine benchmark takes: the model, the CPU smoke mode, graphs and the round deadline."""
-    parser.add_argument("--model-size", default="0.8B", choices=MODEL_SIZES)
+    parser.add_argument("--model-size", default="0.8B", choices=MODEL_SIZES + GEMMA_SIZES)
     parser.add_argument("--tiny", action="store_true",
                         help="CPU smoke test: flide_sdk.testing.tiny_checkpoint() in float32, small counts")
     parser.add_argument("--eager", action="store_true", help="load the engine with graphs=False")
@@ -244,6 +293,9 @@ def bench_checkpoint(args) -> tuple[Path, dict[str, Any]]:
                                    "dtype": "float32", "tiny": True}
     path = build_random_checkpoint(args.model_size, Path(tempfile.mkdtemp(prefix="flide-bench-")))
     atexit.register(shutil.rmtree, path, ignore_errors=True)  # 4B is ~9 GB of disk per script
+    if args.model_size in GEMMA_SIZES:
+        return path, {"model": f"Gemma-4-{args.model_size} shapes, random bf16 weights, synthetic Gemma-layout "
+                               "tokenizer of the full vocabulary", "device": "cuda", "dtype": "bfloat16", "tiny": False}
     return path, {"model": f"Qwen3.5-{args.model_size} shapes, random bf16 weights, real tokenizer",
                   "device": "cuda", "dtype": "bfloat16", "tiny": False}
 

@@ -193,6 +193,27 @@ async def clients(arm, asks: list[tuple[Any, dict]], count: int) -> float:
     return len(asks) / (time.perf_counter() - started)
 
 
+def run_blocks(arms: list, args, phases, lone_ms: dict, throughput: dict) -> dict[str, dict[str, list[float]]]:
+    """The lone workloads in blocks (ABBA over the arms, block 0 a warm-up) and the clients' run at the first
+    and last block; returns the last block's answers per workload and arm."""
+    answers: dict[str, dict[str, list[float]]] = {}
+    for block in range(args.blocks + 1):
+        order = arms if block % 2 else arms[::-1]
+        with phases(f"block {block} " + " ".join(arm.name for arm in arms)):
+            for key, asks in workloads(block, args.tiny).items():
+                for arm in order:
+                    ms, answers.setdefault(key, {})[arm.name] = asyncio.run(lone(arm, asks))
+                    if block:
+                        lone_ms[arm.name].setdefault(key, []).append(ms)
+            if block in (0, args.blocks):  # the clients' run: warm-up, then once at the end
+                asks = throughput_asks(block, 16 if args.tiny else args.client_requests)
+                for arm in order:
+                    rate = asyncio.run(clients(arm, asks, args.clients))
+                    if block:
+                        throughput[arm.name].append(rate)
+    return answers
+
+
 def targets(summary: dict[str, dict[str, float]], size: str) -> dict[str, dict]:
     """Each workload's sdk / flide ratio against its bar (lone: at most LONE_RATIO; clients: at least 1.2)."""
     from benchmarks.common import target
@@ -209,7 +230,14 @@ def targets(summary: dict[str, dict[str, float]], size: str) -> dict[str, dict]:
 
 
 def main() -> None:
-    from benchmarks.common import Phases, add_engine_args, bench_checkpoint, run_metadata, write_result
+    from benchmarks.common import (
+        Phases,
+        add_engine_args,
+        bench_checkpoint,
+        release_device_memory,
+        run_metadata,
+        write_result,
+    )
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(parser)
@@ -217,40 +245,37 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--client-requests", type=int, default=256)
     parser.add_argument("--no-flide", action="store_true", help="the flide_sdk arm alone (CPU smoke test)")
+    parser.add_argument("--turns", action="store_true",
+                        help="one engine at a time (shapes where both do not fit on the card): every block on "
+                             "flide_sdk, then every block on flide, instead of alternating blocks")
     args = parser.parse_args()
     phases = Phases()
     with phases("checkpoint"):
         path, setup = bench_checkpoint(args)
     device, dtype, graphs = setup["device"], setup["dtype"], not (args.tiny or args.eager)
-    arms, memory = [], {}
-    for cls in (Sdk,) if args.no_flide else (Sdk, Flide):
-        before = used_bytes(device)
-        with phases(f"load {cls.name}"):
-            arms.append(cls(path, device, dtype, graphs))
-        memory[cls.name] = used_bytes(device) - before
-    lone_ms: dict[str, dict[str, list[float]]] = {arm.name: {} for arm in arms}
-    throughput: dict[str, list[float]] = {arm.name: [] for arm in arms}
-    gaps: dict[str, float] = {}
-    for block in range(args.blocks + 1):
-        order = arms if block % 2 else arms[::-1]
-        with phases(f"block {block}"):
-            for key, asks in workloads(block, args.tiny).items():
-                answers = {}
-                for arm in order:
-                    ms, answers[arm.name] = asyncio.run(lone(arm, asks))
-                    if block:
-                        lone_ms[arm.name].setdefault(key, []).append(ms)
-                if len(answers) == 2:
-                    a, b = answers.values()
-                    gaps[key] = max(gaps.get(key, 0.0), max(abs(x - y) for x, y in zip(a, b, strict=True)))
-            if block in (0, args.blocks):  # the clients' run: warm-up, then once at the end
-                asks = throughput_asks(block, 16 if args.tiny else args.client_requests)
-                for arm in order:
-                    rate = asyncio.run(clients(arm, asks, args.clients))
-                    if block:
-                        throughput[arm.name].append(rate)
-    for arm in arms:
-        arm.close()
+    classes = (Sdk,) if args.no_flide else (Sdk, Flide)
+    lone_ms: dict[str, dict[str, list[float]]] = {cls.name: {} for cls in classes}
+    throughput: dict[str, list[float]] = {cls.name: [] for cls in classes}
+    answers: dict[str, dict[str, list[float]]] = {}  # the last block's, per workload and engine
+    memory, loads = {}, {}
+    # Both engines resident, blocks alternating over them; with --turns (shapes where both do not fit) one
+    # engine at a time runs every block, then gives its memory back.
+    for group in [[cls] for cls in classes] if args.turns else [list(classes)]:
+        arms = []
+        for cls in group:
+            before = used_bytes(device)
+            with phases(f"load {cls.name}"):
+                arms.append(cls(path, device, dtype, graphs))
+            memory[cls.name] = used_bytes(device) - before
+            loads[cls.name] = arms[-1].load
+        for key, found in run_blocks(arms, args, phases, lone_ms, throughput).items():
+            answers.setdefault(key, {}).update(found)
+        for arm in arms:
+            arm.close()
+        del arms
+        release_device_memory()
+    gaps = {key: max(abs(x - y) for x, y in zip(*both.values(), strict=True))
+            for key, both in answers.items() if len(both) == 2}
     summary: dict[str, Any] = {}
     for key in lone_ms["flide_sdk"]:
         row = {name: statistics.median(values[key]) for name, values in lone_ms.items()}
@@ -267,7 +292,7 @@ def main() -> None:
     print(f"max |dp| between the engines: {gaps}", file=sys.stderr)
     size = "tiny" if args.tiny else args.model_size
     result = {**run_metadata(" ".join(sys.argv)), "benchmark": "vs_flide", "model_size": size, **setup,
-              "blocks": args.blocks, "load": {arm.name: arm.load for arm in arms},
+              "blocks": args.blocks, "turns": args.turns, "load": loads,
               "memory_after_load_bytes": memory, "summary": summary, "targets": targets(summary, size), "max_abs_probability_difference": gaps,
               "blocks_values": lone_ms, "phases_s": phases.seconds}
     write_result(f"vs_flide-{size}", result)
