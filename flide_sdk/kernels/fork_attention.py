@@ -330,7 +330,9 @@ def _fork_attention_kernel(
     query heads sharing one key/value head (BT * HEADS rows) over one piece of the tile's keys. A tile of one
     piece stores its output (with GATED, multiplied by sigmoid(gate) before its one rounding to o's dtype);
     the items of a tile of several store partial sums for `_merge_splits_kernel`. WINDOWED: a row sees only
-    the keys at positions above its own minus `window` (masked; blocks past the window are still visited)."""
+    the keys at positions above its own minus `window`; history blocks before the tile's earliest window are
+    skipped (a history key's position is its index), stream blocks no row sees are skipped after reading their
+    positions (a block no row sees adds nothing: skipping it keeps every bit)."""
     item = tl.program_id(0)
     if item >= tl.load(num_items_ptr):
         return
@@ -357,6 +359,7 @@ def _fork_attention_kernel(
     rows = tl.load(rows_ptr + offs_i, mask=row_ok, other=0)
     seg_lo = tl.load(seg_lo_ptr + rows, mask=row_ok, other=0)
     earliest = tl.load(positions_ptr + rows, mask=row_ok, other=0) - window  # WINDOWED: positions no longer seen
+    first_seen = tl.min(tl.where(row_ok, earliest, 1 << 30)) + 1 if WINDOWED else 0  # no row sees keys before
     q = tl.load(q_ptr + offs_i[:, None] * stride_qm + heads[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None], other=0.0)
     m_i = tl.full((BM,), float("-inf"), tl.float32)
@@ -367,7 +370,10 @@ def _fork_attention_kernel(
     # one: a split starts on a page), visible to every row
     page_list = pages_ptr + tl.load(page_offset_ptr + request)
     history_hi = tl.minimum(hi, history)
-    for start in range(tl.minimum(lo, history), history_hi, BN):
+    history_lo = tl.minimum(lo, history)
+    if WINDOWED:  # from the block holding the first key any row sees (aligned as the split's start is)
+        history_lo = tl.maximum(history_lo, history_lo + (first_seen - history_lo) // BN * BN)
+    for start in range(history_lo, history_hi, BN):
         page = tl.load(page_list + start // PAGE_SIZE)
         key_ok = start + n < history_hi
         slots = page * PAGE_SIZE + start % PAGE_SIZE + n
@@ -387,11 +393,14 @@ def _fork_attention_kernel(
         key_ok = keys < full_stop
         k_ptrs = k_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
         v_ptrs = v_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
-        visible = key_ok[None, :] & everyone
         if WINDOWED:
-            seen = tl.load(positions_ptr + keys, mask=key_ok, other=0)
-            visible = visible & (seen[None, :] > earliest[:, None])
-        acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
+            seen = tl.load(positions_ptr + keys, mask=key_ok, other=-1)
+            if tl.max(seen) >= first_seen:
+                visible = key_ok[None, :] & everyone & (seen[None, :] > earliest[:, None])
+                acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
+        else:
+            acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, key_ok[None, :] & everyone,
+                                          scale_log2, IEEE)
 
     # 3. keys only some rows see (the tile's last ones): masked by each row's own range, causality and the
     # keys' subtrees
@@ -404,12 +413,15 @@ def _fork_attention_kernel(
         vis_end = tl.load(vis_end_ptr + keys, mask=key_ok, other=0)
         visible = ((keys[None, :] >= seg_lo[:, None]) & (keys[None, :] <= rows[:, None])
                    & (rows[:, None] < vis_end[None, :]) & key_ok[None, :])
-        if WINDOWED:
-            seen = tl.load(positions_ptr + keys, mask=key_ok, other=0)
-            visible = visible & (seen[None, :] > earliest[:, None])
         k_ptrs = k_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
         v_ptrs = v_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
-        acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
+        if WINDOWED:
+            seen = tl.load(positions_ptr + keys, mask=key_ok, other=-1)
+            if tl.max(seen) >= first_seen:
+                visible = visible & (seen[None, :] > earliest[:, None])
+                acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
+        else:
+            acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
 
     if tl.load(tile_splits_ptr + tile) == 1:
         _store_output(acc, l_i, o_ptr, gate_ptr, offs_i, heads, row_ok, d, stride_om, stride_oh, stride_gm,
