@@ -17,10 +17,10 @@ import torch
 
 from flide_sdk.device.graphs import BUFFERS
 from flide_sdk.errors import EngineClosedError
-from flide_sdk.models.checkpoint import load_model, read_config, read_raw_config
+from flide_sdk.models.checkpoint import DecoderModel, load_model, read_config, read_raw_config
 from flide_sdk.models.ops import Ops, ops_for
-from flide_sdk.models.qwen35 import Qwen35Model
 from flide_sdk.options import MAX_PENDING, check_modes, check_options, on_device, resolve_device, resolve_dtype
+from flide_sdk.plan.layout import PAGE
 from flide_sdk.prompt import PromptFormat, Rendered, load_format
 from flide_sdk.prompt.base import as_rendered
 from flide_sdk.questions import Questions, State, SystemOneResponse, parse_questions
@@ -49,7 +49,7 @@ class Engine:
 
     def __init__(
         self,
-        model: Qwen35Model,
+        model: DecoderModel,
         prompt: PromptFormat,
         device: torch.device,
         *,
@@ -241,7 +241,8 @@ class Engine:
 
     def info(self) -> dict[str, Any]:
         """What this engine runs and with what memory: model shapes, device, dtype, limits, the captured graph
-        capacities (stream tokens; empty without graphs), and bytes of weights, checkpoint pool and graphs."""
+        capacities (stream tokens; empty without graphs), and bytes of weights, checkpoint pool and graphs
+        (`checkpoint_token_bytes`: the keys and values a checkpointed token takes in the pool)."""
         config = self.model.config
         return {
             "model": self.name,
@@ -249,6 +250,7 @@ class Engine:
             "dtype": str(self.model.embed_tokens.weight.dtype).removeprefix("torch."),
             "layers": config.num_layers,
             "attention_layers": config.layer_types.count("full_attention"),
+            "checkpoint_token_bytes": self.pool.page_bytes // PAGE,
             "hidden_size": config.hidden_size,
             "vocab_size": config.vocab_size,
             "max_prompt_tokens": self.tokens.max_prompt_tokens,

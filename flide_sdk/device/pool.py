@@ -29,17 +29,14 @@ import heapq
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from flide_sdk.device.arena import Arena, DeviceMemoryFull, PlainArena, arena
-from flide_sdk.models.qwen35 import (
-    FULL_ATTENTION,
-    LINEAR_ATTENTION,
-    LayerCache,
-    Qwen35Config,
-)
+from flide_sdk.models.qwen35 import LayerCache
+from flide_sdk.models.state import RecurrentShape, StateLayout
 from flide_sdk.plan.layout import PAGE, StateRows
 from flide_sdk.text.history import BLOCK, TokenBuffer, Trunk
 
@@ -82,10 +79,15 @@ class PageUsage:
     free: list[int]
 
 
-def token_bytes(config: Qwen35Config, dtype: torch.dtype) -> int:
-    """Key/value bytes of one token in the pool (every attention layer)."""
-    attention_layers = sum(kind == FULL_ATTENTION for kind in config.layer_types)
-    return attention_layers * 2 * config.num_kv_heads * config.head_dim * dtype.itemsize
+class ModelConfig(Protocol):
+    """What the pool reads of a model's config: what its checkpoints hold per layer."""
+
+    def state_layout(self) -> StateLayout: ...
+
+
+def token_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
+    """Key/value bytes of one token in the pool (every attention layer that keeps its own)."""
+    return config.state_layout().token_bytes(dtype)
 
 
 class CheckpointPool:
@@ -93,35 +95,37 @@ class CheckpointPool:
 
     def __init__(
         self,
-        config: Qwen35Config,
+        config: ModelConfig,
         device: torch.device,
         dtype: torch.dtype,
         budget_bytes: int,
         max_checkpoints: int | None = None,
         scratch_rows: int = 64,
     ) -> None:
-        c = config
         self.device = device
-        self.gdn_layers = [i for i, kind in enumerate(c.layer_types) if kind == LINEAR_ATTENTION]
-        self.attention_layers = [i for i, kind in enumerate(c.layer_types) if kind == FULL_ATTENTION]
-        element = dtype.itemsize
-        state_bytes = c.gdn_value_heads * c.gdn_key_dim * c.gdn_value_dim * 4
-        window_bytes = (c.conv_kernel - 1) * c.conv_dim * element
-        # both positive: a Qwen35Config has Gated DeltaNet and attention layers, of positive sizes (`validate`)
-        self.slot_bytes = len(self.gdn_layers) * (state_bytes + window_bytes)
-        self.page_bytes = PAGE * token_bytes(c, dtype)
-        wanted = max_checkpoints if max_checkpoints is not None else max(4, int(0.25 * budget_bytes) // self.slot_bytes)
-        slots = min(wanted, budget_bytes // self.slot_bytes)  # a zero budget disables checkpoints
+        layout = self.layout = config.state_layout()
+        self.gdn_layers = list(layout.recurrent_layers)
+        self.slot_bytes = layout.slot_bytes(dtype)
+        self.page_bytes = PAGE * layout.token_bytes(dtype)
+        if self.slot_bytes:
+            wanted = max_checkpoints if max_checkpoints is not None else max(4, int(0.25 * budget_bytes) // self.slot_bytes)
+            slots = min(wanted, budget_bytes // self.slot_bytes)  # a zero budget disables checkpoints
+        else:  # no recurrent state (attention only): a checkpoint is its pages, one at least
+            slots = budget_bytes // self.page_bytes
+            slots = slots if max_checkpoints is None else min(slots, max_checkpoints)
         pages = (budget_bytes - slots * self.slot_bytes) // self.page_bytes
         self.num_slots, self.num_pages = slots, pages  # at most, within the cap
         self.state_rows = StateRows(zero=slots, scratch=slots + 1, scratch_count=scratch_rows)
         self.window_sink = slots
         self.kv_sink = pages * PAGE
-        self._states = arena(self.state_rows.num_rows, (len(self.gdn_layers), c.gdn_value_heads, c.gdn_key_dim,
-                                                        c.gdn_value_dim), torch.float32, device, slots)
-        self._windows = arena(slots + 1, (len(self.gdn_layers), c.conv_kernel - 1, c.conv_dim), dtype, device, slots)
-        self._kv = [arena((pages + 1) * PAGE, (c.num_kv_heads, c.head_dim), dtype, device, pages * PAGE)
-                    for _ in range(2 * len(self.attention_layers))]  # per attention layer: keys, values
+        # without recurrent layers the state and window arenas have rows of no elements (slots stay bookkeeping)
+        shape = layout.recurrent or RecurrentShape(1, 1, 1, 1, 1)
+        self._states = arena(self.state_rows.num_rows, (len(self.gdn_layers), shape.heads, shape.key_dim,
+                                                        shape.value_dim), torch.float32, device, slots)
+        self._windows = arena(slots + 1, (len(self.gdn_layers), shape.conv_kernel - 1, shape.conv_dim), dtype, device,
+                              slots)
+        self._kv = [arena((pages + 1) * PAGE, (kv.heads, kv.head_dim), dtype, device, pages * PAGE)
+                    for kv in layout.key_values for _ in range(2)]  # per attention layer keeping its own: keys, values
         self._free_slots: list[int] = []  # heaps of the free slots and pages among the backed ones
         self._free_pages: list[int] = []
         self._page_refs = np.zeros(pages, dtype=np.int64)
@@ -172,13 +176,14 @@ class CheckpointPool:
         return PageUsage(self._page_refs.copy(), self._page_fill.copy(), free)
 
     def layer_caches(self) -> list[LayerCache]:
-        """Per model layer, its views of the arenas (what `Qwen35Model.forward` takes as `caches`)."""
+        """Per model layer, its views of the arenas (what the model's forward takes as `caches`): a layer that reads
+        another's keys and values gets that layer's."""
         caches: dict[int, LayerCache] = {}
         for index, layer in enumerate(self.gdn_layers):
             caches[layer] = (self._states.tensor[:, index], self._windows.tensor[:, index])
-        for index, layer in enumerate(self.attention_layers):
-            caches[layer] = (self._kv[2 * index].tensor, self._kv[2 * index + 1].tensor)
-        return [caches[layer] for layer in sorted(caches)]
+        for index, kv in enumerate(self.layout.key_values):
+            caches[kv.layer] = (self._kv[2 * index].tensor, self._kv[2 * index + 1].tensor)
+        return [caches[source] for source in self.layout.sources]
 
     def lookup(self, trunk: Trunk) -> Checkpoint | None:
         """The furthest checkpoint whose tokens match the start of `trunk` (strictly shorter than it)."""

@@ -27,7 +27,7 @@ from flide_sdk.kernels.rotary import _norm_rotary_rows, row_blocks
 def _attention_front_kernel(
     q_ptr, k_ptr, v_ptr, q_weight_ptr, k_weight_ptr, cos_ptr, sin_ptr, positions_ptr, query_rows_ptr,
     q_out_ptr, k_out_ptr, v_out_ptr, k_cache_ptr, v_cache_ptr, slots_ptr,
-    q_rows, k_rows, heads, kv_heads, width, rotary, eps, q_programs,
+    q_rows, k_rows, heads, kv_heads, width, rotary, eps, offset, q_programs,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_table, stride_ct, stride_ch,
     QUERY_ROWS: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr, BROT: tl.constexpr,
 ):
@@ -41,7 +41,7 @@ def _attention_front_kernel(
         q_out_rows = q_out_ptr + row * width
         _norm_rotary_rows(q_ptr + token * stride_qt + (row - token * heads) * stride_qh, q_out_rows, q_out_rows, ok,
                           cos_ptr + position * stride_table, sin_ptr + position * stride_table, q_weight_ptr,
-                          width, rotary, eps, BD, BROT, False)
+                          width, rotary, eps, offset, BD, BROT, False)
     else:
         row = ((job - q_programs) * BR + tl.arange(0, BR)).to(tl.int64)  # row = token * kv_heads + head
         ok = row < k_rows
@@ -52,7 +52,7 @@ def _attention_front_kernel(
         # the keys computed once, stored into the stream's keys and the arena
         _norm_rotary_rows(k_ptr + token * stride_kt + head * stride_kh, k_out_ptr + row * width, k_cache_ptr + cached,
                           ok, cos_ptr + position * stride_table, sin_ptr + position * stride_table, k_weight_ptr,
-                          width, rotary, eps, BD, BROT, True)
+                          width, rotary, eps, offset, BD, BROT, True)
         col = tl.arange(0, BD)
         mask = ok[:, None] & (col < width)[None, :]
         values = tl.load(v_ptr + (token * stride_vt + head * stride_vh)[:, None] + col[None, :], mask=mask)
@@ -63,7 +63,7 @@ def _attention_front_kernel(
 def attention_front_triton(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
     cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor, query_rows: torch.Tensor | None,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, *, offset: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One launch behind the contract of `attention_front_reference` (x's rows may have any token and head
     strides, unit last stride)."""
@@ -92,7 +92,7 @@ def attention_front_triton(
             q, k, v, q_weight, k_weight, cos_table, sin_table, positions,
             positions if query_rows is None else query_rows,
             q_out, k_out, v_out, k_cache, v_cache, slots,
-            q_rows, k_rows, heads, kv_heads, width, rotary, eps, q_programs,
+            q_rows, k_rows, heads, kv_heads, width, rotary, eps, offset, q_programs,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_table.stride(0),
             k_cache.stride(0), k_cache.stride(1),
             QUERY_ROWS=query_rows is not None, BR=block_r, BD=block_d, BROT=triton.next_power_of_2(max(rotary, 1)),

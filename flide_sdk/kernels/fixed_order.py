@@ -25,9 +25,11 @@ from flide_sdk.kernels.reference import (
     gated_delta_reference,
     gated_rms_norm_reference,
     gdn_front_reference,
+    geglu_reference,
     head_logits,
     history_slots,
     rms_norm_reference,
+    rms_norm_rotary_reference,
     swiglu_reference,
     token_logprobs_reference,
 )
@@ -90,14 +92,16 @@ def _padded_block(x: torch.Tensor, start: int) -> torch.Tensor:
 
 def fork_attention_fixed(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: AttentionPlan, query_rows: torch.Tensor | None,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, gate: torch.Tensor | None = None,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, gate: torch.Tensor | None = None, *, scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """`fork_attention_reference`'s contract with a fixed order per query: a piece's rows (a trunk or a branch)
     attend first to their context (the cached history, then the trunk for a branch) in blocks from position 0,
-    then to their piece's own keys in blocks from the piece's start (a branch: its fork)."""
+    then to their piece's own keys in blocks from the piece's start (a branch: its fork); a sliding window masks
+    keys inside those blocks by position."""
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     group = heads // kv_heads
-    scale = head_dim**-0.5
+    scale = head_dim**-0.5 if scale is None else scale
     rows = torch.arange(k.shape[0], device=q.device) if query_rows is None else query_rows
     out = torch.zeros_like(q)
     seg_lo, ctx_hi = plan.seg_lo[rows], plan.ctx_hi[rows]
@@ -106,6 +110,7 @@ def fork_attention_fixed(
         if mine.numel() == 0:
             continue
         history_k = history_v = k.new_zeros(0, kv_heads, head_dim)
+        history_positions = torch.arange(cached, device=q.device)
         if cached:
             slots = history_slots(pages, cached, q.device)
             history_k, history_v = k_cache[slots], v_cache[slots]
@@ -115,6 +120,9 @@ def fork_attention_fixed(
             trunk_end = int(ctx_hi[index[0]])  # branch rows: their trunk [start, trunk_end); trunk rows: start
             context_k = torch.cat([history_k, k[start:trunk_end]]).transpose(0, 1).repeat_interleave(group, 0)
             context_v = torch.cat([history_v, v[start:trunk_end]]).transpose(0, 1).repeat_interleave(group, 0)
+            context_positions = torch.cat([history_positions, plan.positions[start:trunk_end]])
+            # the latest position each row no longer sees (-1: none)
+            earliest = token.new_full(token.shape, -1) if window is None else plan.positions[token] - window
             own = int(token.max()) + 1
             own_k = k[piece_start:own].transpose(0, 1).repeat_interleave(group, 0)
             own_v = v[piece_start:own].transpose(0, 1).repeat_interleave(group, 0)
@@ -124,15 +132,18 @@ def fork_attention_fixed(
             everyone = torch.ones(n, KEY_BLOCK, dtype=torch.bool, device=q.device)
             offsets = torch.arange(KEY_BLOCK, device=q.device)
             for block in _blocks(context_k.shape[1]):
-                visible = everyone & (block + offsets < context_k.shape[1])
+                inside = block + offsets < context_k.shape[1]
+                seen = context_positions[(block + offsets).clamp(max=max(context_k.shape[1] - 1, 0))]
+                visible = everyone & inside & (seen[None, :] > earliest[:, None])
                 _attend(qh, _padded_block(context_k, block), _padded_block(context_v, block), visible, state)
             relative = token - piece_start
             for block in _blocks(own - piece_start):
                 later = (relative >= block).nonzero().squeeze(1)  # rows before the block see none of it
                 sub = [x[:, later] for x in state]
-                keys = piece_start + block + offsets
+                keys = (piece_start + block + offsets).clamp(max=plan.vis_end.shape[0] - 1)
                 visible = ((block + offsets)[None, :] <= relative[later, None]) & (
-                    token[later, None] < plan.vis_end[keys.clamp(max=plan.vis_end.shape[0] - 1)][None, :])
+                    token[later, None] < plan.vis_end[keys][None, :]) & (
+                    plan.positions[keys][None, :] > earliest[later, None])
                 _attend(qh[:, later], _padded_block(own_k, block), _padded_block(own_v, block), visible, sub)
                 for x, y in zip(state, sub):
                     x[:, later] = y
@@ -149,6 +160,8 @@ gated_rms_norm_fixed = functools.partial(gated_rms_norm_reference, pointwise=FIX
 attention_front_fixed = functools.partial(attention_front_reference, pointwise=FIXED)
 gdn_front_fixed = functools.partial(gdn_front_reference, pointwise=FIXED)
 swiglu_fixed = functools.partial(swiglu_reference, pointwise=FIXED)
+geglu_fixed = functools.partial(geglu_reference, pointwise=FIXED)
+rms_norm_rotary_fixed = functools.partial(rms_norm_rotary_reference, pointwise=FIXED)
 
 
 def label_log_softmax_fixed(h: torch.Tensor, head: torch.Tensor, label_ids: torch.Tensor,

@@ -321,15 +321,18 @@ def _fork_attention_kernel(
     q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, o_ptr, gate_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     rows_ptr, tile_start_ptr, item_tile_ptr, item_split_ptr, tile_splits_ptr, tile_piece_ptr, partial_slot_ptr,
     num_items_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, request_of_ptr, history_len_ptr, page_offset_ptr, pages_ptr,
-    vis_end_ptr, stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om, stride_oh, stride_gm, stride_gh,
-    scale_log2,
+    vis_end_ptr, positions_ptr, stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om,
+    stride_oh, stride_gm, stride_gh, scale_log2, window,
     GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
-    IEEE: tl.constexpr, GATED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    IEEE: tl.constexpr, GATED: tl.constexpr, PAGE_SIZE: tl.constexpr, WINDOWED: tl.constexpr,
 ):
     """One work item (`TileTable`; programs past the round's items return at once): BT query tokens x HEADS
     query heads sharing one key/value head (BT * HEADS rows) over one piece of the tile's keys. A tile of one
     piece stores its output (with GATED, multiplied by sigmoid(gate) before its one rounding to o's dtype);
-    the items of a tile of several store partial sums for `_merge_splits_kernel`."""
+    the items of a tile of several store partial sums for `_merge_splits_kernel`. WINDOWED: a row sees only
+    the keys at positions above its own minus `window`; history blocks before the tile's earliest window are
+    skipped (a history key's position is its index), stream blocks no row sees are skipped after reading their
+    positions (a block no row sees adds nothing: skipping it keeps every bit)."""
     item = tl.program_id(0)
     if item >= tl.load(num_items_ptr):
         return
@@ -355,6 +358,8 @@ def _fork_attention_kernel(
     row_ok = offs_i < i1
     rows = tl.load(rows_ptr + offs_i, mask=row_ok, other=0)
     seg_lo = tl.load(seg_lo_ptr + rows, mask=row_ok, other=0)
+    earliest = tl.load(positions_ptr + rows, mask=row_ok, other=0) - window  # WINDOWED: positions no longer seen
+    first_seen = tl.min(tl.where(row_ok, earliest, 1 << 30)) + 1 if WINDOWED else 0  # no row sees keys before
     q = tl.load(q_ptr + offs_i[:, None] * stride_qm + heads[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None], other=0.0)
     m_i = tl.full((BM,), float("-inf"), tl.float32)
@@ -365,14 +370,19 @@ def _fork_attention_kernel(
     # one: a split starts on a page), visible to every row
     page_list = pages_ptr + tl.load(page_offset_ptr + request)
     history_hi = tl.minimum(hi, history)
-    for start in range(tl.minimum(lo, history), history_hi, BN):
+    history_lo = tl.minimum(lo, history)
+    if WINDOWED:  # from the block holding the first key any row sees (aligned as the split's start is)
+        history_lo = tl.maximum(history_lo, history_lo + (first_seen - history_lo) // BN * BN)
+    for start in range(history_lo, history_hi, BN):
         page = tl.load(page_list + start // PAGE_SIZE)
         key_ok = start + n < history_hi
         slots = page * PAGE_SIZE + start % PAGE_SIZE + n
         k_ptrs = kc_ptr + slots[:, None] * stride_cm + kv_head * stride_ch + d[None, :]
         v_ptrs = vc_ptr + slots[:, None] * stride_cm + kv_head * stride_ch + d[None, :]
-        acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, key_ok[None, :] & everyone,
-                                      scale_log2, IEEE)
+        visible = key_ok[None, :] & everyone
+        if WINDOWED:  # a history key's position is its index
+            visible = visible & ((start + n)[None, :] > earliest[:, None])
+        acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
 
     # 2. stream keys every row sees (the tile's keys history + [0, full_hi - key_lo)): the trunk (branch
     # tiles) or the trunk before the tile (trunk tiles)
@@ -383,8 +393,14 @@ def _fork_attention_kernel(
         key_ok = keys < full_stop
         k_ptrs = k_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
         v_ptrs = v_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
-        acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, key_ok[None, :] & everyone,
-                                      scale_log2, IEEE)
+        if WINDOWED:
+            seen = tl.load(positions_ptr + keys, mask=key_ok, other=-1)
+            if tl.max(seen) >= first_seen:
+                visible = key_ok[None, :] & everyone & (seen[None, :] > earliest[:, None])
+                acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
+        else:
+            acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, key_ok[None, :] & everyone,
+                                          scale_log2, IEEE)
 
     # 3. keys only some rows see (the tile's last ones): masked by each row's own range, causality and the
     # keys' subtrees
@@ -399,7 +415,13 @@ def _fork_attention_kernel(
                    & (rows[:, None] < vis_end[None, :]) & key_ok[None, :])
         k_ptrs = k_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
         v_ptrs = v_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
-        acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
+        if WINDOWED:
+            seen = tl.load(positions_ptr + keys, mask=key_ok, other=-1)
+            if tl.max(seen) >= first_seen:
+                visible = visible & (seen[None, :] > earliest[:, None])
+                acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
+        else:
+            acc, m_i, l_i = _attend_block(q, acc, m_i, l_i, k_ptrs, v_ptrs, key_ok, visible, scale_log2, IEEE)
 
     if tl.load(tile_splits_ptr + tile) == 1:
         _store_output(acc, l_i, o_ptr, gate_ptr, offs_i, heads, row_ok, d, stride_om, stride_oh, stride_gm,
@@ -472,6 +494,8 @@ def fork_attention_triton(
     v_cache: torch.Tensor,
     gate: torch.Tensor | None = None,
     *,
+    scale: float | None = None,
+    window: int | None = None,
     config: ForkAttentionConfig | None = None,
 ) -> torch.Tensor:
     """The Triton kernel behind the same contract as `fork_attention_reference` (no host synchronisation).
@@ -506,11 +530,12 @@ def fork_attention_triton(
         table.rows, table.tile_start, table.item_tile, table.item_split, table.tile_splits, table.tile_piece,
         table.partial_slot, table.num_items,
         plan.key_lo, plan.ctx_hi, plan.seg_lo, plan.request_of, plan.history_len, plan.page_offset, plan.pages,
-        plan.vis_end, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0), k_cache.stride(1),
-        out.stride(0), out.stride(1), gated.stride(0), gated.stride(1),
-        head_dim**-0.5 * math.log2(math.e),
+        plan.vis_end, plan.positions, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0),
+        k_cache.stride(1), out.stride(0), out.stride(1), gated.stride(0), gated.stride(1),
+        (head_dim**-0.5 if scale is None else scale) * math.log2(math.e), 0 if window is None else window,
         GROUP=heads // kv_heads, HEADS=heads_per_program, HEAD_DIM=head_dim, BT=block_tokens, BN=config.block_keys,
-        IEEE=q.dtype == torch.float32, GATED=gate is not None, PAGE_SIZE=PAGE, num_warps=warps,
+        IEEE=q.dtype == torch.float32, GATED=gate is not None, PAGE_SIZE=PAGE, WINDOWED=window is not None,
+        num_warps=warps,
         num_stages=config.stages,
     )
     _merge_splits_kernel[(table.max_tiles, head_blocks)](

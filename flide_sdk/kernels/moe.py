@@ -9,15 +9,19 @@ made. `moe_experts_reference` is the definition.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-import torch.nn.functional as F
+
+from flide_sdk.kernels.reference import swiglu_reference
 
 
 def moe_experts_grouped(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+    glu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = swiglu_reference,
 ) -> torch.Tensor:
     """`moe_experts_reference`'s contract: x [T, H], gate_up [E, 2I, H], down [E, H, I], experts [T, k],
-    weights [T, k] float32 -> [T, H] in x's dtype."""
+    weights [T, k] float32, glu(gate, up) the experts' activation -> [T, H] in x's dtype."""
     tokens, k = experts.shape
     flat = experts.reshape(-1)
     order = torch.argsort(flat, stable=True)
@@ -26,7 +30,7 @@ def moe_experts_grouped(
     ends = counts.cumsum(0, dtype=torch.int32)
     rows = x[order // k]
     gate, up = torch._grouped_mm(rows, gate_up.transpose(1, 2), offs=ends).chunk(2, dim=-1)
-    y = torch._grouped_mm(F.silu(gate) * up, down.transpose(1, 2), offs=ends)
+    y = torch._grouped_mm(glu(gate, up), down.transpose(1, 2), offs=ends)
     pairs = torch.empty_like(y)
     pairs[order] = y
     # [T, 1, k] x [T, k, H]: each token's k rows weighted and summed in float32 inside the product, in slot order

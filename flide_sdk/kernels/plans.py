@@ -38,6 +38,7 @@ class AttentionPlan:
     request_of: torch.Tensor  # [T] request index of each token
     vis_end: torch.Tensor  # [T] key k is visible to later tokens of [seg_lo, ...) before vis_end[k] only (the end
     # of its piece's subtree: a branch's options see their question, never each other)
+    positions: torch.Tensor  # [T] each token's position in its standalone prompt (a sliding window's distances)
     history_len: torch.Tensor  # [R] cached positions [0, r) of each request (keys/values in pool pages)
     page_offset: torch.Tensor  # [R] where each request's pages start in `pages`
     pages: torch.Tensor  # [P] pool page of each cached PAGE-token block, requests one after the other

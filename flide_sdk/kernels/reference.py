@@ -30,36 +30,43 @@ QUERY_BLOCK = 256  # query rows attended at once by `fork_attention_reference`
 class Pointwise(NamedTuple):
     """The pointwise functions the references call: torch's (`TORCH`), or forms of exp, log1p, sqrt and IEEE
     arithmetic whose value does not depend on where an element sits in its tensor (`FIXED`: torch's CPU rsqrt,
-    sigmoid, silu and softplus take other code paths for a vector's tail or a lone element)."""
+    sigmoid, silu, softplus and gelu take other code paths for a vector's tail or a lone element)."""
 
     rsqrt: Callable[[torch.Tensor], torch.Tensor]
     sigmoid: Callable[[torch.Tensor], torch.Tensor]
     silu: Callable[[torch.Tensor], torch.Tensor]
     softplus: Callable[[torch.Tensor], torch.Tensor]
+    gelu_tanh: Callable[[torch.Tensor], torch.Tensor]
 
 
-TORCH = Pointwise(torch.rsqrt, torch.sigmoid, F.silu, F.softplus)
+GELU_TANH_SCALE = (2.0 / np.pi) ** 0.5  # gelu's tanh approximation: 0.5 x (1 + tanh(scale (x + 0.044715 x^3)))
+TORCH = Pointwise(torch.rsqrt, torch.sigmoid, F.silu, F.softplus, lambda x: F.gelu(x, approximate="tanh"))
 FIXED = Pointwise(
     rsqrt=lambda x: 1.0 / torch.sqrt(x),
     sigmoid=lambda x: 1.0 / (1.0 + torch.exp(-x)),
     silu=lambda x: x / (1.0 + torch.exp(-x)),
     softplus=lambda x: torch.where(x > 20.0, x, torch.log1p(torch.exp(x))),  # torch's threshold
+    # tanh(y) = 1 - 2 / (exp(2y) + 1)
+    gelu_tanh=lambda x: x - x / (torch.exp(2.0 * GELU_TANH_SCALE * (x + 0.044715 * x * x * x)) + 1.0),
 )
 
 
-def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, *, pointwise: Pointwise = TORCH) -> torch.Tensor:
-    """Zero-centred RMSNorm of Qwen3.5: x / rms(x) * (1 + w), computed in float32, in w's dtype."""
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, *, offset: float = 1.0,
+                       pointwise: Pointwise = TORCH) -> torch.Tensor:
+    """RMSNorm x / rms(x) * (offset + w), computed in float32, in w's dtype: offset 1 for Qwen3.5's zero-centred
+    weights, 0 for Gemma 4's."""
     xf = x.float()
     normed = xf * pointwise.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed * (1.0 + weight.float())).to(weight.dtype)
+    return (normed * (offset + weight.float())).to(weight.dtype)
 
 
 def add_rms_norm_reference(
-    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, *, pointwise: Pointwise = TORCH
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, *, offset: float = 1.0,
+    pointwise: Pointwise = TORCH,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(s, rms_norm(s)) with s = x + delta in x's dtype: a residual add and the norm that reads its result."""
     total = (x + delta).to(x.dtype)
-    return total, rms_norm_reference(total, weight, eps, pointwise=pointwise)
+    return total, rms_norm_reference(total, weight, eps, offset=offset, pointwise=pointwise)
 
 
 def gated_rms_norm_reference(
@@ -72,11 +79,12 @@ def gated_rms_norm_reference(
 
 
 def rms_norm_rotary_reference(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, *,
+    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, *, offset: float = 1.0,
     pointwise: Pointwise = TORCH,
 ) -> torch.Tensor:
-    """rms_norm(x, weight, eps) [T, H, D] with its first R channels rotated by cos/sin [T, R] (the definition)."""
-    normed = rms_norm_reference(x, weight, eps, pointwise=pointwise)
+    """rms_norm(x, weight, eps, offset) [T, H, D] with its first R channels rotated by cos/sin [T, R], channel i
+    paired with i + R/2 (the definition)."""
+    normed = rms_norm_reference(x, weight, eps, offset=offset, pointwise=pointwise)
     rot = cos.shape[-1]
     half = rot // 2
     x_rot, x_pass = normed[..., :rot], normed[..., rot:]
@@ -88,18 +96,20 @@ def rms_norm_rotary_reference(
 def attention_front_reference(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
     cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor, query_rows: torch.Tensor | None,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, *, pointwise: Pointwise = TORCH,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, *, offset: float = 1.0,
+    pointwise: Pointwise = TORCH,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q, k normalised and rotated, v) contiguous, and k and v written into the caches at `slots`.
 
     q [Tq, H, D] (Tq = T, or the readout rows `query_rows` of the stream); k, v [T, Hkv, D]; q_weight and
-    k_weight the head norms' weights [D]; cos_table and sin_table [positions, R] in the weights' dtype;
-    positions [T] each token's; caches [pool positions, Hkv, D]; slots [T].
+    k_weight the head norms' weights [D] (scaling by offset + w, `rms_norm_reference`); cos_table and sin_table
+    [positions, R] in the weights' dtype; positions [T] each token's; caches [pool positions, Hkv, D]; slots [T].
     """
     q_positions = positions if query_rows is None else positions[query_rows]
-    q = rms_norm_rotary_reference(q, q_weight, eps, cos_table[q_positions], sin_table[q_positions],
+    q = rms_norm_rotary_reference(q, q_weight, eps, cos_table[q_positions], sin_table[q_positions], offset=offset,
                                   pointwise=pointwise)
-    k = rms_norm_rotary_reference(k, k_weight, eps, cos_table[positions], sin_table[positions], pointwise=pointwise)
+    k = rms_norm_rotary_reference(k, k_weight, eps, cos_table[positions], sin_table[positions], offset=offset,
+                                  pointwise=pointwise)
     v = v.contiguous()
     k_cache[slots] = k
     v_cache[slots] = v
@@ -121,14 +131,18 @@ def fork_attention_reference(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     gate: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Attention output for every stream token, or only for `query_rows` (then q holds just those rows).
 
     q: [Tq, Hq, D]; k, v: [T, Hkv, D]; k_cache, v_cache: [pages * PAGE, Hkv, D] pool arenas of this layer.
     gate: [Tq, Hq, D] or None: the output is multiplied by sigmoid(gate) (Qwen3.5's output gate).
-    Returns [Tq, Hq, D] in q's dtype. Scale 1/sqrt(D). A request's queries run QUERY_BLOCK rows at a time over
-    the keys up to the block's last row, so memory grows with its keys times the block, never with the square of
-    its length.
+    scale: of the scores (None: 1/sqrt(D)); window: a sliding window, a query at position p sees only the keys
+    at positions above p - window (None: every key its tree shows it).
+    Returns [Tq, Hq, D] in q's dtype. A request's queries run QUERY_BLOCK rows at a time over the keys up to
+    the block's last row, so memory grows with its keys times the block, never with the square of its length.
     """
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     group = heads // kv_heads
@@ -139,6 +153,7 @@ def fork_attention_reference(
         if mine.numel() == 0:
             continue
         k_req, v_req = k[start:end], v[start:end]
+        key_positions = torch.cat([torch.arange(cached, device=q.device), plan.positions[start:end]])
         if cached:
             slots = history_slots(pages, cached, q.device)
             k_req, v_req = torch.cat([k_cache[slots], k_req]), torch.cat([v_cache[slots], v_req])
@@ -154,10 +169,12 @@ def fork_attention_reference(
             )
             if cached:
                 visible = torch.cat([visible.new_ones(len(token), cached), visible], dim=1)
-            qh = q[block].transpose(0, 1)
             width = cached + seen - start
+            if window is not None:
+                visible &= key_positions[None, :width] > plan.positions[token, None] - window
+            qh = q[block].transpose(0, 1)
             attended = F.scaled_dot_product_attention(qh, kh[:, :width], vh[:, :width], attn_mask=visible,
-                                                      scale=head_dim**-0.5)
+                                                      scale=head_dim**-0.5 if scale is None else scale)
             out[block] = attended.transpose(0, 1)
     return out if gate is None else out * torch.sigmoid(gate)
 
@@ -380,10 +397,11 @@ TEXT_ROW_BLOCK = 64  # rows whose logits one product computes (the last block pa
 VOCAB_BLOCK = 16384  # vocabulary rows per product
 
 
-def token_logprobs_reference(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
+def token_logprobs_reference(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor, softcap: float | None = None,
                              linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.linear) -> torch.Tensor:
     """log_softmax(h[r] . head.T)[targets[r]] per row over the whole vocabulary, float32 logits ([X] float32;
-    a row whose target is -1, a padded read, gets no meaningful value).
+    a row whose target is -1, a padded read, gets no meaningful value), each logit soft-capped first when
+    `softcap` is set (softcap * tanh(logit / softcap): Gemma 4's final logits).
 
     The logits come a vocabulary block at a time (`linear` of float32 operands) for TEXT_ROW_BLOCK rows at a
     time, the last block padded, with a running log-sum-exp: every product has one shape whatever the number of
@@ -403,6 +421,8 @@ def token_logprobs_reference(h: torch.Tensor, head: torch.Tensor, targets: torch
         column = (target - first).clamp(0, block.shape[0] - 1)
         for at in range(0, padded, TEXT_ROW_BLOCK):
             logits = linear(x[at : at + TEXT_ROW_BLOCK], block)  # [TEXT_ROW_BLOCK, block]
+            if softcap is not None:
+                logits = softcap * torch.tanh(logits / softcap)
             part = slice(at, at + TEXT_ROW_BLOCK)
             picked[part] = torch.where(inside[part], logits.gather(1, column[part, None])[:, 0], picked[part])
             top = torch.maximum(peak[part], logits.amax(-1))
@@ -414,6 +434,12 @@ def token_logprobs_reference(h: torch.Tensor, head: torch.Tensor, targets: torch
 def swiglu_reference(gate: torch.Tensor, up: torch.Tensor, *, pointwise: Pointwise = TORCH) -> torch.Tensor:
     """silu(gate) * up, as torch computes it (the definition)."""
     return pointwise.silu(gate) * up
+
+
+def geglu_reference(gate: torch.Tensor, up: torch.Tensor, *, pointwise: Pointwise = TORCH) -> torch.Tensor:
+    """gelu(gate) * up with gelu's tanh approximation (`gelu_pytorch_tanh`), as torch computes it: Gemma 4's MLP
+    and per-layer input gate."""
+    return pointwise.gelu_tanh(gate) * up
 
 
 def expand_round_reference(arrays: RoundMetadata) -> None:
@@ -448,17 +474,18 @@ def gather_save_windows(arrays: RoundMetadata) -> None:
 
 
 def moe_experts_reference(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor,
+    glu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = swiglu_reference,
 ) -> torch.Tensor:
     """The routed experts' weighted sum (the definition): token t's output is sum_j weights[t, j] *
-    down_e(silu(gate_e(x_t)) * up_e(x_t)) over its experts e = experts[t, j], each expert's projections and the
-    weights in x's dtype, the sum in float32; returned in x's dtype. x [T, H], gate_up [E, 2I, H], down
-    [E, H, I], experts [T, k] (int64), weights [T, k] (float32)."""
+    down_e(glu(gate_e(x_t), up_e(x_t))) over its experts e = experts[t, j] (glu: silu(gate) * up, or Gemma 4's
+    gelu), each expert's projections and the weights in x's dtype, the sum in float32; returned in x's dtype.
+    x [T, H], gate_up [E, 2I, H], down [E, H, I], experts [T, k] (int64), weights [T, k] (float32)."""
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     size = down.shape[-1]
     for expert in experts.unique().tolist():
         tokens, slots = torch.where(experts == expert)
         gate, up = F.linear(x[tokens], gate_up[expert]).split(size, dim=-1)
-        y = F.linear(F.silu(gate) * up, down[expert])
+        y = F.linear(glu(gate, up), down[expert])
         out.index_add_(0, tokens, y.float() * weights[tokens, slots, None].to(x.dtype).float())
     return out.to(x.dtype)

@@ -1,7 +1,7 @@
-"""The RMS norms of Qwen3.5, row-wise over the last dimension, each fused into one pass.
+"""The RMS norms of the decoders, row-wise over the last dimension, each fused into one pass.
 
-- `rms_norm`: zero-centred RMSNorm, x / sqrt(mean(x^2) + eps) * (1 + w), computed in float32 and cast to
-  w's dtype, the compute dtype (the decoder layers' norms, the final norm, and attention's per-head q/k
+- `rms_norm`: RMSNorm, x / sqrt(mean(x^2) + eps) * (offset + w) (offset 1: Qwen3.5's zero-centred weights; 0:
+  Gemma 4's), computed in float32 and cast to w's dtype, the compute dtype (the decoder layers' norms, the final norm, and attention's per-head q/k
   norms with the head dimension as the row). x may be wider: the decoder keeps its residual stream in float32.
 - `add_rms_norm`: the residual add folded into the norm after it: s = x + delta in x's dtype (delta may be
   narrower), and rms_norm(s). Returns (s, normed), so the residual stream and the next sublayer's input come
@@ -34,7 +34,7 @@ def _normalise(x, width, eps):
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, delta_ptr, weight_ptr, sum_ptr, out_ptr, rows, width, eps,
+    x_ptr, delta_ptr, weight_ptr, sum_ptr, out_ptr, rows, width, eps, offset,
     stride_x, stride_delta, stride_sum, stride_out,
     HAS_DELTA: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
 ):
@@ -49,7 +49,7 @@ def _rms_norm_kernel(
         tl.store(sum_ptr + row[:, None] * stride_sum + col[None, :], x, mask=ok)
     normed = _normalise(x.to(tl.float32), width, eps)
     weight = tl.load(weight_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
-    out = normed * (1.0 + weight)[None, :]
+    out = normed * (offset + weight)[None, :]
     tl.store(out_ptr + row[:, None] * stride_out + col[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -95,7 +95,7 @@ def _launch(rows: int, width: int) -> tuple[tuple[int], dict[str, int]]:
 
 
 def _norm(
-    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, offset: float
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     width = x.shape[-1]
     xs = _as_rows(x)
@@ -107,25 +107,25 @@ def _norm(
         outs = out.view(-1, width)
         grid, blocks = _launch(xs.shape[0], width)
         _rms_norm_kernel[grid](
-            xs, ds, weight.contiguous(), sums, outs, xs.shape[0], width, eps,
+            xs, ds, weight.contiguous(), sums, outs, xs.shape[0], width, eps, offset,
             xs.stride(0), ds.stride(0), sums.stride(0), outs.stride(0),
             HAS_DELTA=delta is not None, **blocks,
         )
     return total, out
 
 
-def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, *, offset: float = 1.0) -> torch.Tensor:
     """The Triton kernel behind the contract of `rms_norm_reference` (x [..., width], weight [width])."""
-    return _norm(x, None, weight, eps)[1]
+    return _norm(x, None, weight, eps, offset)[1]
 
 
 def add_rms_norm_triton(
-    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, *, offset: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton kernel behind the contract of `add_rms_norm_reference` (x and delta of one shape)."""
     if delta.shape != x.shape:
         raise ValueError(f"add_rms_norm: delta {tuple(delta.shape)} {delta.dtype} vs x {tuple(x.shape)} {x.dtype}")
-    return _norm(x, delta, weight, eps)
+    return _norm(x, delta, weight, eps, offset)
 
 
 def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

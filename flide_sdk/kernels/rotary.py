@@ -27,16 +27,16 @@ TILE = 1024
 
 
 @triton.jit
-def _normed(x_rows, weight_ptr, col, col_ok, row_ok, rstd, dtype: tl.constexpr):
+def _normed(x_rows, weight_ptr, offset, col, col_ok, row_ok, rstd, dtype: tl.constexpr):
     """The norm's output at columns `col` of each row (x_rows: the rows' pointers), rounded to dtype."""
     x = tl.load(x_rows[:, None] + col[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
     weight = tl.load(weight_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
-    return (x.to(tl.float32) * rstd[:, None] * (1.0 + weight)[None, :]).to(dtype).to(tl.float32)
+    return (x.to(tl.float32) * rstd[:, None] * (offset + weight)[None, :]).to(dtype).to(tl.float32)
 
 
 @triton.jit
 def _norm_rotary_rows(
-    x_rows, out_rows, copy_rows, row_ok, cos_rows, sin_rows, weight_ptr, width, rotary, eps,
+    x_rows, out_rows, copy_rows, row_ok, cos_rows, sin_rows, weight_ptr, width, rotary, eps, offset,
     BD: tl.constexpr, BROT: tl.constexpr, COPY: tl.constexpr,
 ):
     """rms_norm of the head rows at `x_rows` (pointers, [BR]) with their first `rotary` channels rotated by
@@ -48,7 +48,7 @@ def _norm_rotary_rows(
     x = tl.load(x_rows[:, None] + col[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0).to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / width + eps)
     weight = tl.load(weight_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
-    normed = x * rstd[:, None] * (1.0 + weight)[None, :]
+    normed = x * rstd[:, None] * (offset + weight)[None, :]
     passing = col_ok & (col >= rotary)  # the channels the rotation leaves alone
     _store_rows(out_rows, copy_rows, col, normed.to(dtype), row_ok[:, None] & passing[None, :], COPY)
 
@@ -57,8 +57,8 @@ def _norm_rotary_rows(
     rc_ok = rc < rotary
     half = rotary // 2
     first = rc < half
-    own = _normed(x_rows, weight_ptr, rc, rc_ok, row_ok, rstd, dtype)
-    partner = _normed(x_rows, weight_ptr, tl.where(first, rc + half, rc - half), rc_ok, row_ok, rstd, dtype)
+    own = _normed(x_rows, weight_ptr, offset, rc, rc_ok, row_ok, rstd, dtype)
+    partner = _normed(x_rows, weight_ptr, offset, tl.where(first, rc + half, rc - half), rc_ok, row_ok, rstd, dtype)
     partner = tl.where(first[None, :], -partner, partner)
     ok = row_ok[:, None] & rc_ok[None, :]
     cos = tl.load(cos_rows[:, None] + rc[None, :], mask=ok, other=0.0).to(tl.float32)
@@ -77,7 +77,7 @@ def _store_rows(out_rows, copy_rows, col, values, mask, COPY: tl.constexpr):
 
 @triton.jit
 def _rms_norm_rotary_kernel(
-    x_ptr, weight_ptr, cos_ptr, sin_ptr, out_ptr, rows, heads, width, rotary, eps,
+    x_ptr, weight_ptr, cos_ptr, sin_ptr, out_ptr, rows, heads, width, rotary, eps, offset,
     stride_token, stride_head, stride_cos, stride_sin,
     BR: tl.constexpr, BD: tl.constexpr, BROT: tl.constexpr,
 ):
@@ -86,7 +86,7 @@ def _rms_norm_rotary_kernel(
     out_rows = out_ptr + row * width
     _norm_rotary_rows(x_ptr + token * stride_token + (row - token * heads) * stride_head, out_rows, out_rows,
                       row < rows, cos_ptr + token * stride_cos, sin_ptr + token * stride_sin, weight_ptr, width,
-                      rotary, eps, BD, BROT, False)
+                      rotary, eps, offset, BD, BROT, False)
 
 
 def row_blocks(width: int) -> tuple[int, int]:
@@ -96,7 +96,7 @@ def row_blocks(width: int) -> tuple[int, int]:
 
 
 def rms_norm_rotary_triton(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
+    x: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, *, offset: float = 1.0
 ) -> torch.Tensor:
     """The Triton kernel behind the contract of `rms_norm_rotary_reference`.
 
@@ -116,7 +116,7 @@ def rms_norm_rotary_triton(
     if rows and width:
         block_r, block_d = row_blocks(width)
         _rms_norm_rotary_kernel[(triton.cdiv(rows, block_r),)](
-            x, weight.contiguous(), cos, sin, out, rows, heads, width, rotary, eps,
+            x, weight.contiguous(), cos, sin, out, rows, heads, width, rotary, eps, offset,
             x.stride(0), x.stride(1), cos.stride(0), sin.stride(0),
             BR=block_r, BD=block_d, BROT=triton.next_power_of_2(max(rotary, 1)), num_warps=4,
         )

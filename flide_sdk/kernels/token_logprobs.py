@@ -24,8 +24,9 @@ VOCAB_SLICE = 4096  # head rows a program covers: its partial maximum and sum
 @triton.jit
 def _partial_kernel(
     h_ptr, head_ptr, targets_ptr, peak_ptr, total_ptr, picked_ptr, rows, vocab, hidden, slices,
-    stride_h, stride_head,
+    stride_h, stride_head, softcap,
     BR: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr, SLICE: tl.constexpr, IEEE: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     block, part = tl.program_id(0), tl.program_id(1)
     r = block * BR + tl.arange(0, BR)
@@ -51,6 +52,8 @@ def _partial_kernel(
                 logits += tl.dot(x, w, input_precision="ieee")
             else:
                 logits += tl.dot(x, w)
+        if SOFTCAP:  # softcap * tanh(logits / softcap), tanh(y) = 1 - 2 / (exp(2y) + 1)
+            logits = softcap * (1.0 - 2.0 / (tl.exp(2.0 * logits / softcap) + 1.0))
         logits = tl.where(v_ok[None, :], logits, float("-inf"))
         top = tl.maximum(peak, tl.max(logits, axis=1))
         total = total * tl.exp(peak - top) + tl.sum(tl.exp(logits - top[:, None]), axis=1)
@@ -76,7 +79,8 @@ def _combine_kernel(peak_ptr, total_ptr, picked_ptr, out_ptr, slices, BS: tl.con
     tl.store(out_ptr + r, picked - lse)
 
 
-def token_logprobs_triton(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def token_logprobs_triton(h: torch.Tensor, head: torch.Tensor, targets: torch.Tensor,
+                          softcap: float | None = None) -> torch.Tensor:
     """Two launches behind the contract of `token_logprobs_reference` (h and head of one dtype, rows contiguous)."""
     rows, hidden = h.shape
     vocab = head.shape[0]
@@ -91,7 +95,9 @@ def token_logprobs_triton(h: torch.Tensor, head: torch.Tensor, targets: torch.Te
     peak, total, picked = (torch.empty(rows, slices, dtype=torch.float32, device=h.device) for _ in range(3))
     _partial_kernel[(triton.cdiv(rows, BLOCK_ROWS), slices)](
         h, head, targets, peak, total, picked, rows, vocab, hidden, slices, h.stride(0), head.stride(0),
+        1.0 if softcap is None else softcap,
         BR=BLOCK_ROWS, BV=BLOCK_VOCAB, BH=BLOCK_HIDDEN, SLICE=VOCAB_SLICE, IEEE=h.dtype == torch.float32,
+        SOFTCAP=softcap is not None,
     )
     _combine_kernel[(rows,)](peak, total, picked, out, slices, BS=triton.next_power_of_2(slices))
     return out

@@ -1,10 +1,14 @@
-"""Reading Qwen3.5 checkpoints in Hugging Face format, and building random ones of any shape.
+"""Reading Qwen3.5 and Gemma 4 checkpoints in Hugging Face format, and building random ones of any shape.
 
 Two layouts load, dense or MoE: the text-only one written by `Qwen3_5ForCausalLM.save_pretrained`
 (`model_type` `qwen3_5_text` / `qwen3_5_moe_text`, decoder keys under `model.`, `lm_head.weight` unless tied;
 one tensor per routed expert's projection) and the published release (`model_type` `qwen3_5` / `qwen3_5_moe`,
 `text_config` nested, decoder keys under `model.language_model.`, vision tower `model.visual.*` and `mtp.*`
 ignored); a saved `JevForDecision` (`model_type` `jev`) reads as its base model, without a language-model head.
+Gemma 4 the same way: `gemma4_text` (`Gemma4ForCausalLM.save_pretrained`, decoder keys under `model.`) and the
+`gemma4` release (`Gemma4ForConditionalGeneration`: `text_config` nested, decoder keys under
+`model.language_model.`, the vision and audio towers and their embedders ignored). The family, and so the decoder
+class, follows the config (`model_class`).
 Weights come from `*.safetensors` files, sharded or not; only the text decoder's tensors (and a decision head's,
 `models.decision.HeadSpec`) are read, straight to the target device and dtype. Whatever is wrong with a checkpoint
 (unreadable JSON or safetensors, a config out of range, a tensor of the wrong shape or dtype or not finite)
@@ -23,8 +27,9 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from flide_sdk.errors import CheckpointError
-from flide_sdk.models.config import MOE_TYPES, Qwen35Config
+from flide_sdk.models.config import MOE_TYPES, Gemma4Config, Qwen35Config
 from flide_sdk.models.decision import HeadSpec
+from flide_sdk.models.gemma4 import Gemma4Model
 from flide_sdk.models.lora import LoraAdapter, MergePlan
 from flide_sdk.models.qwen35 import DecisionHead, Qwen35Model
 
@@ -45,7 +50,16 @@ def read_json(file: Path) -> Any:
         raise CheckpointError(f"{file}: not readable as JSON ({error})") from error
 
 
-def read_config(path: str | Path) -> tuple[Qwen35Config, str]:
+ModelConfig = Qwen35Config | Gemma4Config
+DecoderModel = Qwen35Model | Gemma4Model
+
+
+def model_class(config: ModelConfig) -> type[DecoderModel]:
+    """The decoder a config describes."""
+    return Gemma4Model if isinstance(config, Gemma4Config) else Qwen35Model
+
+
+def read_config(path: str | Path) -> tuple[ModelConfig, str]:
     """The decoder config of a checkpoint directory, and the key prefix of its decoder weights."""
     config_path = Path(path) / "config.json"
     raw = read_raw_config(Path(path))
@@ -83,10 +97,19 @@ def read_config(path: str | Path) -> tuple[Qwen35Config, str]:
             return Qwen35Config.from_text_config(text, tie_word_embeddings=tie, moe=moe), "model.language_model."
         if model_type in ("qwen3_5_text", "qwen3_5_moe_text"):
             return Qwen35Config.from_text_config(raw, moe=moe), "model."
+        if model_type == "gemma4":  # the release: the text decoder's config nested, the towers' ignored
+            where = f"{config_path}: text_config"
+            text = raw.get("text_config")
+            if not isinstance(text, dict):
+                raise TypeError(f"must be a JSON object, got {type(text).__name__}")
+            tie = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
+            return Gemma4Config.from_text_config(text, tie_word_embeddings=tie), "model.language_model."
+        if model_type == "gemma4_text":
+            return Gemma4Config.from_text_config(raw), "model."
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{where}: {error}") from error
-    raise CheckpointError(f"{config_path}: model_type {model_type!r} is not supported "
-                          "(expected qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text or jev)")
+    raise CheckpointError(f"{config_path}: model_type {model_type!r} is not supported (expected qwen3_5, "
+                          "qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, gemma4, gemma4_text or jev)")
 
 
 def read_raw_config(path: Path) -> dict[str, Any]:
@@ -128,7 +151,7 @@ def _target_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
 
 
 def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype,
-               head: HeadSpec | None = None, adapter: LoraAdapter | None = None) -> Qwen35Model:
+               head: HeadSpec | None = None, adapter: LoraAdapter | None = None) -> DecoderModel:
     """Build the decoder of the checkpoint at `path` on `device` in `dtype`, reading only its tensors, and its
     decision head when `head` says where it is (a saved JEV has no language-model head: it is not read), with the
     LoRA `adapter` merged into the projections it targets (in float32, each as it is read, before the cast).
@@ -148,7 +171,7 @@ def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype,
     try:
         with torch.device("meta"):  # shapes only, no memory
             decision_head = None if head is None else DecisionHead(config.hidden_size, head.rows, head.softcap)
-            model = Qwen35Model(config, decision_head, lm_head=not saved_jev)
+            model = model_class(config)(config, decision_head, lm_head=not saved_jev)
     except (OverflowError, RuntimeError, TypeError) as error:  # a shape past int64
         first_line = str(error).splitlines()[0]
         message = f"{path / 'config.json'}: its sizes make tensors too large to describe ({first_line})"
@@ -231,7 +254,7 @@ def _check_head_file(file: Path, head_keys: dict[str, str]) -> None:
 
 
 def random_state_dict(
-    config: Qwen35Config, seed: int = 0, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+    config: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
 ) -> dict[str, torch.Tensor]:
     """Random decoder weights (our names, no prefix) with activations of order one and spread-out logits.
 
@@ -240,7 +263,7 @@ def random_state_dict(
     """
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.device("meta"):
-        shapes = {name: tuple(t.shape) for name, t in Qwen35Model(config).state_dict().items()}
+        shapes = {name: tuple(t.shape) for name, t in model_class(config)(config).state_dict().items()}
 
     def normal(shape: tuple[int, ...], std: float, mean: float = 0.0) -> torch.Tensor:
         return torch.randn(shape, generator=generator, device=device) * std + mean

@@ -1,11 +1,13 @@
 """The op interface the model forward calls for its stream-structured operations and its fused norms.
 
-The model never touches request structure itself: attention, the gated delta rule, the Gated DeltaNet's
-front (short convolution, gates, saved conv windows) and attention's front (q/k norms with the rotary
-embedding, the keys and values saved into the pool) read it from the round's metadata through the first four
-functions. The RMS norms (plain, with the residual add folded in, the Gated DeltaNet's gated one), the MLP's
-SwiGLU, the readout's label log-softmax and its token log-probabilities go through here too, so that each is one kernel on CUDA instead of a
-chain of elementwise ops.
+The model never touches request structure itself: attention (with a sliding window where a layer has one), the
+gated delta rule, the Gated DeltaNet's front (short convolution, gates, saved conv windows) and attention's
+front (q/k norms with the rotary embedding, the keys and values saved into the pool) read it from the round's
+metadata through the first four functions. The RMS norms (plain, with the residual add folded in, the Gated
+DeltaNet's gated one, a query head's with its rotary embedding), the MLP's SwiGLU (Qwen3.5) or GeGLU (Gemma 4),
+the readout's label log-softmax and its token log-probabilities go through here too, so that each is one
+kernel on CUDA instead of a chain of elementwise ops. Norms scale by (offset + w): offset 1 for Qwen3.5's
+zero-centred weights, 0 for Gemma 4's.
 So do an MoE FFN's routed experts (`moe_experts`: grouped GEMMs on CUDA). The projections (`linear`) go
 through here as well, so the batch-invariant mode can swap in its fixed-order GEMM.
 `reference_ops` binds the pure-torch definitions (CPU); `invariant_reference_ops` their fixed-order forms
@@ -30,9 +32,11 @@ from flide_sdk.kernels.reference import (
     gated_delta_reference,
     gated_rms_norm_reference,
     gdn_front_reference,
+    geglu_reference,
     label_log_softmax_reference,
     moe_experts_reference,
     rms_norm_reference,
+    rms_norm_rotary_reference,
     swiglu_reference,
     token_logprobs_reference,
 )
@@ -47,7 +51,9 @@ class Ops:
          torch.Tensor | None],
         torch.Tensor,
     ]
-    """(q, k, v, plan, query_rows, k_cache, v_cache, gate) -> attention output [Tq, Hq, D] times sigmoid(gate)."""
+    """(q, k, v, plan, query_rows, k_cache, v_cache, gate[, scale=, window=]) -> attention output [Tq, Hq, D] times
+    sigmoid(gate) (no gate: as it is); scores scaled by `scale` (None: 1/sqrt(D)); a sliding `window` hides the
+    keys at positions window or more before the query's (`kernels.reference.fork_attention_reference`)."""
     attention_tiles: Callable[[AttentionPlan, torch.Tensor | None, int, int, torch.dtype], AttentionPlan]
     """(plan, readout rows or None, query heads, key/value heads, q's dtype) -> the plan with what `fork_attention`
     derives from it once per forward pass (the kernel's tile tables; the reference needs none: the plan itself)."""
@@ -64,26 +70,34 @@ class Ops:
     the saved windows written into the arena in place (`kernels.gdn_front`)."""
     attention_front: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
     """(q [Tq, H, D], k, v [T, Hkv, D], q norm weight, k norm weight [D], eps, cos/sin tables [positions, R],
-    positions [T], query rows [Tq] or None, k_cache, v_cache [pool positions, Hkv, D], slots [T]) -> (q, k
-    normalised and rotated, v) contiguous, k and v written into the caches at slots (`kernels.attention_front`)."""
-    rms_norm: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
-    """(x [..., D], weight [D], eps) -> x / rms(x) * (1 + weight) in weight's dtype (x may be wider)."""
-    add_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
-    """(x, delta, weight, eps) -> (s = x + delta in x's dtype, rms_norm(s, weight, eps))."""
+    positions [T], query rows [Tq] or None, k_cache, v_cache [pool positions, Hkv, D], slots [T][, offset=]) ->
+    (q, k normalised and rotated, v) contiguous, k and v written into the caches at slots (`kernels.attention_front`)."""
+    rms_norm_rotary: Callable[..., torch.Tensor]
+    """(x [T, H, D], weight [D], eps, cos, sin [T, R][, offset=]) -> rms_norm(x) with its first R channels rotated:
+    the queries of a layer that reads another's keys and values."""
+    rms_norm: Callable[..., torch.Tensor]
+    """(x [..., D], weight [D], eps[, offset=]) -> x / rms(x) * (offset + weight) in weight's dtype (x may be
+    wider; offset 1 by default)."""
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    """(x, delta, weight, eps[, offset=]) -> (s = x + delta in x's dtype, rms_norm(s, weight, eps, offset))."""
     gated_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
     """(x [..., D], gate [..., D], weight [D], eps) -> weight * rmsnorm(x) * silu(gate) in x's dtype."""
     swiglu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     """(gate [T, I], up [T, I]) -> silu(gate) * up in their dtype."""
-    moe_experts: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-    """(x [T, H], gate_up [E, 2I, H], down [E, H, I], experts [T, k], weights [T, k] float32) -> the weighted sum
-    of each token's experts' SwiGLU MLPs [T, H] in x's dtype (`kernels.reference.moe_experts_reference`)."""
+    geglu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    """(gate [T, I], up [T, I]) -> gelu_tanh(gate) * up in their dtype."""
+    moe_experts: Callable[..., torch.Tensor]
+    """(x [T, H], gate_up [E, 2I, H], down [E, H, I], experts [T, k], weights [T, k] float32[, glu]) -> the
+    weighted sum of each token's experts' gated MLPs [T, H] in x's dtype, glu(gate, up) their activation (SwiGLU
+    by default; `kernels.reference.moe_experts_reference`)."""
     label_log_softmax: Callable[..., torch.Tensor]
     """(h [R, hidden], head weight [vocab, hidden], label ids [R, L], -1 for none[, bias [rows], softcap]) ->
     float32 log_softmax over each row's label logits (float32 dot products, plus a decision head's bias,
     soft-capped) [R, L], -inf where a row has no label."""
-    token_logprobs: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-    """(h [X, hidden], head weight [vocab, hidden], target ids [X]) -> float32 log-probability of each row's target
-    under the softmax over the whole vocabulary (float32 logits) [X]; a row's value independent of the others."""
+    token_logprobs: Callable[..., torch.Tensor]
+    """(h [X, hidden], head weight [vocab, hidden], target ids [X][, softcap]) -> float32 log-probability of each
+    row's target under the softmax over the whole vocabulary (float32 logits, soft-capped when `softcap` is set)
+    [X]; a row's value independent of the others."""
 
 
 def _plan_itself(plan: AttentionPlan | DeltaPlan, *_: object) -> AttentionPlan | DeltaPlan:
@@ -98,10 +112,12 @@ reference_ops = Ops(
     delta_workspace=_plan_itself,
     gdn_front=gdn_front_reference,
     attention_front=attention_front_reference,
+    rms_norm_rotary=rms_norm_rotary_reference,
     rms_norm=rms_norm_reference,
     add_rms_norm=add_rms_norm_reference,
     gated_rms_norm=gated_rms_norm_reference,
     swiglu=swiglu_reference,
+    geglu=geglu_reference,
     moe_experts=moe_experts_reference,
     label_log_softmax=label_log_softmax_reference,
     token_logprobs=token_logprobs_reference,
@@ -116,10 +132,12 @@ invariant_reference_ops = replace(
     gated_delta=fixed_order.gated_delta_fixed,
     gdn_front=fixed_order.gdn_front_fixed,
     attention_front=fixed_order.attention_front_fixed,
+    rms_norm_rotary=fixed_order.rms_norm_rotary_fixed,
     rms_norm=fixed_order.rms_norm_fixed,
     add_rms_norm=fixed_order.add_rms_norm_fixed,
     gated_rms_norm=fixed_order.gated_rms_norm_fixed,
     swiglu=fixed_order.swiglu_fixed,
+    geglu=fixed_order.geglu_fixed,
     label_log_softmax=fixed_order.label_log_softmax_fixed,
     token_logprobs=fixed_order.token_logprobs_fixed,
 )
@@ -129,7 +147,8 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
     """The Triton kernels (used on CUDA; on CPU they run only under TRITON_INTERPRET=1, for tests). Batch
     invariant: the fixed-tile GEMM (`kernels.matmul`) for every projection (an engine keeps cuBLAS for the
     shapes `matmul.plan_linear` shows to sum alike), and attention tiles of one piece without key splits
-    (`fork_attention_config`); the other kernels reduce per token or per chunk in one order already."""
+    (`fork_attention_config`); the other kernels reduce per token or per chunk in one order already. Gemma 4's
+    GeGLU runs as torch's ops (no kernel of its own yet)."""
     from flide_sdk.kernels.attention_front import attention_front_triton
     from flide_sdk.kernels.fork_attention import attention_tiles, fork_attention_config, fork_attention_triton
     from flide_sdk.kernels.gated_delta import delta_workspace, gated_delta_triton
@@ -142,6 +161,7 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
         gated_rms_norm_triton,
         rms_norm_triton,
     )
+    from flide_sdk.kernels.rotary import rms_norm_rotary_triton
     from flide_sdk.kernels.swiglu import swiglu_triton
     from flide_sdk.kernels.token_logprobs import token_logprobs_triton
 
@@ -150,9 +170,9 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
         def tiles(plan, readout_rows, heads, kv_heads, dtype):
             return attention_tiles(plan, readout_rows, heads, kv_heads, dtype, fork_attention_config(dtype, True))
 
-        def attention(q, k, v, plan, query_rows, k_cache, v_cache, gate=None):
-            return fork_attention_triton(q, k, v, plan, query_rows, k_cache, v_cache, gate,
-                                         config=fork_attention_config(q.dtype, True))
+        def attention(q, k, v, plan, query_rows, k_cache, v_cache, gate=None, *, scale=None, window=None):
+            return fork_attention_triton(q, k, v, plan, query_rows, k_cache, v_cache, gate, scale=scale,
+                                         window=window, config=fork_attention_config(q.dtype, True))
 
     return Ops(
         linear=linear_triton if batch_invariant else F.linear,
@@ -162,10 +182,12 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
         delta_workspace=delta_workspace,
         gdn_front=gdn_front_triton,
         attention_front=attention_front_triton,
+        rms_norm_rotary=rms_norm_rotary_triton,
         rms_norm=rms_norm_triton,
         add_rms_norm=add_rms_norm_triton,
         gated_rms_norm=gated_rms_norm_triton,
         swiglu=swiglu_triton,
+        geglu=geglu_reference,
         moe_experts=moe_experts_grouped,
         label_log_softmax=label_log_softmax_triton,
         token_logprobs=token_logprobs_triton,

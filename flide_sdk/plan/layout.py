@@ -152,8 +152,8 @@ def round_tensors(plan: RoundPlan, shape: RoundShape, t: dict[str, torch.Tensor]
                                  sizes, level.chained))
     positions, key_lo, ctx_hi, seg_lo, request_of, vis_end, piece_lo = t["token_rows"]
     history = [(r.start, r.resume.pages if r.resume else None) for r in plan.requests]
-    attention = AttentionPlan(key_lo, ctx_hi, seg_lo, request_of, vis_end, t["history_len"], t["page_offset"],
-                              t["pages"], t["num_tokens"], plan.request_bounds, history)
+    attention = AttentionPlan(key_lo, ctx_hi, seg_lo, request_of, vis_end, positions, t["history_len"],
+                              t["page_offset"], t["pages"], t["num_tokens"], plan.request_bounds, history)
     return RoundTensors(
         ids=t["ids"],
         positions=positions,

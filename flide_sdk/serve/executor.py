@@ -70,7 +70,7 @@ def build_executor(model: Qwen35Model, ops: Ops, tokens: Tokens, pool_bytes: int
     limits = RoundLimits(max_round_tokens, max_round_requests, max_round_tokens, save_align=save_align,
                          batch_invariant=batch_invariant)
     runner = None
-    ladder = capacity_ladder(model.config.conv_kernel, max_round_tokens, max_round_requests,
+    ladder = capacity_ladder(pool.layout.conv_kernel, max_round_tokens, max_round_requests,
                              tokens.max_prompt_tokens)
     if batch_invariant and device.type == "cuda":
         # cuBLAS where it sums alike at every stream capacity from a floor up; fewer rows (the readout's) are
@@ -141,7 +141,7 @@ class Executor:
             try:
                 specs = [self._request_spec(request, saves) for request in batch.requests]
                 specified = time.perf_counter()
-                plan = RoundPlan(specs, self.model.config.conv_kernel, self.pool.state_rows, self.pool.kv_sink,
+                plan = RoundPlan(specs, self.pool.layout.conv_kernel, self.pool.state_rows, self.pool.kv_sink,
                                  not self.limits.batch_invariant)
                 planned, cpu_planned = time.perf_counter(), time.thread_time()
                 self.pool.copy_pages([copy for save in saves for copy in save.page_copies])
