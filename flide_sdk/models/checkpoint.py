@@ -72,17 +72,22 @@ def read_config(path: str | Path) -> tuple[ModelConfig, str]:
             if not isinstance(text, dict):
                 raise TypeError(f"must be a JSON object, got {type(text).__name__}")
             base = text.get("model_type")
-            if base in ("qwen3_5", "qwen3_5_moe"):  # on a release-layout base: its decoder's config nested again
+            if base in ("qwen3_5", "qwen3_5_moe", "gemma4"):  # a release-layout base: its decoder's config nested
                 where = f"{config_path}: text_config.text_config"
                 inner = text.get("text_config")
                 if not isinstance(inner, dict):
                     raise TypeError(f"must be a JSON object, got {type(inner).__name__}")
+                if base == "gemma4":
+                    tie = text.get("tie_word_embeddings", inner.get("tie_word_embeddings", True))
+                    return Gemma4Config.from_text_config(inner, tie_word_embeddings=tie), "model.language_model."
                 tie = text.get("tie_word_embeddings", inner.get("tie_word_embeddings", False))
                 return (Qwen35Config.from_text_config(inner, tie_word_embeddings=tie, moe=base in MOE_TYPES),
                         "model.language_model.")
+            if base == "gemma4_text":
+                return Gemma4Config.from_text_config(text), "model."
             if base not in ("qwen3_5_text", "qwen3_5_moe_text"):
-                raise ValueError(f"model_type {base!r}: a JEV head is served on qwen3_5, qwen3_5_text, qwen3_5_moe "
-                                 "or qwen3_5_moe_text")
+                raise ValueError(f"model_type {base!r}: a JEV head is served on qwen3_5, qwen3_5_text, qwen3_5_moe, "
+                                 "qwen3_5_moe_text, gemma4 or gemma4_text")
             return Qwen35Config.from_text_config(text, moe=base in MOE_TYPES), "model."
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{where}: {error}") from error
