@@ -177,7 +177,7 @@ def test_triton_applies_the_output_gate_like_the_reference(readout):
 def test_attention_tiles_builds_the_stream_and_readout_tables_the_kernel_reads():
     rnd, q, k, v, k_cache, v_cache = round_with_history(5, 2, 2, 16)
     plan, rows = rnd.attention, rnd.readout.rows
-    tiled = attention_tiles(plan, rows, 2, 2, torch.float32)
+    tiled = attention_tiles(plan, rows, 2, 2, 16, torch.float32)
     every, readout = tiled.stream_tiles, tiled.readout_tiles
     assert every.query_rows is None and readout.query_rows is rows and readout.rows is rows
     assert readout.tile_start is not every.tile_start
@@ -271,7 +271,7 @@ def test_split_tiles_match_reference(seed, heads, kv_heads, min_split_keys, extr
         config = float32_config(min_split_keys=min_split_keys, extra_items=extra_items)
         got = fork_attention_triton(q[picked], k, v, plan, query_rows, k_cache, v_cache, gate[picked], config=config)
         assert relative_error(got, expected) < 1e-5
-    tiled = attention_tiles(plan, rows, heads, kv_heads, q.dtype, config)
+    tiled = attention_tiles(plan, rows, heads, kv_heads, q.shape[2], q.dtype, config)
     split_tables = [t for t in (tiled.stream_tiles, tiled.readout_tiles) if int(t.tile_splits.max()) > 1]
     assert split_tables, "some tile of the round was split"
     for table in split_tables:
