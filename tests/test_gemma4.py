@@ -220,10 +220,13 @@ async def test_kernel_ops_match_transformers(gemma):
 def test_checkpoint_bytes_per_token(gemma):
     """A checkpointed token holds keys and values of the layers that compute their own: in the shared config
     sliding layers 0, 1 and 3 (2 heads of 16) and full layer 2 (2 heads of 32), keys and values, nothing for the
-    two KV-shared layers (float32). Mutation caught: the pool giving KV-shared layers arenas of their own."""
+    two KV-shared layers (float32). Every layer attends: 6 attention layers, 4 of them sliding. Mutations caught:
+    the pool giving KV-shared layers arenas of their own; attention layers counted as full layers alone."""
     path, _ = gemma("shared")
     with fl.Engine.load(path, device="cpu", dtype="float32") as engine:
-        assert engine.info()["checkpoint_token_bytes"] == (3 * 2 * 2 * 16 + 2 * 2 * 32) * 4
+        info = engine.info()
+        assert info["checkpoint_token_bytes"] == (3 * 2 * 2 * 16 + 2 * 2 * 32) * 4
+        assert (info["layers"], info["attention_layers"], info["sliding_attention_layers"]) == (6, 6, 4)
 
 
 def test_release_configs_checkpoint_bytes(tmp_path):
