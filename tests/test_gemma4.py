@@ -194,11 +194,13 @@ def test_batch_invariant_mode_matches_transformers(gemma):
 
 
 @pytest.mark.asyncio
-async def test_kernel_ops_match_transformers(gemma):
+@pytest.mark.parametrize("feature", ["shared", "moe"])
+async def test_kernel_ops_match_transformers(gemma, feature):
     """The Triton kernels (interpreted): attention front with Gemma's norm offset, ForkAttention with the window
-    and scale 1, soft-capped label softmax, on a round with a resumed session. Mutation caught: the kernel's
-    window test on history keys or stream keys dropped."""
-    path, hf_model = gemma("shared")
+    and scale 1 (full heads twice the sliding ones' width), the GeGLU kernel (MLP, per-layer inputs, and the
+    routed experts' grouped GEMMs), soft-capped label softmax, on a round with a resumed session. Mutations
+    caught: the kernel's window test on history keys or stream keys dropped; the GeGLU kernel's cubic term."""
+    path, hf_model = gemma(feature)
     base = fl.Engine.load(path, device="cpu")
     base.close()
     async with Engine(base.model, base.prompt, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
