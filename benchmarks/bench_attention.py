@@ -134,7 +134,7 @@ def main() -> None:
             try:
                 config = config_of(knobs)
                 # the work table built once, as the engine builds it once per pass for all its layers
-                tiled = attention_tiles(rnd.attention, None, heads, kv_heads, t["q"].dtype, config)
+                tiled = attention_tiles(rnd.attention, None, heads, kv_heads, dim, t["q"].dtype, config)
 
                 def run(config=config, tiled=tiled, t=t):
                     return fork_attention_triton(t["q"], t["k"], t["v"], tiled, None, t["k_cache"], t["v_cache"],

@@ -23,7 +23,14 @@ import numpy as np
 import torch
 
 import flide_sdk as fl
-from benchmarks.common import Phases, build_random_checkpoint, run_metadata, write_result
+from benchmarks.common import (
+    GEMMA_SIZES,
+    MODEL_SIZES,
+    Phases,
+    build_random_checkpoint,
+    run_metadata,
+    write_result,
+)
 from benchmarks.fidelity import quality_request, race_requests
 
 
@@ -74,7 +81,7 @@ async def lone_latency(engine: fl.Engine, state: str, count: int, repeats: int =
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model-size", default="0.8B")
+    parser.add_argument("--model-size", default="0.8B", choices=MODEL_SIZES + GEMMA_SIZES)
     parser.add_argument("--no-float32", dest="float32", action="store_false",
                         help="skip the float32 engine (the bf16 rounding scale; the slowest phase, over 6 min at 0.8B)")
     args = parser.parse_args()

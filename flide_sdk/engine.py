@@ -242,14 +242,16 @@ class Engine:
     def info(self) -> dict[str, Any]:
         """What this engine runs and with what memory: model shapes, device, dtype, limits, the captured graph
         capacities (stream tokens; empty without graphs), and bytes of weights, checkpoint pool and graphs
-        (`checkpoint_token_bytes`: the keys and values a checkpointed token takes in the pool)."""
+        (`checkpoint_token_bytes`: the keys and values a checkpointed token takes in the pool; `attention_layers`:
+        the layers that attend, full or sliding-window, `sliding_attention_layers` the latter)."""
         config = self.model.config
         return {
             "model": self.name,
             "device": str(self.device),
             "dtype": str(self.model.embed_tokens.weight.dtype).removeprefix("torch."),
             "layers": config.num_layers,
-            "attention_layers": config.layer_types.count("full_attention"),
+            "attention_layers": sum(kind != "linear_attention" for kind in config.layer_types),
+            "sliding_attention_layers": config.layer_types.count("sliding_attention"),
             "checkpoint_token_bytes": self.pool.page_bytes // PAGE,
             "hidden_size": config.hidden_size,
             "vocab_size": config.vocab_size,

@@ -324,3 +324,10 @@ def test_start_up_is_shown_when_asked_and_timed_in_stats(tiny_path, capsys):
     with fl.Engine.load(tiny_path, device="cpu:0", progress=True):  # a numbered device: engines loaded together
         shown = capsys.readouterr().err
         assert "flide_sdk cpu:0: weights:" in shown and "flide_sdk cpu:0: serving:" in shown
+
+
+def test_info_counts_the_layers_that_attend(single):
+    """The tiny Qwen3.5 model: 2 of its 8 layers attend (the rest are Gated DeltaNet), none in a sliding window
+    (Gemma 4's counts: tests/test_gemma4.py). Mutation caught: Gated DeltaNet layers counted as attending."""
+    info = single.info()
+    assert (info["layers"], info["attention_layers"], info["sliding_attention_layers"]) == (8, 2, 0)

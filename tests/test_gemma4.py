@@ -194,11 +194,13 @@ def test_batch_invariant_mode_matches_transformers(gemma):
 
 
 @pytest.mark.asyncio
-async def test_kernel_ops_match_transformers(gemma):
+@pytest.mark.parametrize("feature", ["shared", "moe"])
+async def test_kernel_ops_match_transformers(gemma, feature):
     """The Triton kernels (interpreted): attention front with Gemma's norm offset, ForkAttention with the window
-    and scale 1, soft-capped label softmax, on a round with a resumed session. Mutation caught: the kernel's
-    window test on history keys or stream keys dropped."""
-    path, hf_model = gemma("shared")
+    and scale 1 (full heads twice the sliding ones' width), the GeGLU kernel (MLP, per-layer inputs, and the
+    routed experts' grouped GEMMs), soft-capped label softmax, on a round with a resumed session. Mutations
+    caught: the kernel's window test on history keys or stream keys dropped; the GeGLU kernel's cubic term."""
+    path, hf_model = gemma(feature)
     base = fl.Engine.load(path, device="cpu")
     base.close()
     async with Engine(base.model, base.prompt, base.device, ops=kernel_ops(), round_deadline_ms=300) as engine:
@@ -220,10 +222,13 @@ async def test_kernel_ops_match_transformers(gemma):
 def test_checkpoint_bytes_per_token(gemma):
     """A checkpointed token holds keys and values of the layers that compute their own: in the shared config
     sliding layers 0, 1 and 3 (2 heads of 16) and full layer 2 (2 heads of 32), keys and values, nothing for the
-    two KV-shared layers (float32). Mutation caught: the pool giving KV-shared layers arenas of their own."""
+    two KV-shared layers (float32). Every layer attends: 6 attention layers, 4 of them sliding. Mutations caught:
+    the pool giving KV-shared layers arenas of their own; attention layers counted as full layers alone."""
     path, _ = gemma("shared")
     with fl.Engine.load(path, device="cpu", dtype="float32") as engine:
-        assert engine.info()["checkpoint_token_bytes"] == (3 * 2 * 2 * 16 + 2 * 2 * 32) * 4
+        info = engine.info()
+        assert info["checkpoint_token_bytes"] == (3 * 2 * 2 * 16 + 2 * 2 * 32) * 4
+        assert (info["layers"], info["attention_layers"], info["sliding_attention_layers"]) == (6, 6, 4)
 
 
 def test_release_configs_checkpoint_bytes(tmp_path):

@@ -14,6 +14,7 @@ from flide_sdk.kernels.fork_attention import (
     FORK_ATTENTION_FLOAT32,
     PLAN_ROW_BLOCK,
     attention_tiles,
+    fork_attention_config,
     fork_attention_triton,
     plan_tiles_reference,
     tile_table,
@@ -177,7 +178,7 @@ def test_triton_applies_the_output_gate_like_the_reference(readout):
 def test_attention_tiles_builds_the_stream_and_readout_tables_the_kernel_reads():
     rnd, q, k, v, k_cache, v_cache = round_with_history(5, 2, 2, 16)
     plan, rows = rnd.attention, rnd.readout.rows
-    tiled = attention_tiles(plan, rows, 2, 2, torch.float32)
+    tiled = attention_tiles(plan, rows, 2, 2, 16, torch.float32)
     every, readout = tiled.stream_tiles, tiled.readout_tiles
     assert every.query_rows is None and readout.query_rows is rows and readout.rows is rows
     assert readout.tile_start is not every.tile_start
@@ -271,7 +272,7 @@ def test_split_tiles_match_reference(seed, heads, kv_heads, min_split_keys, extr
         config = float32_config(min_split_keys=min_split_keys, extra_items=extra_items)
         got = fork_attention_triton(q[picked], k, v, plan, query_rows, k_cache, v_cache, gate[picked], config=config)
         assert relative_error(got, expected) < 1e-5
-    tiled = attention_tiles(plan, rows, heads, kv_heads, q.dtype, config)
+    tiled = attention_tiles(plan, rows, heads, kv_heads, q.shape[2], q.dtype, config)
     split_tables = [t for t in (tiled.stream_tiles, tiled.readout_tiles) if int(t.tile_splits.max()) > 1]
     assert split_tables, "some tile of the round was split"
     for table in split_tables:
@@ -288,3 +289,26 @@ def test_split_settings_are_checked():
     for knobs in ({"min_split_keys": 100}, {"min_split_keys": 0}, {"extra_items": -1}):
         with pytest.raises(ValueError, match="min_split_keys"):
             fork_attention_triton(q, k, v, rnd.attention, None, k_cache, v_cache, config=float32_config(**knobs))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_wide_heads_take_a_tiling_of_fewer_rows(dtype):
+    """Gemma 4's full layers' heads of 512: the production config for them holds 16 (float32) or 32 (16-bit, two
+    heads of 16 tokens) rows a program, and matches the reference with a sliding window (float16: the
+    interpreter cannot run bfloat16 through tl.dot). Mutation caught: wide heads given the 64-row tiling of
+    narrower ones (on the GPU, a 64 x 512 float32 accumulator a program: far past its registers)."""
+    window = 40
+    rnd, q, k, v, k_cache, v_cache = round_with_history(2, 4, 1, 512)
+    q, k, v, k_cache, v_cache = (x.to(dtype) for x in (q, k, v, k_cache, v_cache))
+    plan, rows = rnd.attention, rnd.readout.rows
+    tiled = attention_tiles(plan, rows, 4, 1, 512, dtype)
+    rows_per_program = 16 if dtype == torch.float32 else 32
+    assert tiled.stream_tiles.block_tokens == 16 and fork_attention_config(dtype, head_dim=512).block_rows == \
+        rows_per_program
+    for query_rows in (None, rows):
+        picked = slice(None) if query_rows is None else query_rows
+        expected = fork_attention_reference(q[picked].float(), k.float(), v.float(), plan, query_rows,
+                                            k_cache.float(), v_cache.float(), scale=1 / 64, window=window)
+        got = fork_attention_triton(q[picked], k, v, tiled, query_rows, k_cache, v_cache, scale=1 / 64,
+                                    window=window)
+        assert relative_error(got, expected) <= (1e-5 if dtype == torch.float32 else 2e-3)

@@ -88,7 +88,7 @@ def attention_rows_of_first_branch(rnd, config) -> torch.Tensor:
     position = rnd.positions
     q, k, v = table[position, :2], table[position, 2:], table[position + 1, 2:]
     k_cache, v_cache = table[:PAGE * 4, 2:].clone(), table[1 : PAGE * 4 + 1, 2:].clone()
-    plan = attention_tiles(rnd.attention, None, 2, 1, torch.float32, config)
+    plan = attention_tiles(rnd.attention, None, 2, 1, 32, torch.float32, config)
     out = fork_attention_triton(q, k, v, plan, None, k_cache, v_cache, config=config)
     start, end = rnd.attention.request_bounds[0]
     first_branch_end = start + 150 + 17
@@ -99,8 +99,8 @@ def attention_rows_of_first_branch(rnd, config) -> torch.Tensor:
 def test_attention_branch_alone_and_among_siblings_and_other_requests():
     """A trunk and its first branch: the same bits asked alone and forked with siblings in a round of other
     requests with piece tiles and unsplit keys; the default tiling (tiles across branches) differs."""
-    invariant = fork_attention_config(torch.float32, batch_invariant=True)
-    default = fork_attention_config(torch.float32)
+    invariant = fork_attention_config(torch.float32, batch_invariant=True, head_dim=32)
+    default = fork_attention_config(torch.float32, head_dim=32)
     alone, crowded = attention_round([1]), attention_round([5, 3, 1, 4])
     assert torch.equal(attention_rows_of_first_branch(alone, invariant),
                        attention_rows_of_first_branch(crowded, invariant))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flide_sdk.kernels.reference import swiglu_reference
-from flide_sdk.kernels.swiglu import BLOCK_I, BLOCK_T, swiglu_triton
+from flide_sdk.kernels.reference import geglu_reference, swiglu_reference
+from flide_sdk.kernels.swiglu import BLOCK_I, BLOCK_T, geglu_triton, swiglu_triton
 
 from .test_kernels_norm import DTYPES, check, inputs
 
@@ -26,6 +26,18 @@ def test_swiglu_matches_reference_on_strided_halves(width: int, dtype: torch.dty
     got = swiglu_triton(gate, up)
     assert got.is_contiguous()
     check(got, swiglu_reference(gate, up), roundings=2)  # silu, then the product (float16: torch's bits)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("width", [16, 300])
+def test_geglu_matches_reference_on_strided_halves(width: int, dtype: torch.dtype):
+    """Gemma 4's GeGLU (gelu's tanh approximation) through the same kernel. Mutations caught: the exact (erf)
+    gelu, the cubic's 0.044715 dropped, silu in its place."""
+    gate, up = gate_up(3 * BLOCK_T + 5, width, dtype, seed=width + 1)
+    gate = (gate * 3.0).clamp(-3.0, 3.0)  # the tanh's middle and its tails (deeper, torch's 1 + tanh(y) is noise)
+    got = geglu_triton(gate, up)
+    check(got, geglu_reference(gate, up), roundings=2)
+    assert (got.float() - swiglu_reference(gate, up).float()).abs().max() > 1e-2
 
 
 def test_swiglu_other_layouts_empty_rounds_and_mismatched_halves():

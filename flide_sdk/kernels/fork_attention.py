@@ -32,7 +32,8 @@ PLAN_ROW_BLOCK, PLAN_BLOCK, PLAN_WARPS, MERGE_WARPS = 2048, 256, 8, 8
 class ForkAttentionConfig:
     """The kernel's tuning constants. A program takes `heads_per_program` query heads sharing a key/value head
     (a power of two dividing the group; None: the largest up to MAX_HEADS_PER_PROGRAM) for a tile of
-    block_rows // heads_per_program tokens (at least 16), so each key block it loads serves block_rows rows,
+    block_rows // heads_per_program tokens (at least 16), so each key block it loads serves block_rows rows
+    (`max_heads_per_program` bounds the default),
     and keys `block_keys` at a time (a divisor of the page size: a history block never crosses a page). A tile
     with more than `min_split_keys` keys (a multiple of the page size) and more than its share of the round's
     keys over `extra_items` (None: SLOTS_PER_SM per multiprocessor, per head block) is split. With
@@ -41,6 +42,7 @@ class ForkAttentionConfig:
 
     block_rows: int = 64
     heads_per_program: int | None = None
+    max_heads_per_program: int = MAX_HEADS_PER_PROGRAM
     block_keys: int = 32
     warps: int = 4
     large_head_warps: int | None = None  # warps for head dims of 128 or more (None: `warps`)
@@ -54,13 +56,25 @@ NO_SPLIT = 1 << 30  # min_split_keys of a config that never splits a tile's keys
 FORK_ATTENTION = ForkAttentionConfig()  # 16-bit inputs
 # float32 inputs (exact engine runs): one head per program, page-sized key blocks, one stage (shared memory)
 FORK_ATTENTION_FLOAT32 = ForkAttentionConfig(heads_per_program=1, block_keys=PAGE, large_head_warps=8, stages=1)
+# heads wider than WIDE_HEAD_DIM (Gemma 4's full layers: 512): a program's accumulator is rows x head_dim float32
+# in registers and its q, key and value blocks rows (keys) x head_dim in shared memory, so fewer rows and keys a
+# program. 16-bit: 32 rows (two heads of 16 tokens), 32 keys, two stages: q 32 KiB + keys and values 2 x 2 x 32
+# KiB of shared memory on Hopper's 227, 64 accumulator registers a thread at 8 warps. float32: 16 rows, 16 keys,
+# one stage: 32 + 2 x 32 KiB.
+WIDE_HEAD_DIM = 256
+FORK_ATTENTION_WIDE = ForkAttentionConfig(block_rows=32, max_heads_per_program=2, block_keys=32, warps=8)
+FORK_ATTENTION_FLOAT32_WIDE = ForkAttentionConfig(block_rows=16, heads_per_program=1, block_keys=16, warps=8,
+                                                  stages=1)
 
 
-def fork_attention_config(dtype: torch.dtype, batch_invariant: bool = False) -> ForkAttentionConfig:
-    """The production config for inputs of `dtype`; batch-invariant: tiles of one piece and no key splits, so a
-    row's key blocks (from position 0 for its context, from its piece's start for its own keys) and their order
-    do not depend on the round."""
-    config = FORK_ATTENTION_FLOAT32 if dtype == torch.float32 else FORK_ATTENTION
+def fork_attention_config(dtype: torch.dtype, batch_invariant: bool = False, *, head_dim: int) -> ForkAttentionConfig:
+    """The production config for inputs of `dtype` and heads of `head_dim`; batch-invariant: tiles of one piece
+    and no key splits, so a row's key blocks (from position 0 for its context, from its piece's start for its own
+    keys) and their order do not depend on the round."""
+    if head_dim > WIDE_HEAD_DIM:
+        config = FORK_ATTENTION_FLOAT32_WIDE if dtype == torch.float32 else FORK_ATTENTION_WIDE
+    else:
+        config = FORK_ATTENTION_FLOAT32 if dtype == torch.float32 else FORK_ATTENTION
     return dataclasses.replace(config, piece_tiles=True, min_split_keys=NO_SPLIT) if batch_invariant else config
 
 
@@ -78,7 +92,7 @@ def _tiling(config: ForkAttentionConfig, heads: int, kv_heads: int, device: torc
     group = heads // kv_heads
     per_program = config.heads_per_program
     if per_program is None:
-        per_program = max(1 << p for p in range(MAX_HEADS_PER_PROGRAM.bit_length()) if group % (1 << p) == 0)
+        per_program = max(1 << p for p in range(config.max_heads_per_program.bit_length()) if group % (1 << p) == 0)
     if config.block_keys < 16 or PAGE % config.block_keys:
         raise ValueError(f"block_keys={config.block_keys} must be at least 16 and divide the page size {PAGE}")
     if group % per_program or per_program & (per_program - 1):
@@ -163,14 +177,15 @@ def tile_table(
 
 
 def attention_tiles(
-    plan: AttentionPlan, readout_rows: torch.Tensor | None, heads: int, kv_heads: int, dtype: torch.dtype,
-    config: ForkAttentionConfig | None = None,
+    plan: AttentionPlan, readout_rows: torch.Tensor | None, heads: int, kv_heads: int, head_dim: int,
+    dtype: torch.dtype, config: ForkAttentionConfig | None = None,
 ) -> AttentionPlan:
     """`plan` with the tile tables of the stream's rows and (given) of `readout_rows`, for queries of `heads`
-    heads over `kv_heads` key/value heads in `dtype` (`config`: None, the production config of `dtype`). The
+    heads of `head_dim` over `kv_heads` key/value heads in `dtype` (`config`: None, the production config of
+    `dtype` and `head_dim`). The
     model builds them once per forward pass, inside it (a captured graph must contain their build), and its
     attention layers share them."""
-    config = config or fork_attention_config(dtype)
+    config = config or fork_attention_config(dtype, head_dim=head_dim)
     tiling = _tiling(config, heads, kv_heads, plan.ctx_hi.device)
     num_rows = plan.key_lo.shape[0]
     # piece tiles: a round has at most one branch per readout row (with none: per stream row)
@@ -500,14 +515,14 @@ def fork_attention_triton(
 ) -> torch.Tensor:
     """The Triton kernel behind the same contract as `fork_attention_reference` (no host synchronisation).
 
-    `config` (None: the production config of q's dtype) holds the tuning constants. The work table is the
+    `config` (None: the production config of q's dtype and head dim) holds the tuning constants. The work table is the
     plan's (`attention_tiles`) for its row set, which must have been built for this config; a plan without one
     gets a table built for this call.
     """
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
     if k.stride() != v.stride() or k_cache.stride() != v_cache.stride():
         raise ValueError("keys and values (and their caches) must share a layout")
-    config = config or fork_attention_config(q.dtype)
+    config = config or fork_attention_config(q.dtype, head_dim=head_dim)
     tiling = _tiling(config, heads, kv_heads, q.device)
     table = plan.stream_tiles if query_rows is None else plan.readout_tiles
     if table is None:

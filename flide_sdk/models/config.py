@@ -384,9 +384,13 @@ class Gemma4Config:
                                  f"({self.num_experts})")
 
     def check_cuda_kernels(self) -> None:
-        """ValueError: Gemma 4 runs on CPU for now (the CUDA attention kernel has no sliding window yet)."""
-        raise ValueError("Gemma 4 runs on CPU so far: the CUDA attention kernel has no sliding window yet "
-                         "(issue 62, item 5)")
+        """ValueError unless the CUDA attention kernel takes both layer types' head dims: powers of two from 16
+        (its dot products' least width) to 512 (Gemma 4's full layers, the widest tiling it has); the CPU path
+        takes any."""
+        for name, shape in (("head_dim", self.sliding), ("global_head_dim", self.full)):
+            if shape.head_dim & (shape.head_dim - 1) or not 16 <= shape.head_dim <= 512:
+                raise ValueError(f"{name} must be a power of two from 16 to 512 for the CUDA attention kernel, got "
+                                 f"{shape.head_dim}")
 
     @classmethod
     def from_text_config(cls, text: dict[str, Any], tie_word_embeddings: bool | None = None) -> Gemma4Config:

@@ -233,7 +233,7 @@ class DecoderLayer(nn.Module):
             out = self.post_feedforward_layernorm_1(out, ops) + self.post_feedforward_layernorm_2(routed, ops)
         x = (x + self.post_feedforward_layernorm(out, ops)).to(x.dtype)
         if self.per_layer:
-            gated = ops.geglu(self.per_layer_input_gate(x, ops), per_layer)
+            gated = ops.geglu(self.per_layer_input_gate(x.to(per_layer.dtype), ops), per_layer)
             x = (x + self.post_per_layer_input_norm(self.per_layer_projection(gated, ops), ops)).to(x.dtype)
         return x * self.layer_scalar
 
@@ -315,7 +315,7 @@ class Gemma4Model(nn.Module):
             if key not in plans:
                 shape = c.attention(index)
                 plans[key] = ops.attention_tiles(rnd.attention, rows if key[1] else None, c.num_heads,
-                                                 shape.kv_heads, embedded.dtype)
+                                                 shape.kv_heads, shape.head_dim, embedded.dtype)
         rope = RoundRope(c, rnd.positions, embedded.dtype)
         x = embedded.to(self.residual_dtype)
         streams: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}

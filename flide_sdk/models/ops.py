@@ -54,8 +54,8 @@ class Ops:
     """(q, k, v, plan, query_rows, k_cache, v_cache, gate[, scale=, window=]) -> attention output [Tq, Hq, D] times
     sigmoid(gate) (no gate: as it is); scores scaled by `scale` (None: 1/sqrt(D)); a sliding `window` hides the
     keys at positions window or more before the query's (`kernels.reference.fork_attention_reference`)."""
-    attention_tiles: Callable[[AttentionPlan, torch.Tensor | None, int, int, torch.dtype], AttentionPlan]
-    """(plan, readout rows or None, query heads, key/value heads, q's dtype) -> the plan with what `fork_attention`
+    attention_tiles: Callable[[AttentionPlan, torch.Tensor | None, int, int, int, torch.dtype], AttentionPlan]
+    """(plan, readout rows or None, query heads, key/value heads, head dim, q's dtype) -> the plan with what `fork_attention`
     derives from it once per forward pass (the kernel's tile tables; the reference needs none: the plan itself)."""
     gated_delta: Callable[
         [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, DeltaPlan, torch.Tensor], torch.Tensor
@@ -147,8 +147,7 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
     """The Triton kernels (used on CUDA; on CPU they run only under TRITON_INTERPRET=1, for tests). Batch
     invariant: the fixed-tile GEMM (`kernels.matmul`) for every projection (an engine keeps cuBLAS for the
     shapes `matmul.plan_linear` shows to sum alike), and attention tiles of one piece without key splits
-    (`fork_attention_config`); the other kernels reduce per token or per chunk in one order already. Gemma 4's
-    GeGLU runs as torch's ops (no kernel of its own yet)."""
+    (`fork_attention_config`); the other kernels reduce per token or per chunk in one order already."""
     from flide_sdk.kernels.attention_front import attention_front_triton
     from flide_sdk.kernels.fork_attention import attention_tiles, fork_attention_config, fork_attention_triton
     from flide_sdk.kernels.gated_delta import delta_workspace, gated_delta_triton
@@ -162,17 +161,19 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
         rms_norm_triton,
     )
     from flide_sdk.kernels.rotary import rms_norm_rotary_triton
-    from flide_sdk.kernels.swiglu import swiglu_triton
+    from flide_sdk.kernels.swiglu import geglu_triton, swiglu_triton
     from flide_sdk.kernels.token_logprobs import token_logprobs_triton
 
     tiles, attention = attention_tiles, fork_attention_triton
     if batch_invariant:
-        def tiles(plan, readout_rows, heads, kv_heads, dtype):
-            return attention_tiles(plan, readout_rows, heads, kv_heads, dtype, fork_attention_config(dtype, True))
+        def tiles(plan, readout_rows, heads, kv_heads, head_dim, dtype):
+            return attention_tiles(plan, readout_rows, heads, kv_heads, head_dim, dtype,
+                                   fork_attention_config(dtype, True, head_dim=head_dim))
 
         def attention(q, k, v, plan, query_rows, k_cache, v_cache, gate=None, *, scale=None, window=None):
             return fork_attention_triton(q, k, v, plan, query_rows, k_cache, v_cache, gate, scale=scale,
-                                         window=window, config=fork_attention_config(q.dtype, True))
+                                         window=window,
+                                         config=fork_attention_config(q.dtype, True, head_dim=q.shape[2]))
 
     return Ops(
         linear=linear_triton if batch_invariant else F.linear,
@@ -187,7 +188,7 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
         add_rms_norm=add_rms_norm_triton,
         gated_rms_norm=gated_rms_norm_triton,
         swiglu=swiglu_triton,
-        geglu=geglu_reference,
+        geglu=geglu_triton,
         moe_experts=moe_experts_grouped,
         label_log_softmax=label_log_softmax_triton,
         token_logprobs=token_logprobs_triton,

@@ -399,7 +399,7 @@ class Qwen35Model(nn.Module):
         if any(layer.is_attention for layer in self.layers):
             c = self.config
             attention = ops.attention_tiles(rnd.attention, rows if self.layers[-1].is_attention else None,
-                                            c.num_heads, c.num_kv_heads, embedded.dtype)
+                                            c.num_heads, c.num_kv_heads, c.head_dim, embedded.dtype)
             rnd = dataclasses.replace(rnd, attention=attention)
         if not all(layer.is_attention for layer in self.layers):
             c = self.config
