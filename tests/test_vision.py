@@ -22,6 +22,7 @@ from flide_sdk.models.qwen35_vision import (
     VisionConfig,
     image_ids,
     image_patches,
+    load_vision,
     load_vision_tower,
     mrope_axes,
     mrope_positions,
@@ -143,3 +144,16 @@ def test_bad_vision_configs_are_checkpoint_errors(checkpoint, tmp_path):
         ImageProcessing.from_checkpoint(tmp_path, config)
     with pytest.raises(CheckpointError, match="vision tower tensors missing"):
         load_vision_tower(tmp_path, config, [], "cpu", torch.float32)
+
+
+def test_load_vision_reads_release_checkpoints_only(checkpoint, tmp_path):
+    # mutation: load_vision ignoring the missing preprocessor_config.json (the tower without its pixels)
+    from flide_sdk.testing import tiny_checkpoint
+
+    path, config, processing, _ = checkpoint
+    vision = load_vision(path, "cpu", torch.float32)
+    assert vision is not None and vision.config == config and vision.processing == processing
+    assert load_vision(tiny_checkpoint(), "cpu", torch.float32) is None  # text-only layout
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).symlink_to(path / name)
+    assert load_vision(tmp_path, "cpu", torch.float32) is None

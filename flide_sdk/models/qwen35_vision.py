@@ -29,6 +29,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from flide_sdk.errors import CheckpointError, InvalidAssetError
+from flide_sdk.models.checkpoint import read_raw_config, tensor_files
 
 MAX_ASPECT_RATIO = 200  # the processor refuses images more elongated than this
 
@@ -378,3 +379,26 @@ def mrope_axes(rotary_dim: int, section: list[int]) -> np.ndarray:
     axes[(index % 3 == 1) & (index < 3 * section[1])] = 1
     axes[(index % 3 == 2) & (index < 3 * section[2])] = 2
     return axes
+
+
+@dataclass(frozen=True)
+class Vision:
+    """A checkpoint's vision side: the tower's config, how its pixels are made, and the tower."""
+
+    config: VisionConfig
+    processing: ImageProcessing
+    tower: VisionTower
+
+
+def load_vision(path: str | Path, device: torch.device | str, dtype: torch.dtype) -> Vision | None:
+    """The vision side of a Qwen3.5 release checkpoint (config.json's `vision_config`, preprocessor_config.json,
+    `model.visual.*`), or None for one without (a text-only layout, or no preprocessor_config.json)."""
+    path = Path(path)
+    raw = read_raw_config(path)
+    if raw.get("model_type") not in ("qwen3_5", "qwen3_5_moe") or not (path / "preprocessor_config.json").is_file():
+        return None
+    config = VisionConfig.from_config(raw, str(path / "config.json"))
+    if config is None:
+        return None
+    processing = ImageProcessing.from_checkpoint(path, config)
+    return Vision(config, processing, load_vision_tower(path, config, tensor_files(path), device, dtype))
