@@ -20,6 +20,21 @@ class InvalidStateError(FlideError, ValueError):
     """The state cannot be rendered (not JSON-serializable, or a message without role/content)."""
 
 
+class InvalidAssetError(FlideError, ValueError):
+    """An image of a request cannot be served: no data, undecodable or truncated bytes, a format not served or not
+    the one declared, zero or too many pixels, or a placeholder reference with no asset. `name` is the placeholder;
+    raised before anything is queued."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"asset {name!r}: {reason}")
+        self.name = name
+        self.reason = reason
+
+
+class MissingExtraError(FlideError, ImportError):
+    """A feature needs an optional dependency that is not installed (e.g. Pillow for images: `flide_sdk[images]`)."""
+
+
 class StateTooLongError(FlideError, ValueError):
     """A rendered prompt is longer than the engine's `max_prompt_tokens`; nothing is truncated."""
 

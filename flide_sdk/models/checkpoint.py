@@ -128,7 +128,8 @@ def read_raw_config(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _tensor_files(path: Path) -> list[Path]:
+def tensor_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: its index's shards, else every *.safetensors (CheckpointError if none)."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
         raw = read_json(index)
@@ -195,7 +196,7 @@ def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype,
     lora = None if adapter is None else MergePlan.of(adapter, model, prefix, device)
     expected_shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     wanted = {key_of(name): name for name in expected_shapes if not name.startswith("decision_head.")}
-    files = _tensor_files(path)
+    files = tensor_files(path)
     head_files = files if head is None or head.file is None else [head.file]
     found: dict[str, torch.Tensor] = {}
     sources: dict[str, Path] = {}
