@@ -44,7 +44,10 @@ def _splits(before: str, after: str) -> bool:
 
 
 class BoundaryFinder:
-    """Finds stable boundaries for the Qwen3.5 pre-tokenizer, given the tokenizer's added tokens."""
+    """Finds stable boundaries for the Qwen3.5 pre-tokenizer, given the tokenizer's added tokens (`splits`: the
+    character-class rule; `sentencepiece.SentencePieceBoundaries` has its own)."""
+
+    splits = staticmethod(_splits)  # whether the tokenization always splits between two characters
 
     def __init__(self, added_tokens: Sequence[str], tokenizer: Tokenizer | None = None) -> None:
         self.added = tuple(t for t in added_tokens if t)
@@ -80,14 +83,14 @@ class BoundaryFinder:
     def first(self, text: str, low: int, high: int) -> int | None:
         """Smallest R in [max(low, 1), min(high, len(text) - 1)] that is a stable boundary of `text`, or None."""
         for position in range(max(low, 1), min(high, len(text) - 1) + 1):
-            if _splits(text[position - 1], text[position]) and not self.inside_added(text, position):
+            if self.splits(text[position - 1], text[position]) and not self.inside_added(text, position):
                 return position
         return None
 
     def last(self, text: str, low: int) -> int | None:
         """Largest R in [low, len(text) - 1] that is a stable boundary of `text`, or None."""
         for position in range(len(text) - 1, max(low, 1) - 1, -1):
-            if _splits(text[position - 1], text[position]) and not self.inside_added(text, position):
+            if self.splits(text[position - 1], text[position]) and not self.inside_added(text, position):
                 return position
         return None
 
