@@ -13,6 +13,7 @@ grow the trunk incrementally (`text.history.History`).
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -80,13 +81,33 @@ def chat_template(path: Path) -> tuple[str, str]:
     return template, f"{config_file} (chat_template)"
 
 
-def split_user_turn(template_source: str) -> Turn:
+def special_tokens_of(path: Path) -> dict[str, str]:
+    """The named special tokens of tokenizer_config.json (`bos_token`, ...), which chat templates may print."""
+    file = path / "tokenizer_config.json"
+    if not file.is_file():
+        return {}
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for key in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+        value = raw.get(key) if isinstance(raw, dict) else None
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def split_user_turn(template_source: str, special_tokens: Mapping[str, str] | None = None) -> Turn:
     """The user turn of a chat template, thinking off, generation prompt on (the content placed as it is, or
-    trimmed)."""
+    trimmed); `special_tokens` (`bos_token`, ...) as transformers passes them to the template."""
 
     def render(content: str) -> str:
         return template.render(
-            messages=[{"role": "user", "content": content}], add_generation_prompt=True, enable_thinking=False
+            messages=[{"role": "user", "content": content}], add_generation_prompt=True, enable_thinking=False,
+            **(special_tokens or {}),
         )
 
     try:
@@ -206,9 +227,9 @@ class ChatFormat:
     decision = None
     spec = None
 
-    def __init__(self, tokens: Tokens, template_source: str) -> None:
+    def __init__(self, tokens: Tokens, template_source: str, special_tokens: Mapping[str, str] | None = None) -> None:
         self.tokens = tokens
-        turn = split_user_turn(template_source)
+        turn = split_user_turn(template_source, special_tokens)
         check_branch_start(turn, tokens)
         self.head, self.tail, self.trims = turn.head, turn.tail, turn.trims
         self.end_of_turn = end_of_turn(self.tail, tokens)
@@ -218,7 +239,8 @@ class ChatFormat:
     @classmethod
     def from_checkpoint(cls, path: str | Path, max_prompt_tokens: int) -> ChatFormat:
         """flide_sdk's prompt in the tokenizer and chat template of a checkpoint directory."""
-        return cls(Tokens.from_checkpoint(path, max_prompt_tokens), load_chat_template(Path(path)))
+        return cls(Tokens.from_checkpoint(path, max_prompt_tokens), load_chat_template(Path(path)),
+                   special_tokens_of(Path(path)))
 
     def new_state(self) -> History:
         return self.tokens.history(self.head, self.trims)
