@@ -105,7 +105,7 @@ def test_text_appends_tokenize_like_the_whole(chat, seed):
         return text
 
     tails = check_session(chat, 150, item, lambda: "".join(appended))
-    assert max(tails[-50:]) <= 64 or seed  # prose-like pieces keep a short tail (seed 0 is checked)
+    assert max(tails) <= 64  # the boundary keeps up: the mutable tail stays within history.TAIL_TOKENS
 
 
 def test_message_appends_tokenize_like_the_json_list(chat):
@@ -145,7 +145,7 @@ def test_gemma_chat_format_renders_as_transformers(chat, hf):
     space of the state dropped, nothing before the question when the state is blank), and trunk + branch are
     transformers' ids of it; a text-scored option's reply ends with `<turn|>`.
     (mutations: `ChatFormat.prompt_text` not trimming -> differs from apply_chat_template -> fails;
-    `end_of_turn` giving the tail's last added token -> the reply ends otherwise -> fails)"""
+    the end of turn fixed to Qwen's `<|im_end|>` -> not in this tokenizer -> fails)"""
     assert chat.trims and chat.head == "<bos><|turn>user\n"
     assert chat.tail == "<turn|>\n<|turn>model\n<|channel>thought\n<channel|>"
     for state in ["The agent read line 12.", "  \n leading space kept out", "", " \t\n", {"step": 3, "ok": True},

@@ -5,7 +5,8 @@ Character level (`BoundaryFinder`): with the Qwen3.5 pre-tokenizer (a regex spli
 piece) no piece crosses position R, and the pieces before R do not depend on anything after R, when
 (a) text[R-1] is a newline and text[R] is not white space, (b) text[R-1] is a letter or mark and text[R] is
 neither, or (c) text[R-1] is a digit (always a piece of its own) and text[R] is not a mark; and no added
-token (complete, or completable by later text) spans R. `Tokens` refuses other pre-tokenizers.
+token (complete, or completable by later text) spans R. (SentencePiece-style BPE has its own rule:
+`sentencepiece.SentencePieceBoundaries`; `Tokens` refuses other tokenizers.)
 Token level (`TokenCuts`): a text with no such R near its end (a run of one symbol, CJK, long white space) gets
 a boundary proven on its tokens instead: where the regex match is fixed whatever follows, and inside the last
 piece where its BPE tokens cannot change (`merges.MergeTable.frontier`; the argument:
