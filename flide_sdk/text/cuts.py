@@ -83,15 +83,17 @@ class BoundaryFinder:
 
     def first(self, text: str, low: int, high: int) -> int | None:
         """Smallest R in [max(low, 1), min(high, len(text) - 1)] that is a stable boundary of `text`, or None."""
+        splits = self.splits
         for position in range(max(low, 1), min(high, len(text) - 1) + 1):
-            if self.splits(text[position - 1], text[position]) and not self.inside_added(text, position):
+            if splits(text[position - 1], text[position]) and not self.inside_added(text, position):
                 return position
         return None
 
     def last(self, text: str, low: int) -> int | None:
         """Largest R in [low, len(text) - 1] that is a stable boundary of `text`, or None."""
+        splits = self.splits
         for position in range(len(text) - 1, max(low, 1) - 1, -1):
-            if self.splits(text[position - 1], text[position]) and not self.inside_added(text, position):
+            if splits(text[position - 1], text[position]) and not self.inside_added(text, position):
                 return position
         return None
 
