@@ -12,13 +12,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tokenizers import Tokenizer, models, normalizers
+from tokenizers import Tokenizer, models, normalizers, trainers
 
 import flide_sdk as fl
 from flide_sdk.errors import CheckpointError
 from flide_sdk.prompt import load_format
 from flide_sdk.prompt.chat import ChatFormat, question_text
-from flide_sdk.testing import GEMMA_CHAT_TEMPLATE, train_gemma_tokenizer, write_gemma_tokenizer
+from flide_sdk.testing import (
+    GEMMA_CHAT_TEMPLATE,
+    _training_corpus,
+    gemma_base_vocab,
+    gemma_tokenizer,
+    train_gemma_tokenizer,
+    write_gemma_tokenizer,
+)
 from flide_sdk.text.history import BLOCK, chain_hashes
 from flide_sdk.text.pretokenizer import TokenizerKind, tokenizer_kind
 from flide_sdk.text.tokens import Tokens
@@ -222,3 +229,73 @@ def test_a_template_that_joins_state_and_question_is_refused(gemma_path):
     tokenizer = Tokenizer.from_str(json.dumps(data))
     with pytest.raises(CheckpointError, match="cannot encode a question apart"):
         ChatFormat(Tokens(tokenizer, 1 << 20), GEMMA_CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def seamless() -> Tokens:
+    """A Gemma-layout tokenizer whose merges were trained across spaces too (one BPE word per line), on text with
+    letters in every order and runs of "=": its merges join almost every pair of neighbours, so few character
+    boundaries exist and token-level cuts do the work."""
+    rng = random.Random(1)
+    letters = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(200)) for _ in range(300)]
+    corpus = [*_training_corpus(1), *letters, *("=" * rng.randint(2, 64) for _ in range(300))]
+    trainer_tokenizer = Tokenizer(models.BPE())
+    trainer_tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+    trainer_tokenizer.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=4000, show_progress=False))
+    learned = json.loads(trainer_tokenizer.model.__getstate__())
+    vocab = gemma_base_vocab()
+    for token, _ in sorted(learned["vocab"].items(), key=lambda item: item[1]):
+        vocab.setdefault(token, len(vocab))
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in learned["merges"]]
+    return Tokens(gemma_tokenizer(vocab, merges), 1 << 20)
+
+
+RUNS = {
+    "letters": lambda rng: "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(20, 300))),
+    "words without spaces": lambda rng: "".join(rng.choice(["the", "agent", "read", "file", "e", "th"])
+                                                for _ in range(rng.randint(5, 80))),
+    "one symbol": lambda rng: "=" * rng.randint(1, 400),
+    "mixed": lambda rng: "".join(rng.choice(GEMMA_PIECES) for _ in range(rng.randint(1, 30))),
+}
+
+
+def test_token_level_cuts_hold_for_any_continuation(seamless):
+    """Every token-level cut (inside the open BPE word, before its merge frontier) keeps the tokens before it and
+    splits the encoding there, whatever text follows (random runs, pieces that merge with anything).
+    (mutation: `frontier` taken as the word's end -> a cut inside a merge that later text completes -> fails)"""
+    rng = random.Random(13)
+    cuts = seamless.boundaries.tokens
+    assert cuts.enabled
+    proven = 0
+    for trial in range(150):
+        text = "".join(RUNS[name](rng) for name in rng.sample(sorted(RUNS), 2))
+        found = cuts.cut(text)
+        if found is None:
+            continue
+        cut, before = found
+        assert before.tolist() == seamless.encode(text[:cut]).tolist()
+        for _ in range(4):
+            whole = text + RUNS[rng.choice(sorted(RUNS))](rng)[: rng.randint(0, 40)]
+            expected = seamless.encode(whole).tolist()
+            assert np.concatenate([before, seamless.encode(whole[cut:])]).tolist() == expected, (text, cut)
+        proven += 1
+    assert proven > 100
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_sessions_without_character_boundaries_keep_a_short_tail(seamless, run):
+    """Appends of text that the merges join everywhere: trunk ids = the whole text's at every step, the mutable
+    tail within history.TAIL_TOKENS, no cut refuted.
+    (mutation: `SymbolCuts.cut` returning None (no token-level cuts) -> tails of 141 to 1,114 tokens -> fails)"""
+    head = "<bos><|turn>user\n"  # (this tokenizer merges "\n" with "y": no ChatFormat, a history of its own)
+    rng = random.Random(len(run))
+    history, text, tails = seamless.history(head, trims=True), "", []
+    for step in range(25):
+        piece = RUNS[run](rng)
+        history.append(piece)
+        text += piece
+        trunk = history.snapshot()
+        assert trunk.tokens().tolist() == seamless.encode(head + text.lstrip() + "\n\n").tolist(), step
+        tails.append(len(trunk.tail))
+    assert seamless.boundaries.tokens.refuted == 0
+    assert max(tails) <= 64, tails
