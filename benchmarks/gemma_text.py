@@ -7,13 +7,15 @@ A session in flide_sdk's prompt (Gemma 4's chat template; Qwen3.5's) is grown wi
 run (mini-swe-agent, in steps of up to 600 characters) to about 2,000 and 20,000 tokens; then, from a fork of it each time, one more message is
 appended and the trunk taken (`append` + `snapshot`: what a session's ask tokenizes). Next to it: encoding the
 whole trunk text again (what exactness would cost without stable boundaries), and building the tokenizer's
-boundary tables (once per engine). CPU only.
+boundary tables (once per engine). Then 400-letter appends without spaces, whose tail only token-level cuts bound
+(the merge index built at the first cut). CPU only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -66,6 +68,26 @@ def measure(chat: ChatFormat, messages: list[str], size: int, repeat: int) -> di
             "whole_reencode_ms_median": round(statistics.median(whole_ms), 3)}
 
 
+def seamless_run(chat: ChatFormat, repeat: int) -> dict[str, float]:
+    """Appends of 400 letters without spaces (text every pair of which a large vocabulary merges): the tail stays
+    bounded only by token-level cuts; the first cut builds the merge index (timed apart)."""
+    rng = random.Random(0)
+    history = chat.new_state()
+    started = time.perf_counter()
+    history.append("x" * 200)
+    history.snapshot()
+    chat.tokens.boundaries.token_cut("ab" * 100)
+    first_s = time.perf_counter() - started
+    step_ms, tails = [], []
+    for _ in range(repeat // 4):
+        history.append("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(400)))
+        started = time.perf_counter()
+        tails.append(len(history.snapshot().tail))
+        step_ms.append((time.perf_counter() - started) * 1e3)
+    return {"merge_index_and_first_cut_s": round(first_s, 2), "snapshot_ms_median": round(statistics.median(step_ms), 3),
+            "tail_tokens_max": max(tails), "history_tokens": len(history.snapshot())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=200)
@@ -84,7 +106,8 @@ def main() -> None:
         chat = ChatFormat(tokens, template, {"bos_token": "<bos>"} if "gemma" in name else {})
         result[name] = {"kind": tokens.kind.value, "vocab": tokenizer.get_vocab_size(),
                         "tokens_setup_s": round(setup_s, 3),
-                        **{f"{size}": measure(chat, messages, size, args.repeat) for size in SIZES}}
+                        **{f"{size}": measure(chat, messages, size, args.repeat) for size in SIZES},
+                        "letters without spaces": seamless_run(chat, args.repeat)}
         print(name, json.dumps(result[name], indent=1), file=sys.stderr, flush=True)
     write_result("gemma_text", result)
 
