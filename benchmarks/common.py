@@ -67,6 +67,49 @@ def build_random_checkpoint(model_size: str, target: Path, seed: int = 0) -> Pat
     return target
 
 
+GEMMA_VOCAB = 262144  # Gemma 4's vocabulary, every size
+
+
+def gemma_text_corpus() -> list[str]:
+    """Real English text of the shared data (reading passages, agent trajectories), one string per file."""
+    files = sorted(data_path("reading").rglob("*.*")) + sorted(data_path("trajectories").rglob("*.json"))
+    return [file.read_text(encoding="utf-8", errors="replace") for file in files if file.is_file()]
+
+
+def synthetic_gemma_tokenizer(vocab_size: int = GEMMA_VOCAB, seed: int = 0):
+    """A full-size tokenizer in Gemma's layout (`flide_sdk.testing.gemma_tokenizer`; no real Gemma tokenizer is on
+    disk): merges trained as SentencePiece trains them on the shared data's text, then filled to `vocab_size`
+    with random "▁"-led words, each made by a merge of its prefix and its last letter (so every token is one BPE
+    can make, as in a real vocabulary). The speed of tokenizing does not depend on which tokens they are."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    from flide_sdk.testing import _GEMMA_TRAINING_SPLIT, gemma_base_vocab, gemma_tokenizer
+
+    trainer_tokenizer = Tokenizer(models.BPE())
+    trainer_tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+    trainer_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(_GEMMA_TRAINING_SPLIT), behavior="isolated")
+    vocab = gemma_base_vocab()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(vocab), show_progress=False)
+    trainer_tokenizer.train_from_iterator(gemma_text_corpus(), trainer)
+    learned = json.loads(trainer_tokenizer.model.__getstate__())
+    for token, _ in sorted(learned["vocab"].items(), key=lambda item: item[1]):
+        vocab.setdefault(token, len(vocab))
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in learned["merges"]]
+    rng = np.random.default_rng(seed)
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    for letter in ["\u2581", *letters]:
+        vocab.setdefault(letter, len(vocab))
+    while len(vocab) < vocab_size:
+        word = "\u2581" + "".join(rng.choice(letters, rng.integers(2, 12)))
+        for end in range(2, len(word) + 1):
+            if len(vocab) >= vocab_size:
+                break
+            if word[:end] not in vocab:
+                vocab[word[:end]] = len(vocab)
+                merges.append((word[: end - 1], word[end - 1]))
+    return gemma_tokenizer(vocab, merges)
+
+
 def build_random_gemma_checkpoint(model_size: str, target: Path, seed: int = 0,
                                   shard_bytes: int = 4 << 30) -> Path:
     """A text-only (`gemma4_text`) Gemma 4 checkpoint with the release's text config, random bf16 weights (the
@@ -107,7 +150,7 @@ def build_random_gemma_checkpoint(model_size: str, target: Path, seed: int = 0,
     (target / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
                                                                      "weight_map": index}))
     config.save_pretrained(target)
-    write_gemma_tokenizer(target, vocab_size=config.vocab_size)
+    write_gemma_tokenizer(target, synthetic_gemma_tokenizer(config.vocab_size))
     return target
 
 

@@ -5,6 +5,8 @@
 (`random_state_dict`), a byte-level BPE trained on the fly with the Qwen3.5 pre-tokenizer pattern, and a
 Qwen-style chat template with the `enable_thinking` switch. `tiny_checkpoint()` caches one per seed in the
 temp dir; `Engine.tiny()` uses it. The weights are random: answers show the machinery, not judgement.
+`write_gemma_tokenizer(path)` writes a tiny Gemma-style tokenizer (SentencePiece-style BPE, Gemma 4's chat
+template and special tokens) for tiny Gemma 4 checkpoints.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from flide_sdk.models.checkpoint import random_state_dict, save_text_checkpoint
 from flide_sdk.models.config import FULL_ATTENTION, LINEAR_ATTENTION, Qwen35Config
@@ -86,6 +88,102 @@ def train_tiny_tokenizer(seed: int = 0, vocab_size: int = 1024) -> Tokenizer:
     )
     tokenizer.train_from_iterator(_training_corpus(seed), trainer)
     return tokenizer
+
+
+GEMMA_SPECIAL_TOKENS = {  # id -> token: the release's ids for those its configs name (pad, eos, bos, <turn|>,
+    # <|tool_response>); the other turn and channel tokens placed next to them, the rest of the range <unused*>
+    0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 4: "<mask>", 46: "<|tool>", 47: "<tool|>", 48: "<|tool_call>",
+    49: "<tool_call|>", 50: "<|tool_response>", 51: "<tool_response|>", 52: '<|"|>', 98: "<|think|>",
+    100: "<|channel>", 101: "<channel|>", 105: "<|turn>", 106: "<turn|>",
+}
+GEMMA_CHAT_TEMPLATE = (  # Gemma 4's turns: content trimmed, an empty thought channel when thinking is off
+    "{{- bos_token -}}"
+    "{%- set loop_messages = messages -%}"
+    "{%- if (enable_thinking is defined and enable_thinking) or messages[0]['role'] in ['system', 'developer'] -%}"
+    "{{- '<|turn>system\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking -%}{{- '<|think|>\\n' -}}{%- endif -%}"
+    "{%- if messages[0]['role'] in ['system', 'developer'] -%}"
+    "{{- messages[0]['content'] | trim -}}{%- set loop_messages = messages[1:] -%}"
+    "{%- endif -%}"
+    "{{- '<turn|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{- '<|turn>' + role + '\\n' + message['content'] | trim + '<turn|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{- '<|turn>model\\n' -}}"
+    "{%- if not enable_thinking | default(false) -%}{{- '<|channel>thought\\n<channel|>' -}}{%- endif -%}"
+    "{%- endif -%}"
+)
+# SentencePiece's training splits (by white space, digits apart, by script): "▁" starts a piece, never ends one
+_GEMMA_TRAINING_SPLIT = "\u2581?\\p{L}+|\u2581?[^\\p{L}\\p{N}\u2581\\n]+|\u2581+|\\p{N}|\\n+"
+
+
+def gemma_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]]) -> Tokenizer:
+    """A tokenizer with the layout transformers' Gemma converter writes (and `GemmaTokenizer` builds): spaces
+    replaced by "▁", a split at " " (none is left), BPE with byte fallback over the whole text, `<bos>` added by
+    the post-processor, the special tokens of `GEMMA_SPECIAL_TOKENS` added. `vocab` holds the special and byte
+    tokens at their ids."""
+    tokenizer = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tokenizer.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A <bos> $B", special_tokens=[("<bos>", vocab["<bos>"])])
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)
+                                  for _, token in sorted(GEMMA_SPECIAL_TOKENS.items())])
+    return tokenizer
+
+
+def gemma_base_vocab() -> dict[str, int]:
+    """The special tokens at their ids, `<unused*>` between them, then the 256 byte tokens."""
+    first_free = max(GEMMA_SPECIAL_TOKENS) + 1
+    vocab = {GEMMA_SPECIAL_TOKENS.get(i, f"<unused{i}>"): i for i in range(first_free)}
+    vocab.update((f"<0x{byte:02X}>", first_free + byte) for byte in range(256))
+    return vocab
+
+
+def train_gemma_tokenizer(seed: int = 0, vocab_size: int = 1024) -> Tokenizer:
+    """A SentencePiece-style BPE in Gemma's layout (`gemma_tokenizer`), its merges trained on the generated corpus
+    of the Qwen tokenizer as SentencePiece trains (pieces split at white space, digits and scripts)."""
+    trainer_tokenizer = Tokenizer(models.BPE())
+    trainer_tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+    trainer_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(_GEMMA_TRAINING_SPLIT), behavior="isolated")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False)
+    trainer_tokenizer.train_from_iterator(_training_corpus(seed), trainer)
+    learned = json.loads(trainer_tokenizer.model.__getstate__())
+    vocab = gemma_base_vocab()
+    for token, _ in sorted(learned["vocab"].items(), key=lambda item: item[1]):
+        vocab.setdefault(token, len(vocab))
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in learned["merges"]]
+    return gemma_tokenizer(vocab, merges)
+
+
+def write_gemma_tokenizer(path: str | Path, tokenizer: Tokenizer | None = None,
+                          chat_template: str = GEMMA_CHAT_TEMPLATE) -> Path:
+    """Write a Gemma-style tokenizer.json (`train_gemma_tokenizer()` unless `tokenizer` is given) and a
+    tokenizer_config.json with a Gemma 4 chat template and the named special tokens into `path`, for tiny
+    Gemma 4 checkpoints; transformers' `AutoTokenizer` loads them as a `GemmaTokenizer`."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = tokenizer or train_gemma_tokenizer()
+    tokenizer.save(str(path / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "GemmaTokenizer",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "mask_token": "<mask>",
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "model_max_length": 131072,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": chat_template,
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return path
 
 
 def tiny_config_json(vocab_size: int, eos_token_id: int, **overrides: Any) -> dict[str, Any]:

@@ -7,13 +7,12 @@ with the generic spec). Tokenizing lives apart, in `text.tokens.Tokens`, which e
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from flide_sdk.errors import CheckpointError, InvalidOptionError
 from flide_sdk.models.decision import DecisionSpec, read_decision
 from flide_sdk.prompt.base import PromptFormat, Rendered, RenderedQuestion, TrunkQuestions
-from flide_sdk.prompt.chat import ChatFormat, chat_template
+from flide_sdk.prompt.chat import ChatFormat, chat_template, special_tokens_of
 from flide_sdk.prompt.template import TemplateFormat
 from flide_sdk.text.tokens import Tokens
 
@@ -34,30 +33,11 @@ def load_format(path: Path, raw_config: dict, tokens: Tokens, rendering: str = "
     template, source = chat_template(path)
     if spec is None and rendering == "flide":
         try:
-            return ChatFormat(tokens, template)
+            return ChatFormat(tokens, template, special_tokens_of(path))
         except CheckpointError as error:  # the tokenizer passed its checks: this is the template's
             raise CheckpointError(f"{source}: {error}") from error
     return TemplateFormat(spec or GENERIC, tokens, template, special_tokens_of(path),
                           "transformers" if spec is None else "decision")
-
-
-def special_tokens_of(path: Path) -> dict[str, str]:
-    """The named special tokens of tokenizer_config.json (`bos_token`, ...), which chat templates may print."""
-    file = path / "tokenizer_config.json"
-    if not file.is_file():
-        return {}
-    try:
-        raw = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    out = {}
-    for key in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
-        value = raw.get(key) if isinstance(raw, dict) else None
-        if isinstance(value, dict):
-            value = value.get("content")
-        if isinstance(value, str):
-            out[key] = value
-    return out
 
 
 __all__ = ["PromptFormat", "Rendered", "RenderedQuestion", "TrunkQuestions", "load_format"]

@@ -3,17 +3,21 @@
 The turn holds the state (a string as is, anything else as its JSON), a blank line, `Question: <instructions>`,
 one line per option and a reply instruction. Each option's label is read as one token, the first of the reply; a
 Choice scored by text (`scoring="text"`) lists its options as written and reads each option's own tokens as the
-whole reply, up to the end of the turn. The trunk of a request is the template head + state + blank line; each
-branch is the question text + template tail, so `trunk + branch` is exactly the tokenizer's ids of the whole
-prompt: the split falls where the Qwen3.5 pre-tokenizer always splits (after a newline, before a letter or
-digit). Sessions grow the trunk incrementally (`text.history.History`).
+whole reply, up to the end of the turn (the added token that closes the user turn). The trunk of a request is
+the template head + state + blank line; each branch is the question text + template tail, so `trunk + branch` is
+exactly the tokenizer's ids of the whole prompt: the split falls where the tokenizer always splits (checked for
+every character a question text starts with). A template that trims the user content (Gemma 4's) gets the
+content trimmed: the state without its leading white space, and no blank line after an empty state. Sessions
+grow the trunk incrementally (`text.history.History`).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +36,21 @@ REPLY_NOUL = "Answer with yes or no only."
 REPLY_SCORE = "Answer with the number of one level only."
 REPLY_LETTERED_SCORE = "Answer with the letter of one level only."  # scores past ten levels use letters
 REPLY_TEXT = "Answer with one option exactly as written."
-END_OF_TURN = "<|im_end|>"  # what closes a text-scored option's reply
 MAX_REPLY_TOKENS = 1024  # tokens of a text-scored question's replies, summed over its options
 QUESTION_CACHE = 4096  # rendered questions kept, least recently used dropped first
 _SENTINELS = ("\x00flide-content-a\x00", " \n\x00flide-content-b\x00\n ")  # the second: whitespace kept
+# the first character of every question text (`question_text`): its instructions, or its first option line
+QUESTION_STARTS = "Q-y" + "".join(LETTERS) + "".join(DIGITS)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A chat template's user turn: the text before its content and after it, and whether it trims the content
+    (strips its white space at both ends, as Jinja's `trim`)."""
+
+    head: str
+    tail: str
+    trims: bool = False
 
 
 def load_chat_template(path: Path) -> str:
@@ -66,17 +81,38 @@ def chat_template(path: Path) -> tuple[str, str]:
     return template, f"{config_file} (chat_template)"
 
 
-def split_user_turn(template_source: str) -> tuple[str, str]:
-    """(head, tail) around the content of one user turn, thinking off, generation prompt on."""
+def special_tokens_of(path: Path) -> dict[str, str]:
+    """The named special tokens of tokenizer_config.json (`bos_token`, ...), which chat templates may print."""
+    file = path / "tokenizer_config.json"
+    if not file.is_file():
+        return {}
+    try:
+        raw = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for key in ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"):
+        value = raw.get(key) if isinstance(raw, dict) else None
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            out[key] = value
+    return out
+
+
+def split_user_turn(template_source: str, special_tokens: Mapping[str, str] | None = None) -> Turn:
+    """The user turn of a chat template, thinking off, generation prompt on (the content placed as it is, or
+    trimmed); `special_tokens` (`bos_token`, ...) as transformers passes them to the template."""
 
     def render(content: str) -> str:
         return template.render(
-            messages=[{"role": "user", "content": content}], add_generation_prompt=True, enable_thinking=False
+            messages=[{"role": "user", "content": content}], add_generation_prompt=True, enable_thinking=False,
+            **(special_tokens or {}),
         )
 
     try:
         template = environment().from_string(template_source)
-        return split_turn(render)
+        return split_turn(render, trimmed=True)
     except CheckpointError:
         raise
     except Exception as error:  # the template is the checkpoint's code: whatever it raises, it does not render
@@ -84,16 +120,37 @@ def split_user_turn(template_source: str) -> tuple[str, str]:
         raise CheckpointError(message) from error
 
 
-def split_turn(render: Callable[[str], str]) -> tuple[str, str]:
-    """(head, tail) around the content of the user turn `render` writes; CheckpointError when it does not place
-    the content once and as it is (two contents checked)."""
+def split_turn(render: Callable[[str], str], trimmed: bool = False) -> Turn:
+    """The user turn `render` writes around a content; CheckpointError when it does not place the content once
+    and as it is (two contents checked), or, where `trimmed` is allowed, stripped of its white space."""
     first, second = (render(s) for s in _SENTINELS)
     if first.count(_SENTINELS[0]) != 1:
         raise CheckpointError("the chat template does not place the user content exactly once")
     head, tail = first.split(_SENTINELS[0])
-    if second != head + _SENTINELS[1] + tail:
-        raise CheckpointError("the chat template transforms the user content; cannot render states verbatim")
-    return head, tail
+    if second == head + _SENTINELS[1] + tail:
+        return Turn(head, tail)
+    if trimmed and second == head + _SENTINELS[1].strip() + tail:
+        return Turn(head, tail, trims=True)
+    raise CheckpointError("the chat template transforms the user content; cannot render states verbatim")
+
+
+def end_of_turn(tail: str, tokens: Tokens) -> int | None:
+    """The id of the added token that closes the user turn (the tail's first text, Qwen's `<|im_end|>`, Gemma's
+    `<turn|>`): what closes a reply; None when the tail does not start with one."""
+    decoder = tokens.tokenizer.get_added_tokens_decoder()
+    found = [t.content for t in decoder.values() if t.content and tail.startswith(t.content)]
+    return tokens.tokenizer.token_to_id(max(found, key=len)) if found else None
+
+
+def check_branch_start(turn: Turn, tokens: Tokens) -> None:
+    """CheckpointError when the tokenizer may join the trunk's last character (the blank line's, or the head's
+    under a trimming template) to a question text's first: trunk and branch are then not encoded apart."""
+    for end in (SEPARATOR, turn.head) if turn.trims else (SEPARATOR,):
+        for start in QUESTION_STARTS:
+            text = end + start
+            if not tokens.boundaries.splits(end[-1], start) or tokens.boundaries.inside_added(text, len(end)):
+                raise CheckpointError(f"the tokenizer may merge {end[-1]!r} with {start!r} across the end of the "
+                                      "state; cannot encode a question apart from its state")
 
 
 def scored_by_text(question: Question) -> bool:
@@ -170,27 +227,32 @@ class ChatFormat:
     decision = None
     spec = None
 
-    def __init__(self, tokens: Tokens, template_source: str) -> None:
+    def __init__(self, tokens: Tokens, template_source: str, special_tokens: Mapping[str, str] | None = None) -> None:
         self.tokens = tokens
-        self.head, self.tail = split_user_turn(template_source)
+        turn = split_user_turn(template_source, special_tokens)
+        check_branch_start(turn, tokens)
+        self.head, self.tail, self.trims = turn.head, turn.tail, turn.trims
+        self.end_of_turn = end_of_turn(self.tail, tokens)
         self._questions: OrderedDict[tuple, RenderedQuestion] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, max_prompt_tokens: int) -> ChatFormat:
         """flide_sdk's prompt in the tokenizer and chat template of a checkpoint directory."""
-        return cls(Tokens.from_checkpoint(path, max_prompt_tokens), load_chat_template(Path(path)))
+        return cls(Tokens.from_checkpoint(path, max_prompt_tokens), load_chat_template(Path(path)),
+                   special_tokens_of(Path(path)))
 
     def new_state(self) -> History:
-        return self.tokens.history(self.head)
+        return self.tokens.history(self.head, self.trims)
 
     def trunk(self, state: Any) -> Trunk:
         """The trunk of a one-off ask about `state`, with its stable boundary."""
-        return self.tokens.trunk(self.head, prompt_text(state))
+        return self.tokens.trunk(self.head, prompt_text(state), self.trims)
 
     def prompt_text(self, state: Any, question: Question) -> str:
-        """The whole standalone prompt of one question, as text."""
-        return self.head + prompt_text(state) + SEPARATOR + question_text(question) + self.tail
+        """The whole standalone prompt of one question, as text (as the chat template renders the turn)."""
+        content = prompt_text(state) + SEPARATOR + question_text(question)
+        return self.head + (content.strip() if self.trims else content) + self.tail
 
     def parts(self, state: State | Trunk, questions: Mapping[str, Question]) -> list[TrunkQuestions]:
         rendered = self.render_questions(questions)
@@ -238,9 +300,10 @@ class ChatFormat:
     def replies(self, name: str, question: Choice) -> tuple[np.ndarray, ...]:
         """Each option's reply (read-only): the tokenizer's ids of its name, then the end of the turn; at most
         MAX_REPLY_TOKENS over all options."""
-        end = self.tokens.tokenizer.token_to_id(END_OF_TURN)
+        end = self.end_of_turn
         if end is None:
-            raise InvalidQuestionError(f"question {name!r}: scoring='text' needs the tokenizer's {END_OF_TURN} token")
+            raise InvalidQuestionError(f"question {name!r}: scoring='text' needs a chat template whose user turn "
+                                       "ends with an added token (what closes a reply)")
         replies = []
         for option in question.option_names():
             reply = np.append(self.tokens.encode(option), end)

@@ -29,7 +29,7 @@ from tokenizers import AddedToken, Tokenizer
 from flide_sdk.errors import CheckpointError, InvalidQuestionError, InvalidStateError, StateTooLongError
 from flide_sdk.models.decision import DecisionSpec
 from flide_sdk.prompt.base import LETTERS, RenderedQuestion, TrunkQuestions, check_lengths, environment, render_bounded
-from flide_sdk.prompt.chat import QUESTION_CACHE, content_key, split_turn
+from flide_sdk.prompt.chat import QUESTION_CACHE, Turn, content_key, split_turn
 from flide_sdk.prompt.templates import builtin_template, generic_prompt
 from flide_sdk.questions import Choice, Noul, Question, Score, State
 from flide_sdk.text.history import StateLog, TokenBuffer, Trunk, chain_hashes, prompt_text
@@ -244,7 +244,7 @@ class TemplateFormat:
         if self.generic:  # the generic prompt as the user turn of the chat template
             content = generic_prompt(state, shown[group[0].name])
             if self._turn is not None:
-                return self._turn[0] + content + self._turn[1]
+                return self._turn.head + content + self._turn.tail
             return self._render_turn(content)
         values = {"state": state, "question": shown[group[0].name], "questions": [shown[q.name] for q in group]}
         return self._render_turn("", **{name: value for name, value in values.items() if name in self.variables})
@@ -254,9 +254,9 @@ class TemplateFormat:
                               messages=[{"role": "user", "content": content}], add_generation_prompt=True,
                               enable_thinking=False, tools=None, documents=None, **self.special_tokens, **values)
 
-    def _split_turn(self) -> tuple[str, str] | None:
-        """(head, tail) around a user turn's content when the chat template prints the content as it is, so the
-        generic prompt of each question is a concatenation; else None (each is rendered)."""
+    def _split_turn(self) -> Turn | None:
+        """The user turn around its content when the chat template prints the content as it is, so the generic
+        prompt of each question is a concatenation; else None (each is rendered: a trimming template too)."""
         if not self.generic:
             return None
         try:

@@ -5,7 +5,8 @@ Character level (`BoundaryFinder`): with the Qwen3.5 pre-tokenizer (a regex spli
 piece) no piece crosses position R, and the pieces before R do not depend on anything after R, when
 (a) text[R-1] is a newline and text[R] is not white space, (b) text[R-1] is a letter or mark and text[R] is
 neither, or (c) text[R-1] is a digit (always a piece of its own) and text[R] is not a mark; and no added
-token (complete, or completable by later text) spans R. `Tokens` refuses other pre-tokenizers.
+token (complete, or completable by later text) spans R. (SentencePiece-style BPE has its own rule:
+`sentencepiece.SentencePieceBoundaries`; `Tokens` refuses other tokenizers.)
 Token level (`TokenCuts`): a text with no such R near its end (a run of one symbol, CJK, long white space) gets
 a boundary proven on its tokens instead: where the regex match is fixed whatever follows, and inside the last
 piece where its BPE tokens cannot change (`merges.MergeTable.frontier`; the argument:
@@ -44,7 +45,10 @@ def _splits(before: str, after: str) -> bool:
 
 
 class BoundaryFinder:
-    """Finds stable boundaries for the Qwen3.5 pre-tokenizer, given the tokenizer's added tokens."""
+    """Finds stable boundaries for the Qwen3.5 pre-tokenizer, given the tokenizer's added tokens (`splits`: the
+    character-class rule; `sentencepiece.SentencePieceBoundaries` has its own)."""
+
+    splits = staticmethod(_splits)  # whether the tokenization always splits between two characters
 
     def __init__(self, added_tokens: Sequence[str], tokenizer: Tokenizer | None = None) -> None:
         self.added = tuple(t for t in added_tokens if t)
@@ -79,15 +83,17 @@ class BoundaryFinder:
 
     def first(self, text: str, low: int, high: int) -> int | None:
         """Smallest R in [max(low, 1), min(high, len(text) - 1)] that is a stable boundary of `text`, or None."""
+        splits = self.splits
         for position in range(max(low, 1), min(high, len(text) - 1) + 1):
-            if _splits(text[position - 1], text[position]) and not self.inside_added(text, position):
+            if splits(text[position - 1], text[position]) and not self.inside_added(text, position):
                 return position
         return None
 
     def last(self, text: str, low: int) -> int | None:
         """Largest R in [low, len(text) - 1] that is a stable boundary of `text`, or None."""
+        splits = self.splits
         for position in range(len(text) - 1, max(low, 1) - 1, -1):
-            if _splits(text[position - 1], text[position]) and not self.inside_added(text, position):
+            if splits(text[position - 1], text[position]) and not self.inside_added(text, position):
                 return position
         return None
 

@@ -2,7 +2,8 @@
 
 The trunk text of a state is `head + body + closer + "\\n\\n"` where `head` opens the chat template's user
 turn, `body` only ever grows (appended text, or `[` + messages joined by `, `) and `closer` is what a new
-append replaces (`]` for a message list). Tokens before the stable boundary m (`cuts`: the last position where
+append replaces (`]` for a message list). Under a chat template that trims the user content (`trims`, Gemma 4's),
+the body's leading white space is dropped and the blank line follows only a body that holds text. Tokens before the stable boundary m (`cuts`: the last position where
 the tokenization splits whatever is appended later) never change; the *mutable tail* after it (a word that may
 continue, the closer, the blank line) is tokenized again at the next ask, so the host work of an append + ask
 grows with the new text, not with the whole history. A tail past TAIL_TOKENS gets a token-level cut
@@ -179,7 +180,7 @@ class StateLog:
 class History:
     """A state that grows by appends, tokenized incrementally; `snapshot()` gives the trunk of an ask."""
 
-    def __init__(self, head: str, encode: Encoder, boundaries: BoundaryFinder) -> None:
+    def __init__(self, head: str, encode: Encoder, boundaries: BoundaryFinder, trims: bool = False) -> None:
         self._encode = encode
         self._boundaries = boundaries
         self.kind: str | None = None  # "text" or "messages", fixed by the first append
@@ -188,13 +189,16 @@ class History:
         self._pending = head  # text after the stable boundary, up to the end of the body
         self._lookbehind = ""  # the last characters before the stable boundary
         self._closer = ""
+        self._trims = trims  # the template trims the content: no leading white space, no blank line after nothing
+        self._separator = "" if trims else SEPARATOR
         self.appended_chars = 0
         self._token_cut_at = 0  # appended_chars from which a token-level cut is tried again after one failed
 
     @classmethod
-    def of_state(cls, head: str, state_body: str, encode: Encoder, boundaries: BoundaryFinder) -> History:
-        history = cls(head, encode, boundaries)
-        history._pending += state_body
+    def of_state(cls, head: str, state_body: str, encode: Encoder, boundaries: BoundaryFinder,
+                 trims: bool = False) -> History:
+        history = cls(head, encode, boundaries, trims)
+        history._add(state_body)
         history.kind = "state"
         return history
 
@@ -203,14 +207,20 @@ class History:
         kind, encoded = check_append(self.kind, item)
         if kind == "text":
             self.kind = "text"
-            self._pending += item
-            self.appended_chars += len(item)
+            self._add(item)
             return
         piece = ("[" if self.kind is None else ", ") + encoded
         self.kind = "messages"
         self._closer = "]"
-        self._pending += piece
-        self.appended_chars += len(piece)
+        self._add(piece)
+
+    def _add(self, text: str) -> None:
+        if self._trims and not self.appended_chars:
+            text = text.lstrip()  # as Jinja's `trim`, Python's white space
+            if text:
+                self._separator = SEPARATOR
+        self._pending += text
+        self.appended_chars += len(text)
 
     def snapshot(self) -> Trunk:
         """Tokenize the tail, advance the stable boundary, and return the trunk of an ask made now."""
@@ -218,7 +228,7 @@ class History:
         text = self._lookbehind + body
         found = self._boundaries.last(text, len(self._lookbehind) + 1)
         relative = 0 if found is None else found - len(self._lookbehind)
-        ids, stable_count = self._encode(body + self._closer + SEPARATOR, relative)
+        ids, stable_count = self._encode(body + self._closer + self._separator, relative)
         if len(ids) - stable_count > TAIL_TOKENS and self.appended_chars >= self._token_cut_at:
             relative, stable_count = self._token_cut(body, relative, ids, stable_count)
         previous = self.buffer.size
@@ -242,7 +252,7 @@ class History:
         if found is not None:
             cut, before = found
             end = stable_count + len(before)
-            after, _ = self._encode(rest[cut:] + self._closer + SEPARATOR, 0)
+            after, _ = self._encode(rest[cut:] + self._closer + self._separator, 0)
             if np.array_equal(ids[stable_count:end], before) and np.array_equal(ids[end:], after):
                 return relative + cut, end
             self._boundaries.tokens.refuted += 1

@@ -1,8 +1,9 @@
-"""The merge order of a byte-level BPE model, indexed to answer one question: up to where are the tokens of a
-word fixed whatever text later extends it (`MergeTable.frontier`)?
+"""The merge order of a BPE model, indexed to answer one question: up to where are the tokens of a word fixed
+whatever text later extends it (`MergeTable.frontier`)? A word is a string of one character per initial symbol:
+byte-level characters for Qwen3.5, the characters (byte tokens spelt as one character each) for SentencePiece.
 
-The token-level cuts (`cuts.TokenCuts`) place a stable boundary inside a word that may still grow only up to
-that frontier; the argument is in docs/decisions/bounded-mutable-tail.md.
+The token-level cuts (`cuts.TokenCuts`, `sentencepiece.SymbolCuts`) place a stable boundary inside a word that may
+still grow only up to that frontier; the argument is in docs/decisions/bounded-mutable-tail.md.
 """
 
 from __future__ import annotations

@@ -22,7 +22,8 @@ from tokenizers import Tokenizer
 from flide_sdk.errors import CheckpointError, InvalidQuestionError, StateTooLongError
 from flide_sdk.text.cuts import BoundaryFinder
 from flide_sdk.text.history import History, Trunk
-from flide_sdk.text.pretokenizer import check_pretokenizer
+from flide_sdk.text.pretokenizer import TokenizerKind, tokenizer_kind
+from flide_sdk.text.sentencepiece import SentencePieceBoundaries
 from flide_sdk.text.word_cache import WordEncoder
 
 # a text the word encoder declines is encoded in about one piece per CPU (the tokenizer's thread pool), in
@@ -40,15 +41,18 @@ def trim(cache: OrderedDict, size: int) -> None:
 
 
 class Tokens:
-    """The tokenizer of a checkpoint (Qwen3.5's pre-tokenizer, checked), its stable boundaries, its word
-    encoder, and the longest prompt an engine accepts."""
+    """The tokenizer of a checkpoint (its kind checked: Qwen3.5's byte-level BPE or a SentencePiece-style BPE),
+    its stable boundaries, its word encoder (Qwen3.5's only), and the longest prompt an engine accepts."""
 
     def __init__(self, tokenizer: Tokenizer, max_prompt_tokens: int) -> None:
-        check_pretokenizer(tokenizer)
+        self.kind = tokenizer_kind(tokenizer)
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
-        added = [token.content for token in tokenizer.get_added_tokens_decoder().values()]
-        self.boundaries = BoundaryFinder(added, tokenizer)  # the tokenizer for token-level cuts of long tails
+        if self.kind is TokenizerKind.SENTENCEPIECE_BPE:
+            self.boundaries: BoundaryFinder = SentencePieceBoundaries(tokenizer)
+        else:
+            added = [token.content for token in tokenizer.get_added_tokens_decoder().values()]
+            self.boundaries = BoundaryFinder(added, tokenizer)  # the tokenizer for token-level cuts of long tails
         self.words = WordEncoder(tokenizer)  # the fast path of `encode_cut` (`words.enabled`: whether it runs)
         self._texts: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
@@ -57,7 +61,7 @@ class Tokens:
     @classmethod
     def from_checkpoint(cls, path: str | Path, max_prompt_tokens: int, vocab_size: int | None = None) -> Tokens:
         """The tokenizer.json of a checkpoint directory. CheckpointError, naming the file, for a tokenizer that
-        does not load or is not Qwen3.5's, or one with token ids from `vocab_size` on (the embedding's rows)."""
+        does not load or is of no kind served (`pretokenizer.tokenizer_kind`), or one with token ids from `vocab_size` on (the embedding's rows)."""
         tokenizer_file = Path(path) / "tokenizer.json"
         if not tokenizer_file.is_file():
             raise CheckpointError(f"{path}: no tokenizer.json")
@@ -66,7 +70,7 @@ class Tokens:
         except Exception as error:  # tokenizers raises a bare Exception for a file it cannot read
             raise CheckpointError(f"{tokenizer_file}: not a readable tokenizer ({error})") from error
         try:
-            check_pretokenizer(tokenizer)
+            tokenizer_kind(tokenizer)
         except CheckpointError as error:
             raise CheckpointError(f"{tokenizer_file}: {error}") from error
         if vocab_size is not None:
@@ -147,13 +151,15 @@ class Tokens:
             self._label_ids[label] = int(ids[0])
         return self._label_ids[label]
 
-    def history(self, head: str) -> History:
-        """An empty, growing history whose text starts with `head` (a session's state)."""
-        return History(head, self.encode_cut, self.boundaries)
+    def history(self, head: str, trims: bool = False) -> History:
+        """An empty, growing history whose text starts with `head` (a session's state; `trims`: the chat
+        template trims the user content)."""
+        return History(head, self.encode_cut, self.boundaries, trims)
 
-    def trunk(self, head: str, body: str) -> Trunk:
-        """The trunk of a one-off ask: `head + body` and the blank line, tokenized with its stable boundary."""
-        return History.of_state(head, body, self.encode_cut, self.boundaries).snapshot()
+    def trunk(self, head: str, body: str, trims: bool = False) -> Trunk:
+        """The trunk of a one-off ask: `head + body` and the blank line, tokenized with its stable boundary
+        (`trims`: `body` without its leading white space, and no blank line when nothing is left)."""
+        return History.of_state(head, body, self.encode_cut, self.boundaries, trims).snapshot()
 
     def check_length(self, longest: int) -> None:
         """StateTooLongError when a whole prompt of `longest` tokens passes max_prompt_tokens."""
