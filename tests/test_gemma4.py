@@ -1,14 +1,13 @@
 """Gemma 4 on the engine: tiny random checkpoints written by transformers' own classes (`Gemma4ForCausalLM`, and
 `Gemma4ForConditionalGeneration` for the release layout), each switching features on, answer as transformers does
 on every question's standalone prompt, in mixed rounds, with forks and resumed sessions, over states far longer
-than the sliding window. The tokenizer is the tiny Qwen3.5-style one of `flide_sdk.testing` (a config vocab_size
-matching it)."""
+than the sliding window. The tokenizer is the tiny Gemma-layout one of `flide_sdk.testing` (SentencePiece-style BPE,
+Gemma 4's chat template), so the whole Gemma stack runs: its tokenization, its prompt, its decoder."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +19,13 @@ from flide_sdk.engine import Engine
 from flide_sdk.errors import CheckpointError
 from flide_sdk.models.checkpoint import read_config
 from flide_sdk.models.ops import kernel_ops
-from flide_sdk.testing import tiny_checkpoint
+from flide_sdk.testing import train_gemma_tokenizer, write_gemma_tokenizer
 
 from .conftest import TOLERANCE, answer_probabilities, reference_probabilities, text_of_tokens
 from .test_exactness import assert_exact, assert_mixed_round_exact, pick
 from .test_sessions import QUESTIONS, WORDS
 
+TOKENIZER = train_gemma_tokenizer()
 WINDOW = 12  # the sliding window, in tokens: the states below run to 900
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -45,8 +45,8 @@ FEATURES = {
 
 
 def text_config(**overrides) -> dict:
-    """A tiny `gemma4_text` config over the tiny tokenizer's vocabulary: 6 layers (sliding, sliding, full) x 2."""
-    vocab = json.loads((tiny_checkpoint() / "config.json").read_text())["vocab_size"]
+    """A tiny `gemma4_text` config over the tiny Gemma tokenizer's vocabulary: 6 layers (sliding, sliding, full) x 2."""
+    vocab = TOKENIZER.get_vocab_size()
     config = {"vocab_size": vocab, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 6,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32,
               "sliding_window": WINDOW, "layer_types": [SLIDING, SLIDING, FULL] * 2,
@@ -99,8 +99,7 @@ def make_gemma_checkpoint(path: Path, release: bool = False, seed: int = 0, **ov
     model = model.float().eval()
     randomize(model, seed)
     model.save_pretrained(path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tiny_checkpoint() / name, path / name)
+    write_gemma_tokenizer(path, TOKENIZER)
     return model
 
 
