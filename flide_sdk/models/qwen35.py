@@ -64,6 +64,18 @@ def rotary_tables(
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+def mrope_tables(
+    positions: torch.Tensor, axes: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [T, rotary_dim] of M-RoPE positions [3, T]: frequency j turns by the position of axis `axes[j]`
+    (a text token's three positions are equal: its rows are `rotary_tables`' to the bit)."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=positions.device) / rotary_dim
+    inv_freq = 1.0 / (theta**exponents)
+    angles = positions.float()[axes].t() * inv_freq[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
 class Linear(nn.Module):
     """A bias-free linear layer whose weight is created uninitialised (checkpoints overwrite it)."""
 
@@ -389,6 +401,12 @@ class Qwen35Model(nn.Module):
     @torch.inference_mode()
     def forward(self, rnd: RoundTensors, ops: Ops, caches: Sequence[LayerCache]) -> Readout:
         embedded = F.embedding(rnd.ids, self.embed_tokens.weight)
+        rope = None
+        if rnd.images is not None:  # image pads take the tower's rows; rotary tables of the round's own positions
+            images, c = rnd.images, self.config
+            embedded = embedded.index_copy(0, images.rows, images.embeds.to(embedded.dtype))
+            rope = mrope_tables(images.positions, images.axes, c.rotary_dim, c.rope_theta, embedded.dtype)
+            rnd = dataclasses.replace(rnd, positions=torch.arange(embedded.shape[0], device=embedded.device))
         readout, rows = rnd.readout, rnd.readout.rows
         if readout.text_rows.numel():  # the label rows and the text reads' rows, in stream order (query rows are)
             rows, order = torch.sort(torch.cat([readout.rows, readout.text_rows]))
@@ -406,7 +424,7 @@ class Qwen35Model(nn.Module):
             delta = ops.delta_workspace(rnd.delta, embedded.shape[0], c.gdn_value_heads, c.gdn_key_dim,
                                         c.gdn_value_dim, embedded.dtype, embedded.device)
             rnd = dataclasses.replace(rnd, delta=delta)
-        rope = self.rope_tables(embedded.dtype)
+        rope = rope or self.rope_tables(embedded.dtype)
         x = embedded.to(self.residual_dtype)
         last = len(self.layers) - 1
         delta = None  # each layer's MLP output, added to the stream by the next norm

@@ -58,6 +58,18 @@ class ReadoutPlan:
 
 
 @dataclass
+class RoundImages:
+    """A round's images, on the device (rounds without images have none): the stream rows of their image pads,
+    the tower's rows for them [P, hidden], each stream token's M-RoPE (t, h, w) positions [3, T] and which axis
+    each rotary frequency reads [rotary_dim / 2] (`models.qwen35_vision.mrope_axes`)."""
+
+    rows: torch.Tensor
+    embeds: torch.Tensor
+    positions: torch.Tensor
+    axes: torch.Tensor
+
+
+@dataclass
 class RoundTensors:
     """Everything the forward of one round reads, on the device."""
 
@@ -68,6 +80,7 @@ class RoundTensors:
     conv_src: torch.Tensor  # [T, K] rows of the conv table feeding each conv tap, oldest first
     checkpoint: CheckpointPlan
     readout: ReadoutPlan
+    images: RoundImages | None = None
 
 
 @dataclass

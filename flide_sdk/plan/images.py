@@ -1,0 +1,73 @@
+"""Where a round's images sit: a trunk's image spans and the M-RoPE (t, h, w) position of each stream token.
+
+A prompt's text token at index i is at position i + the offset of the last image before it (0 before any); an
+image's pads are at its start + (0, row, col), and the text after it at start + max(rows, cols)
+(`models.qwen35_vision.mrope_positions`). A trunk's spans carry those offsets, so a trunk resumed past its images
+continues at the right positions, and its branches follow its last offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from flide_sdk.models.qwen35_vision import ImageSpan
+from flide_sdk.plan.requests import RequestSpec
+
+
+@dataclass(frozen=True)
+class TrunkImages:
+    """A trunk's images in prompt order: each one's pads (`ImageSpan`, prompt indices) and its digest."""
+
+    spans: tuple[ImageSpan, ...]
+    digests: tuple[bytes, ...]
+
+    def offsets(self) -> np.ndarray:
+        """The position offset (position - index) of the text after each image, cumulated."""
+        out, offset = [], 0
+        for span in self.spans:
+            start = span.start + offset
+            offset = start + max(span.rows, span.cols) - (span.start + span.rows * span.cols)
+            out.append(offset)
+        return np.asarray(out, dtype=np.int64)
+
+    @property
+    def final_offset(self) -> int:
+        return int(self.offsets()[-1]) if self.spans else 0
+
+    def deltas(self, start: int, stop: int) -> np.ndarray:
+        """(t, h, w) position minus index [3, stop - start] of the prompt's tokens [start, stop)."""
+        index = np.arange(start, stop)
+        offsets = np.concatenate([[0], self.offsets()])
+        starts = np.asarray([span.start for span in self.spans], dtype=np.int64)
+        after = np.searchsorted(starts, index, side="right")  # images starting at or before each token
+        out = np.repeat(offsets[np.where(after > 0, after, 0)][None, :], 3, axis=0)
+        for k, span in enumerate(self.spans):
+            pads = span.rows * span.cols
+            inside = (index >= span.start) & (index < span.start + pads)
+            if inside.any():
+                grid = index[inside] - span.start
+                base = offsets[k]  # the image starts at its index + the offset before it
+                out[0, inside] = base - grid
+                out[1, inside] = base + grid // span.cols - grid
+                out[2, inside] = base + grid % span.cols - grid
+        return out
+
+
+def stream_positions(requests: Sequence[RequestSpec], images: Sequence[TrunkImages | None],
+                     positions: np.ndarray) -> np.ndarray:
+    """The M-RoPE positions [3, T] of a round's stream, whose tokens are at prompt `positions` [T]: each request
+    of `requests` and its forks (depth first, `RequestSpec.tree`, with `images` of each in that order) lays out
+    its computed trunk, then its branches (after the trunk's last image)."""
+    out = np.repeat(positions[None, :], 3, axis=0)
+    cursor = 0
+    specs = [spec for request in requests for spec in request.tree()]
+    for spec, trunk_images in zip(specs, images, strict=True):
+        computed, branch = len(spec.trunk), int(spec.branches.lengths.sum())
+        if trunk_images is not None and trunk_images.spans:
+            out[:, cursor:cursor + computed] += trunk_images.deltas(spec.start, spec.start + computed)
+            out[:, cursor + computed:cursor + computed + branch] += trunk_images.final_offset
+        cursor += computed + branch
+    return out
