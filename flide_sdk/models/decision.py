@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from flide_sdk.errors import CheckpointError
-from flide_sdk.questions import unencodable
 from flide_sdk.models.lora import LoraAdapter, adapter_in
+from flide_sdk.questions import unencodable
 
 QUESTION_TYPES = ("noul", "choice", "score")
 DECISION_CONFIG, DECISION_TEMPLATE = "decision.json", "decision_template.jinja"
@@ -50,7 +50,8 @@ class DecisionSpec:
     the SDK writes as transformers does: "jev" or a decider family; neither: transformers' generic prompt in
     the chat template) and where it came from, labels and temperature per question type, the order a noul's
     two options reach the template, whether control tokens in requests are encoded as text, its head
-    (None: the label tokens' logits), and the LoRA adapter merged into its weights (None: none)."""
+    (None: the label tokens' logits), the LoRA adapter merged into its weights (None: none), and the text a
+    builtin prompt starts with (a JEV on a Gemma base: `<bos>`, as transformers writes it)."""
 
     template: str | None
     source: str
@@ -61,6 +62,7 @@ class DecisionSpec:
     sanitize: bool = True
     head: HeadSpec | None = None
     adapter: LoraAdapter | None = None
+    builtin_prefix: str = ""
 
 
 def _json(file: Path) -> Any:
@@ -158,7 +160,7 @@ def _jev_head(path: Path, judge_file: Path) -> tuple[HeadSpec, dict[str, tuple[s
     return head, labels, judge
 
 
-def _jev_next_to_weights(path: Path, judge_file: Path) -> DecisionSpec:
+def _jev_next_to_weights(path: Path, judge_file: Path, config: dict[str, Any]) -> DecisionSpec:
     head, labels, judge = _jev_head(path, judge_file)
     if not head.file.is_file():
         raise CheckpointError(f"{judge_file}: the JEV head's weights ({HEAD_FILE}) are not in {path}")
@@ -169,8 +171,10 @@ def _jev_next_to_weights(path: Path, judge_file: Path) -> DecisionSpec:
     temperature = _per_type(per_kind, f"{calibration}: per_kind", _temperature)
     adapter = adapter_in(path, judge.get("adapter_subfolder", "adapter"), f"{judge_file}: adapter_subfolder",
                          optional="adapter_subfolder" not in judge)  # no adapter/: a JEV with its LoRA merged
+    text = config.get("text_config", config)
+    bos = "gemma" in str(text.get("model_type"))  # as transformers' JEV config: a Gemma base reads it after <bos>
     return DecisionSpec(None, f"{judge_file} (the JEV prompt)", "jev", labels, temperature, ("false", "true"),
-                        True, head, adapter)
+                        True, head, adapter, "<bos>" if bos else "")
 
 
 def _vllm(path: Path, file: Path) -> DecisionSpec:
@@ -222,7 +226,7 @@ def read_decision(path: Path, config: dict[str, Any]) -> DecisionSpec | None:
         return _vllm(path, vllm)
     judge = path / JUDGE_CONFIG
     if judge.is_file():
-        return _jev_next_to_weights(path, judge)
+        return _jev_next_to_weights(path, judge, config)
     for name in (CALIBRATION, HEAD_FILE, READOUT_FILE):
         if (path / name).is_file():
             raise CheckpointError(f"{path / name}: a decision head's file without its config "

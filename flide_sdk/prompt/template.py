@@ -146,7 +146,7 @@ class TemplateFormat:
         self.tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in (MARK, SPLIT)])
         self.sentinels = tuple(self.tokenizer.token_to_id(token) for token in (MARK, SPLIT))
         env = environment()
-        source = spec.template or (builtin_template(spec.builtin) if spec.builtin else chat_template)
+        source = spec.template or (spec.builtin_prefix + builtin_template(spec.builtin) if spec.builtin else chat_template)
         try:
             self.template = env.from_string(source)
             variables = jinja2.meta.find_undeclared_variables(env.parse(source))
