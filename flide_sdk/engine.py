@@ -230,7 +230,9 @@ class Engine:
         from the start of `load` to the first answered round, 0 before), pool occupancy and the memory split."""
         stats = self._stats.snapshot()
         with self._executor.pool_lock:
+            full_pages, sliding_pages = self.pool.pages_in_use
             stats.update(pool_bytes=self.pool.used_bytes, pool_capacity_bytes=self.pool.capacity_bytes,
+                         pool_pages=full_pages, pool_sliding_pages=sliding_pages,
                          checkpoints=self.pool.num_checkpoints, **self.pool.counters)
         stats.update(self._memory(stats))
         return stats
@@ -242,7 +244,9 @@ class Engine:
     def info(self) -> dict[str, Any]:
         """What this engine runs and with what memory: model shapes, device, dtype, limits, the captured graph
         capacities (stream tokens; empty without graphs), and bytes of weights, checkpoint pool and graphs
-        (`checkpoint_token_bytes`: the keys and values a checkpointed token takes in the pool; `attention_layers`:
+        (`checkpoint_token_bytes`: the keys and values a checkpointed token takes in the pool within the sliding
+        window, `checkpoint_bytes`: what a checkpoint of 2k, 20k and 200k tokens holds, sliding layers keeping
+        their window's pages only (`StateLayout.checkpoint_bytes`); `attention_layers`:
         the layers that attend, full or sliding-window, `sliding_attention_layers` the latter)."""
         config = self.model.config
         return {
@@ -253,6 +257,8 @@ class Engine:
             "attention_layers": sum(kind != "linear_attention" for kind in config.layer_types),
             "sliding_attention_layers": config.layer_types.count("sliding_attention"),
             "checkpoint_token_bytes": self.pool.page_bytes // PAGE,
+            "checkpoint_bytes": {tokens: self.pool.layout.checkpoint_bytes(tokens, self.model.embed_tokens.weight.dtype)
+                                 for tokens in (2_000, 20_000, 200_000)},
             "hidden_size": config.hidden_size,
             "vocab_size": config.vocab_size,
             "max_prompt_tokens": self.tokens.max_prompt_tokens,

@@ -259,3 +259,66 @@ def test_unserved_configs_are_checkpoint_errors(tmp_path, field, value, message)
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=message):
         fl.Engine.load(tmp_path, device="cpu")
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kernels", [False, True], ids=["reference", "triton"])
+async def test_sliding_pages_far_past_the_window(gemma, kernels):
+    """A session resumed step after step far past the 12-token window (2,000+ tokens with the reference ops; a
+    shorter run through the interpreted Triton kernels), a fork from a step's checkpoint whose trunk ends
+    mid-page and then grows, each answer within 1e-4 of transformers; the sliding layers' pages in use stop
+    growing with the history (public stats) while the full layers' grow. Mutations caught: a checkpoint keeping
+    a sliding page its window still sees too few (keep_from one page later), the sliding page table or KV
+    slots of the full layers' used for sliding layers, no copy-on-write of a shared partial sliding page,
+    sliding pages kept for the whole history."""
+    path, hf_model = gemma("shared")
+    base = fl.Engine.load(path, device="cpu", dtype="float32")
+    engine = base if not kernels else Engine(base.model, base.prompt, base.device, ops=kernel_ops(),
+                                             round_deadline_ms=300)
+    if kernels:
+        base.close()
+    window_pages = -(-WINDOW // 64) + 1
+    steps, words = (4, 60) if kernels else (6, 400)
+    async with engine:
+        session = engine.session()
+        text, sliding, full = "", [], []
+        fork, fork_text = None, ""
+        for step in range(steps):
+            addition = " " + text_of_tokens(engine.tokens, words, seed=10 + step)
+            session.append(addition)
+            text += addition
+            before = engine.stats()["checkpoint_hits"]
+            check(await session.ask(QUESTIONS), hf_model, engine, text)
+            if step:
+                assert engine.stats()["checkpoint_hits"] - before == 1, "each step resumes"
+            stats = engine.stats()
+            sliding.append(stats["pool_sliding_pages"])
+            full.append(stats["pool_pages"])
+            if step == 1:  # a fork of this step's checkpoint (mid-page: its length is no multiple of 64)
+                fork, fork_text = session.fork(), text
+        assert full[-1] > full[0] and full == sorted(full)
+        checkpoints = engine.stats()["checkpoints"]
+        assert max(sliding) <= checkpoints * window_pages, (sliding, checkpoints)
+        for step in range(2):
+            addition = f" the fork {step} " + text_of_tokens(engine.tokens, words // 2, seed=40 + step)
+            fork.append(addition)
+            fork_text += addition
+            check(await fork.ask(QUESTIONS), hf_model, engine, fork_text)
+        session.append(" and the session again")
+        check(await session.ask(QUESTIONS), hf_model, engine, text + " and the session again")
+        assert engine.stats()["pool_sliding_pages"] <= engine.stats()["checkpoints"] * window_pages
+
+
+def test_checkpoint_bytes_of_a_long_history(gemma):
+    """`Engine.info()["checkpoint_bytes"]`: a checkpoint's bytes grow with the history by the full layers' bytes per
+    token only; the sliding layers hold at most ceil(window / 64) + 1 pages. Mutation caught: sliding layers
+    counted for the whole history."""
+    path, _ = gemma("sliding")
+    with fl.Engine.load(path, device="cpu", dtype="float32") as engine:
+        info = engine.info()
+        layout = engine.model.config.state_layout()
+        full, sliding = layout.token_bytes(torch.float32, sliding=False), layout.token_bytes(torch.float32, sliding=True)
+        assert full + sliding == info["checkpoint_token_bytes"]
+        growth = info["checkpoint_bytes"][200_000] - info["checkpoint_bytes"][20_000]
+        assert growth == (-(-200_000 // 64) - -(-20_000 // 64)) * 64 * full
+        assert info["checkpoint_bytes"][20_000] <= (-(-20_000 // 64) * full + (-(-WINDOW // 64) + 1) * sliding) * 64

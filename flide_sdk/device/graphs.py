@@ -91,10 +91,11 @@ def device_round(
     return arrays, functools.partial(expansion or expand_round_triton, metadata)
 
 
-def placeholder_round(conv_kernel: int, rows: StateRows, kv_sink: int) -> HostRound:
+def placeholder_round(conv_kernel: int, rows: StateRows, kv_sink: int, sliding: bool) -> HostRound:
     """The round graphs are captured on: one request of a one-token trunk and one one-token question."""
     token = np.zeros(1, np.int64)
-    return plan_round([RequestSpec(token, Branches.of([token], [token]))], conv_kernel, rows, kv_sink)
+    return plan_round([RequestSpec(token, Branches.of([token], [token]))], conv_kernel, rows, kv_sink,
+                      sliding=sliding)
 
 
 @dataclass
@@ -232,7 +233,7 @@ class GraphRunner:
         started = time.perf_counter()
         LOG.debug("capturing the round graph of %d tokens", capacity.tokens)
         layout = self._layouts[capacity]
-        placeholder = placeholder_round(capacity.conv_kernel, self.rows, self.kv_sink).plan
+        placeholder = placeholder_round(capacity.conv_kernel, self.rows, self.kv_sink, capacity.sliding).plan
         host_views = [layout.views(buffer.numpy()) for buffer in self._staging]
         for views in host_views:
             placeholder.stage(views, capacity.shape, self.window_sink)

@@ -16,7 +16,13 @@ its keys and its values), so kernels and captured graphs never see them move, si
 (`budget_bytes`) but holding memory only for the slots and pages in use: the pool takes more when a save
 finds none free (doubling, up to the cap; past it, least recently used checkpoints are evicted) and gives
 back what it no longer uses when the device is idle (`trim`). Slots and pages are taken lowest first, so
-the ones in use stay at the start. The host keeps the bookkeeping (free lists, reference counts, fill marks,
+the ones in use stay at the start. Sliding-window attention layers have pages of their own (`PageKind`: their
+arenas, free list, reference counts and fill marks): a checkpoint refers to full-attention pages for its whole
+history and to sliding pages only from the page its window starts in (`StateLayout.sliding_from`), its table's
+entries before that pointing at the sink page (the attention skips those blocks, and masks what it reads of
+them); a checkpoint that extends another takes no reference to the sliding pages its window has left, so they
+are freed with the checkpoint it supersedes. Both kinds have the same number of pages at most (a checkpoint
+never holds more sliding pages than full ones) and the same sink page, and each grows and trims on its own. The host keeps the bookkeeping (free lists, reference counts, fill marks,
 the hash index) and hands the round planner plain integer tables. Past the checkpoint slots, the state
 arena has an always-zero row and `scratch_rows` rows where a round keeps its trunks' states
 (`layout.StateRows`), so a round reads and saves states in place; the window arena has one sink slot and
@@ -36,7 +42,7 @@ import torch
 
 from flide_sdk.device.arena import Arena, DeviceMemoryFull, PlainArena, arena
 from flide_sdk.models.qwen35 import LayerCache
-from flide_sdk.models.state import RecurrentShape, StateLayout
+from flide_sdk.models.state import KeyValueShape, RecurrentShape, StateLayout
 from flide_sdk.plan.layout import PAGE, StateRows
 from flide_sdk.text.history import BLOCK, TokenBuffer, Trunk
 
@@ -49,7 +55,8 @@ LOG = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class Checkpoint:
-    """Model state after tokens [0, length) of `buffer`."""
+    """Model state after tokens [0, length) of `buffer`: its slot, its full-attention pages and its sliding pages
+    (one entry per page of the history, the sink page before its window; empty without sliding layers)."""
 
     buffer: TokenBuffer
     length: int
@@ -57,17 +64,92 @@ class Checkpoint:
     pages: list[int]
     key: int  # chained hash of the first length // BLOCK blocks
     pins: int = 0
+    sliding_pages: list[int] = field(default_factory=list)
 
 
 @dataclass(eq=False)
 class PlannedSave:
-    """A checkpoint to be written by a round: the pool slot, and the flat KV slots of positions [start, at)."""
+    """A checkpoint to be written by a round: the pool slot, and per page kind the flat KV slots of positions
+    [start, at) and the pages to copy first (copy-on-write of a shared partial page: source, target)."""
 
     checkpoint: Checkpoint
     start: int
     kv_slots: np.ndarray
     page_copies: list[tuple[int, int]] = field(default_factory=list)
     base: Checkpoint | None = None  # the checkpoint it extends
+    sliding_kv_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    sliding_copies: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class PageTable:
+    """One kind's pages of a planned checkpoint: its table, the flat slots of the positions it writes, its
+    copies."""
+
+    pages: list[int]
+    kv_slots: np.ndarray
+    copies: list[tuple[int, int]]
+
+
+class PageKind:
+    """The pages of one kind of attention layer (full or sliding-window): per layer keeping its own, a key and a
+    value arena of `pages` pages plus the sink page; per page its references and fill mark; the free heap of
+    the backed pages."""
+
+    def __init__(self, shapes: list[KeyValueShape], pages: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.layers = [kv.layer for kv in shapes]
+        self.page_bytes = PAGE * sum(2 * kv.heads * kv.head_dim for kv in shapes) * dtype.itemsize
+        self.sink = pages
+        self.arenas = [arena((pages + 1) * PAGE, (kv.heads, kv.head_dim), dtype, device, pages * PAGE)
+                       for kv in shapes for _ in range(2)]  # per layer: keys, values
+        self.refs = np.zeros(pages, dtype=np.int64)
+        self.fill = np.zeros(pages, dtype=np.int64)  # entries written from the page start
+        self.free: list[int] = []
+
+    @property
+    def backed(self) -> int:
+        return self.arenas[0].backed // PAGE if self.arenas else 0
+
+    @property
+    def in_use(self) -> int:
+        return self.backed - len(self.free)
+
+    def back(self, pages: int) -> None:
+        for memory in self.arenas:
+            memory.back(pages * PAGE)
+
+    def needed(self) -> int:
+        """One past the highest page in use (taken pages are referenced)."""
+        in_use = np.flatnonzero(self.refs[: self.backed])
+        return int(in_use[-1]) + 1 if len(in_use) else 0
+
+    def take(self, count: int) -> list[int]:
+        """`count` free pages (there are), the lowest first, each referenced once and empty."""
+        taken = [heapq.heappop(self.free) for _ in range(count)]
+        self.refs[taken] = 1
+        self.fill[taken] = 0
+        return taken
+
+    def release(self, pages: list[int]) -> None:
+        """Drop one reference to each of `pages` (distinct; the sink's entries skipped); unreferenced pages are
+        free."""
+        page_array = np.asarray(pages, dtype=np.int64)
+        page_array = page_array[page_array != self.sink]
+        self.refs[page_array] -= 1
+        freed = page_array[self.refs[page_array] == 0]
+        self.fill[freed] = 0
+        for page in freed.tolist():
+            heapq.heappush(self.free, page)
+
+    def copy(self, copies: list[tuple[int, int]]) -> None:
+        """Copy whole pages (every layer of the kind, keys and values) on the device."""
+        if not copies or not self.arenas:
+            return
+        device = self.arenas[0].tensor.device
+        source, target = (torch.tensor(column, device=device) for column in zip(*copies))
+        for memory in self.arenas:
+            paged = memory.tensor.view(self.sink + 1, PAGE, *memory.tensor.shape[1:])
+            paged[target] = paged[source]
 
 
 @dataclass(frozen=True)
@@ -106,7 +188,7 @@ class CheckpointPool:
         layout = self.layout = config.state_layout()
         self.gdn_layers = list(layout.recurrent_layers)
         self.slot_bytes = layout.slot_bytes(dtype)
-        self.page_bytes = PAGE * layout.token_bytes(dtype)
+        self.page_bytes = PAGE * layout.token_bytes(dtype)  # a page of each kind
         if self.slot_bytes:
             wanted = max_checkpoints if max_checkpoints is not None else max(4, int(0.25 * budget_bytes) // self.slot_bytes)
             slots = min(wanted, budget_bytes // self.slot_bytes)  # a zero budget disables checkpoints
@@ -124,12 +206,11 @@ class CheckpointPool:
                                                         shape.value_dim), torch.float32, device, slots)
         self._windows = arena(slots + 1, (len(self.gdn_layers), shape.conv_kernel - 1, shape.conv_dim), dtype, device,
                               slots)
-        self._kv = [arena((pages + 1) * PAGE, (kv.heads, kv.head_dim), dtype, device, pages * PAGE)
-                    for kv in layout.key_values for _ in range(2)]  # per attention layer keeping its own: keys, values
-        self._free_slots: list[int] = []  # heaps of the free slots and pages among the backed ones
-        self._free_pages: list[int] = []
-        self._page_refs = np.zeros(pages, dtype=np.int64)
-        self._page_fill = np.zeros(pages, dtype=np.int64)  # entries written from the page start
+        self._full = PageKind([kv for kv in layout.key_values if kv.window is None], pages, dtype, device)
+        sliding = [kv for kv in layout.key_values if kv.window is not None]
+        self._sliding = PageKind(sliding, pages, dtype, device) if sliding else None
+        self.sliding = self._sliding is not None  # whether rounds stage the sliding layers' page tables
+        self._free_slots: list[int] = []  # the heap of the free slots among the backed ones
         self._lru: OrderedDict[Checkpoint, None] = OrderedDict()
         self._index: dict[int, list[Checkpoint]] = {}
         self.counters = {"checkpoints_saved": 0, "evictions": 0, "superseded": 0, "page_copies": 0,
@@ -143,6 +224,10 @@ class CheckpointPool:
         return self.num_slots * self.slot_bytes + self.num_pages * self.page_bytes
 
     @property
+    def kinds(self) -> list[PageKind]:
+        return [self._full] + ([self._sliding] if self._sliding is not None else [])
+
+    @property
     def reserved_bytes(self) -> int:
         """Device memory the arenas hold now (the backed slots and pages, the scratch rows and sinks)."""
         return sum(a.reserved_bytes for a in self._arenas())
@@ -154,13 +239,17 @@ class CheckpointPool:
 
     @property
     def backed(self) -> tuple[int, int]:
-        """Slots and pages that hold memory now."""
-        return self._states.backed, self._kv[0].backed // PAGE if self._kv else 0
+        """Slots and full-attention pages that hold memory now."""
+        return self._states.backed, self._full.backed
+
+    @property
+    def pages_in_use(self) -> tuple[int, int]:
+        """Full-attention and sliding-window pages referenced by checkpoints (or reserved by a round)."""
+        return self._full.in_use, 0 if self._sliding is None else self._sliding.in_use
 
     @property
     def used_bytes(self) -> int:
-        pages_used = self.backed[1] - len(self._free_pages)
-        return len(self._lru) * self.slot_bytes + pages_used * self.page_bytes
+        return len(self._lru) * self.slot_bytes + sum(kind.in_use * kind.page_bytes for kind in self.kinds)
 
     @property
     def num_checkpoints(self) -> int:
@@ -171,9 +260,11 @@ class CheckpointPool:
         return list(self._lru)
 
     def page_usage(self) -> PageUsage:
-        """A copy of the page bookkeeping: references and entries written per page, and the free pages."""
-        free = sorted(self._free_pages) + list(range(self.backed[1], self.num_pages))  # unbacked pages are free too
-        return PageUsage(self._page_refs.copy(), self._page_fill.copy(), free)
+        """A copy of the full-attention pages' bookkeeping: references and entries written per page, and the free
+        pages."""
+        full = self._full
+        free = sorted(full.free) + list(range(full.backed, self.num_pages))  # unbacked pages are free too
+        return PageUsage(full.refs.copy(), full.fill.copy(), free)
 
     def layer_caches(self) -> list[LayerCache]:
         """Per model layer, its views of the arenas (what the model's forward takes as `caches`): a layer that reads
@@ -181,8 +272,9 @@ class CheckpointPool:
         caches: dict[int, LayerCache] = {}
         for index, layer in enumerate(self.gdn_layers):
             caches[layer] = (self._states.tensor[:, index], self._windows.tensor[:, index])
-        for index, kv in enumerate(self.layout.key_values):
-            caches[kv.layer] = (self._kv[2 * index].tensor, self._kv[2 * index + 1].tensor)
+        for kind in self.kinds:
+            for index, layer in enumerate(kind.layers):
+                caches[layer] = (kind.arenas[2 * index].tensor, kind.arenas[2 * index + 1].tensor)
         return [caches[source] for source in self.layout.sources]
 
     def lookup(self, trunk: Trunk) -> Checkpoint | None:
@@ -216,40 +308,63 @@ class CheckpointPool:
         slot = self._take_slot()
         if slot is None:
             return None
-        pages: list[int] = []
+        full = self._plan_pages(self._full, resume.pages if resume is not None else [], start, at, 0)
+        if full is None:
+            heapq.heappush(self._free_slots, slot)
+            return None
+        sliding = PageTable([], np.zeros(0, dtype=np.int64), [])
+        if self._sliding is not None:
+            planned = self._plan_pages(self._sliding, resume.sliding_pages if resume is not None else [], start, at,
+                                       self.layout.sliding_from(at))
+            if planned is None:
+                self._release(full.pages, [], slot)
+                return None
+            sliding = planned
+        key = trunk.block_hash(at // BLOCK)
+        checkpoint = Checkpoint(trunk.buffer, at, slot, full.pages, key, sliding_pages=sliding.pages)
+        self.counters["page_copies"] += len(full.copies) + len(sliding.copies)
+        return PlannedSave(checkpoint, start, full.kv_slots, full.copies, resume, sliding.kv_slots, sliding.copies)
+
+    def _plan_pages(self, kind: PageKind, inherited: list[int], start: int, at: int, keep_from: int) -> PageTable | None:
+        """The page table of one kind for a checkpoint at `at` extending one of `start` tokens (`inherited` its
+        table): pages [0, keep_from) the sink (not kept), the rest the inherited pages (referenced once more; a
+        partial last page copied unless nobody wrote past its fill) and new ones; None, holding nothing, if the
+        pool cannot find the pages."""
+        first = start // PAGE
+        kept = list(inherited[keep_from:first])  # keep_from is at least the inherited table's (at > start)
+        pages = [kind.sink] * min(keep_from, first) + kept
+        kind.refs[kept] += 1
         copies: list[tuple[int, int]] = []
-        if resume is not None:
-            pages = list(resume.pages[: start // PAGE])
-            self._page_refs[pages] += 1
-            if start % PAGE:
-                old = resume.pages[start // PAGE]
-                if self._page_fill[old] == start % PAGE:
-                    self._page_refs[old] += 1
+        if start % PAGE:
+            if first < keep_from:
+                pages.append(kind.sink)
+            else:
+                old = inherited[first]
+                if kind.fill[old] == start % PAGE:
+                    kind.refs[old] += 1
                     pages.append(old)
                 else:
-                    taken = self._take_pages(1)
-                    if taken is None:
-                        self._release(pages, slot)
+                    if not self._reserve(kind, 1):
+                        kind.release(pages)
                         return None
+                    taken = kind.take(1)
                     copies.append((old, taken[0]))
-                    self._page_fill[taken[0]] = start % PAGE
+                    kind.fill[taken[0]] = start % PAGE
                     pages += taken
-        taken = self._take_pages(max(0, -(-at // PAGE) - len(pages)))
-        if taken is None:
-            self._release(pages, slot)
+        blocks = -(-at // PAGE)
+        skipped = max(0, min(keep_from, blocks) - len(pages))  # new pages before the window: the sink
+        if not self._reserve(kind, blocks - len(pages) - skipped):
+            kind.release(pages)
             return None
-        pages += taken
-        first = start // PAGE
+        pages += [kind.sink] * skipped + kind.take(blocks - len(pages) - skipped)
         written = np.asarray(pages[first:], dtype=np.int64)  # pages this save writes entries of (from their start)
-        self._page_fill[written] = np.maximum(self._page_fill[written],
-                                              np.minimum(PAGE, at - np.arange(first, len(pages)) * PAGE))
+        real = written != kind.sink
+        kind.fill[written[real]] = np.maximum(kind.fill[written[real]],
+                                              np.minimum(PAGE, at - np.arange(first, len(pages))[real] * PAGE))
         # the slots of the written pages, then those of positions [start, at) among them (not a division and a
         # remainder per position)
         kv_slots = (written[:, None] * PAGE + PAGE_SLOTS).ravel()[start - first * PAGE : at - first * PAGE]
-        key = trunk.block_hash(at // BLOCK)
-        checkpoint = Checkpoint(trunk.buffer, at, slot, pages, key)
-        self.counters["page_copies"] += len(copies)
-        return PlannedSave(checkpoint, start, kv_slots, copies, resume)
+        return PageTable(pages, kv_slots, copies)
 
     def commit(self, save: PlannedSave) -> None:
         """Make a written checkpoint visible to lookups (its round is launched: device work is ordered), and
@@ -271,17 +386,14 @@ class CheckpointPool:
 
     def abort(self, save: PlannedSave) -> None:
         """Give back what a save reserved (its round failed)."""
-        self._release(save.checkpoint.pages, save.checkpoint.slot)
+        checkpoint = save.checkpoint
+        self._release(checkpoint.pages, checkpoint.sliding_pages, checkpoint.slot)
 
-    def copy_pages(self, copies: list[tuple[int, int]]) -> None:
-        """Copy whole pages (every attention layer, keys and values) on the device."""
-        if not copies:
-            return
-        device = self._kv[0].tensor.device
-        source, target = (torch.tensor(column, device=device) for column in zip(*copies))
-        for kv in self._kv:
-            paged = kv.tensor.view(self.num_pages + 1, PAGE, *kv.tensor.shape[1:])
-            paged[target] = paged[source]
+    def copy_pages(self, saves: list[PlannedSave]) -> None:
+        """The copies-on-write of `saves`' partial pages, every attention layer of each kind, on the device."""
+        self._full.copy([copy for save in saves for copy in save.page_copies])
+        if self._sliding is not None:
+            self._sliding.copy([copy for save in saves for copy in save.sliding_copies])
 
     def release(self) -> None:
         """Drop every checkpoint and free the device arenas (the engine is closed; nothing reads them again)."""
@@ -289,9 +401,10 @@ class CheckpointPool:
             self._evict(checkpoint)
         for memory in self._arenas():
             memory.release()
-        self._kv = []
+        for kind in self.kinds:
+            kind.arenas, kind.free = [], []
         self.num_slots = self.num_pages = 0
-        self._free_slots, self._free_pages = [], []
+        self._free_slots = []
 
     def clear(self) -> None:
         """Evict every checkpoint not in use by a running round."""
@@ -302,55 +415,57 @@ class CheckpointPool:
     def trimmable(self) -> bool:
         """Whether `trim` should give memory back: a quarter of the backed slots or pages is in use, or less (a
         pool that doubled to fit is not trimmable at once)."""
-        slots, pages = self._needed()
-        backed_slots, backed_pages = self.backed
-        return 4 * slots < backed_slots or 4 * pages < backed_pages
+        return (4 * self._needed_slots() < self.backed[0]
+                or any(4 * kind.needed() < kind.backed for kind in self.kinds))
 
     def trim(self) -> None:
         """Give back the memory of slots and pages past twice the highest in use (call it with the device idle:
         no round in flight reads them)."""
-        slots, pages = self._needed()
-        keep_slots, keep_pages = min(self.backed[0], 2 * slots), min(self.backed[1], 2 * pages)
+        keep_slots = min(self.backed[0], 2 * self._needed_slots())
         self._free_slots = [slot for slot in self._free_slots if slot < keep_slots]
-        self._free_pages = [page for page in self._free_pages if page < keep_pages]
         heapq.heapify(self._free_slots)
-        heapq.heapify(self._free_pages)
-        self._back(keep_slots, keep_pages)
+        self._states.back(keep_slots)
+        self._windows.back(keep_slots)
+        for kind in self.kinds:
+            keep = min(kind.backed, 2 * kind.needed())
+            kind.free = [page for page in kind.free if page < keep]
+            heapq.heapify(kind.free)
+            kind.back(keep)
         self._device_full = False
 
     # ------------------------------------------------------------------------------------- internals
     def _arenas(self) -> list[Arena]:
-        return [self._states, self._windows, *self._kv]
+        return [self._states, self._windows, *(memory for kind in self.kinds for memory in kind.arenas)]
 
-    def _back(self, slots: int, pages: int) -> None:
-        self._states.back(slots)
-        self._windows.back(slots)
-        for kv in self._kv:
-            kv.back(pages * PAGE)
-
-    def _needed(self) -> tuple[int, int]:
-        """One past the highest slot and page in use."""
-        backed_slots, backed_pages = self.backed
+    def _needed_slots(self) -> int:
+        """One past the highest slot in use."""
         free_slots = set(self._free_slots)
-        slots = next((s + 1 for s in range(backed_slots - 1, -1, -1) if s not in free_slots), 0)
-        in_use = np.flatnonzero(self._page_refs[:backed_pages])  # taken pages are referenced
-        return slots, int(in_use[-1]) + 1 if len(in_use) else 0
+        return next((s + 1 for s in range(self.backed[0] - 1, -1, -1) if s not in free_slots), 0)
 
-    def _grow(self, slots: int = 0, pages: int = 0) -> bool:
-        """Back at least `slots` more slots / `pages` more pages (doubling, within the cap); False at the cap, or
-        when the device has no memory left for it (the pool then evicts, or saves no checkpoint: never an error)."""
-        backed_slots, backed_pages = self.backed
+    def _grow(self, slots: int = 0, pages: int = 0, kind: PageKind | None = None) -> bool:
+        """Back at least `slots` more slots / `pages` more pages of `kind` (doubling, within the cap); False at the
+        cap, or when the device has no memory left for it (the pool then evicts, or saves no checkpoint: never an
+        error)."""
+        backed_slots = self.backed[0]
+        backed_pages = kind.backed if kind is not None else 0
         new_slots = backed_slots if not slots else min(self.num_slots, max(backed_slots + slots, 2 * backed_slots,
                                                                              GROW_SLOTS))
         new_pages = backed_pages if not pages else min(self.num_pages, max(backed_pages + pages, 2 * backed_pages,
                                                                              GROW_PAGES))
         if new_slots == backed_slots and new_pages == backed_pages or self._device_full:
             return False
+        page_bytes = kind.page_bytes if kind is not None else 0
         try:
-            self._check_room((new_slots - backed_slots) * self.slot_bytes + (new_pages - backed_pages) * self.page_bytes)
-            self._back(new_slots, new_pages)
+            self._check_room((new_slots - backed_slots) * self.slot_bytes + (new_pages - backed_pages) * page_bytes)
+            self._states.back(new_slots)
+            self._windows.back(new_slots)
+            if kind is not None:
+                kind.back(new_pages)
         except DeviceMemoryFull:
-            self._back(backed_slots, backed_pages)  # the arenas that grew give their new rows back (none in use)
+            self._states.back(backed_slots)  # the arenas that grew give their new rows back (none in use)
+            self._windows.back(backed_slots)
+            if kind is not None:
+                kind.back(backed_pages)
             self._device_full = True
             self.counters["growth_refused"] += 1
             LOG.warning("the device has no memory left for the checkpoint pool to grow past %d slots and %d pages; "
@@ -358,8 +473,9 @@ class CheckpointPool:
             return False
         for slot in range(backed_slots, new_slots):
             heapq.heappush(self._free_slots, slot)
-        for page in range(backed_pages, new_pages):
-            heapq.heappush(self._free_pages, page)
+        if kind is not None:
+            for page in range(backed_pages, new_pages):
+                heapq.heappush(kind.free, page)
         return True
 
     def _check_room(self, extra: int) -> None:
@@ -379,17 +495,13 @@ class CheckpointPool:
                 return None
         return heapq.heappop(self._free_slots)
 
-    def _take_pages(self, count: int) -> list[int] | None:
-        """`count` free pages, the lowest first (growing the pool, or past its cap evicting the least recently
-        used checkpoints for room), each referenced once and empty; None, taking nothing, if evicting every
-        unpinned checkpoint leaves too few."""
-        while len(self._free_pages) < count:
-            if not self._grow(pages=count - len(self._free_pages)) and not self._evict_oldest():
-                return None
-        taken = [heapq.heappop(self._free_pages) for _ in range(count)]
-        self._page_refs[taken] = 1
-        self._page_fill[taken] = 0
-        return taken
+    def _reserve(self, kind: PageKind, count: int) -> bool:
+        """Whether `count` pages of `kind` are free, growing the pool, or past its cap evicting the least recently
+        used checkpoints for room; False if evicting every unpinned checkpoint leaves too few."""
+        while len(kind.free) < count:
+            if not self._grow(pages=count - len(kind.free), kind=kind) and not self._evict_oldest():
+                return False
+        return True
 
     def _evict_oldest(self) -> bool:
         victim = next((c for c in self._lru if c.pins == 0), None)
@@ -405,14 +517,12 @@ class CheckpointPool:
         bucket.remove(checkpoint)
         if not bucket:
             del self._index[checkpoint.key]
-        self._release(checkpoint.pages, checkpoint.slot)
+        self._release(checkpoint.pages, checkpoint.sliding_pages, checkpoint.slot)
 
-    def _release(self, pages: list[int], slot: int) -> None:
-        """Drop one reference to each of `pages` (distinct) and free the slot; pages left unreferenced are free."""
-        page_array = np.asarray(pages, dtype=np.int64)
-        self._page_refs[page_array] -= 1
-        freed = page_array[self._page_refs[page_array] == 0]
-        self._page_fill[freed] = 0
-        for page in freed.tolist():
-            heapq.heappush(self._free_pages, page)
+    def _release(self, pages: list[int], sliding_pages: list[int], slot: int) -> None:
+        """Drop one reference to each of `pages` and `sliding_pages` and free the slot; pages left unreferenced
+        are free."""
+        self._full.release(pages)
+        if self._sliding is not None:
+            self._sliding.release(sliding_pages)
         heapq.heappush(self._free_slots, slot)

@@ -307,7 +307,8 @@ class Gemma4Config:
     def state_layout(self) -> StateLayout:
         """No recurrent layers; a checkpoint holds the keys and values of each layer that computes its own (a
         KV-shared layer reads its source's)."""
-        return StateLayout(None, (), tuple(KeyValueShape(i, self.attention(i).kv_heads, self.attention(i).head_dim)
+        return StateLayout(None, (), tuple(KeyValueShape(i, self.attention(i).kv_heads, self.attention(i).head_dim,
+                                                         self.attention(i).window)
                                            for i in range(self.first_shared_layer)),
                            tuple(self.kv_source(i) for i in range(self.num_layers)))
 

@@ -7,7 +7,8 @@ by w (not 1 + w); attention has q/k norms, a scale-free value norm, scores scale
 (sliding layers: every channel pair turns; full layers: proportional RoPE, the first pairs turn and the rest stay).
 A sliding layer sees only the keys of the last `sliding_window` positions. The last `kv_shared_layers` layers
 compute no keys or values: they attend over those of the last earlier layer of their type (its stream keys and
-its pool arenas). The MLP is GeGLU (gelu tanh); 26B-A4B adds routed experts (`ops.moe_experts`) to it. With
+its pool arenas). With `RoundTensors.sliding`, sliding layers read and write the pool through their own page
+table and KV slots (their checkpoints keep only the window's pages). The MLP is GeGLU (gelu tanh); 26B-A4B adds routed experts (`ops.moe_experts`) to it. With
 per-layer inputs (PLE) each layer ends with a gated projection of its own token embedding. Final logits are
 soft-capped.
 Selective readout: from the first KV-shared layer on (else at the last layer) everything but the keys and
@@ -183,8 +184,9 @@ class Attention(nn.Module):
             k = k.view(h.shape[0], shape.kv_heads, shape.head_dim)
             values = k if shape.keys_are_values else v[0].view(h.shape[0], shape.kv_heads, shape.head_dim)
             values = unit_norm(values, torch.ones_like(self.k_norm.weight), self.eps, ops)
+            slots = rnd.checkpoint.kv_slots if shape.window is None or rnd.sliding is None else rnd.sliding.kv_slots
             q, k, v = ops.attention_front(q, k, values, self.q_norm.weight, self.k_norm.weight, self.eps, cos, sin,
-                                          rope.stream, rows, k_cache, v_cache, rnd.checkpoint.kv_slots, offset=0.0)
+                                          rope.stream, rows, k_cache, v_cache, slots, offset=0.0)
             streams[self.source] = k, v
         out = ops.fork_attention(q, k, v, plan, rows, k_cache, v_cache, None, scale=1.0, window=shape.window)
         return self.o_proj(out.reshape(q.shape[0], -1), ops)
@@ -314,8 +316,10 @@ class Gemma4Model(nn.Module):
             key = (kind, index >= self.selective_from)
             if key not in plans:
                 shape = c.attention(index)
-                plans[key] = ops.attention_tiles(rnd.attention, rows if key[1] else None, c.num_heads,
-                                                 shape.kv_heads, shape.head_dim, embedded.dtype)
+                plan = ops.attention_tiles(rnd.attention, rows if key[1] else None, c.num_heads,
+                                           shape.kv_heads, shape.head_dim, embedded.dtype)
+                windowed = shape.window is not None and rnd.sliding is not None
+                plans[key] = rnd.sliding.attention(plan) if windowed else plan
         rope = RoundRope(c, rnd.positions, embedded.dtype)
         x = embedded.to(self.residual_dtype)
         streams: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}

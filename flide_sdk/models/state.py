@@ -2,7 +2,9 @@
 sizes its arenas from it and gives each layer its views, and the round planner reads from it whether the model
 has recurrent (Gated DeltaNet) layers at all. A layer keeps a recurrent state and a conv window (Qwen3.5's
 Gated DeltaNet), or its keys and values (attention), or nothing of its own: it reads another layer's keys and
-values (Gemma 4's KV-shared layers).
+values (Gemma 4's KV-shared layers). An attention layer with a sliding window keeps only the pages its window can
+still see (`StateLayout.sliding_from`), so a long history costs its full layers' bytes per token and a bounded
+amount for the sliding ones (`StateLayout.checkpoint_bytes`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+
+from flide_sdk.kernels.plans import PAGE
 
 
 class RecurrentShape(NamedTuple):
@@ -25,11 +29,13 @@ class RecurrentShape(NamedTuple):
 
 
 class KeyValueShape(NamedTuple):
-    """An attention layer that keeps its keys and values: `heads` of `head_dim` each per token."""
+    """An attention layer that keeps its keys and values: `heads` of `head_dim` each per token; `window`: it sees
+    only the last `window` positions (None: full attention)."""
 
     layer: int
     heads: int
     head_dim: int
+    window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -49,9 +55,30 @@ class StateLayout:
         layers (a window of no tokens before each position; the planner's Gated DeltaNet tables go unread)."""
         return 1 if self.recurrent is None else self.recurrent.conv_kernel
 
-    def token_bytes(self, dtype: torch.dtype) -> int:
-        """Key/value bytes one token takes in a checkpoint (every layer that keeps its own)."""
-        return sum(2 * kv.heads * kv.head_dim for kv in self.key_values) * dtype.itemsize
+    def token_bytes(self, dtype: torch.dtype, sliding: bool | None = None) -> int:
+        """Key/value bytes one token takes in a checkpoint (every layer that keeps its own; with `sliding` True or
+        False, those of the sliding-window layers or of the full ones only)."""
+        return sum(2 * kv.heads * kv.head_dim for kv in self.key_values
+                   if sliding is None or (kv.window is not None) == sliding) * dtype.itemsize
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The widest window of the sliding layers keeping keys and values (None: there are none)."""
+        return max((kv.window for kv in self.key_values if kv.window is not None), default=None)
+
+    def sliding_from(self, length: int) -> int:
+        """The first page a checkpoint of `length` tokens keeps for its sliding layers: the page of the first
+        position a query at `length` or later can see (earlier pages are never read again)."""
+        window = self.sliding_window
+        return 0 if window is None else max(0, length - window) // PAGE
+
+    def checkpoint_bytes(self, length: int, dtype: torch.dtype) -> int:
+        """Pool bytes a checkpoint of `length` tokens holds on its own (no page shared): the full layers' pages of
+        the whole history, the sliding layers' pages of the window's, and the state slot."""
+        pages = -(-length // PAGE)
+        return (PAGE * pages * self.token_bytes(dtype, sliding=False)
+                + PAGE * (pages - self.sliding_from(length)) * self.token_bytes(dtype, sliding=True)
+                + self.slot_bytes(dtype))
 
     def slot_bytes(self, dtype: torch.dtype) -> int:
         """Bytes of a checkpoint's state slot: every recurrent layer's float32 state and conv window (0 without

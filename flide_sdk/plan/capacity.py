@@ -57,6 +57,7 @@ class Capacity:
     conv_kernel: int
     text_reads: int = 0
     levels: int = LEVELS
+    sliding: bool = False  # rounds stage the sliding-window layers' tables (`RoundShape.sliding`)
 
     @property
     def segments(self) -> tuple[int, ...]:
@@ -74,7 +75,7 @@ class Capacity:
         """The arrays of a round of this capacity (one more request row: the padding tokens')."""
         r = self.requests
         return RoundShape(self.tokens, r + 1, r, r, self.questions, self.labels, self.pages, r + self.questions,
-                          self.conv_kernel, self.segments, self.chunks, self.text_reads)
+                          self.conv_kernel, self.segments, self.chunks, self.text_reads, self.sliding)
 
     @property
     def elements(self) -> int:
@@ -92,6 +93,7 @@ class Capacity:
             and plan.num_pages <= self.pages
             and len(plan.text_reads) <= self.text_reads
             and len(plan.levels) <= self.levels
+            and plan.sliding == self.sliding
             and all(level.segments <= s and level.chunks <= c
                     for level, s, c in zip(plan.levels, self.segments, self.chunks))
         )
@@ -119,6 +121,7 @@ def capacity_ladder(
     max_requests: int = 64,
     max_prompt_tokens: int = 32768,
     tokens: tuple[int, ...] = TOKEN_LADDER,
+    sliding: bool = False,
 ) -> list[Capacity]:
     """Capacities from the smallest to `max_tokens` (which is always the last rung)."""
     rungs = sorted({t for t in tokens if t < max_tokens} | {max_tokens})
@@ -131,6 +134,7 @@ def capacity_ladder(
             labels=LABELS,
             pages=max(history_pages, t // 2),
             conv_kernel=conv_kernel,
+            sliding=sliding,
         )
         for t in rungs
     ]

@@ -9,6 +9,7 @@ captured graph (the kernel), or here on the host for an eager round and the test
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,6 +51,20 @@ class CheckpointPlan:
 
 
 @dataclass
+class SlidingTables:
+    """The sliding-window layers' pool tables (their pages are their own): the page of each cached block (the
+    sink's before a request's window) at the full layers' offsets, and each token's flat pool position."""
+
+    pages: torch.Tensor  # [P]
+    history: list[tuple[int, np.ndarray | None]]  # host: per request, cached length r and its sliding pages
+    kv_slots: torch.Tensor  # [T]
+
+    def attention(self, plan: AttentionPlan) -> AttentionPlan:
+        """`plan` (with its tile tables) reading these pages."""
+        return dataclasses.replace(plan, pages=self.pages, history=self.history)
+
+
+@dataclass
 class ReadoutPlan:
     rows: torch.Tensor  # [R] stream index of each question's last token
     label_ids: torch.Tensor  # [R, L] label token ids, padded with -1
@@ -81,6 +96,7 @@ class RoundTensors:
     checkpoint: CheckpointPlan
     readout: ReadoutPlan
     images: RoundImages | None = None
+    sliding: SlidingTables | None = None  # None: the model's layers share one page table
 
 
 @dataclass
@@ -175,12 +191,15 @@ def round_tensors(plan: RoundPlan, shape: RoundShape, t: dict[str, torch.Tensor]
         conv_src=t["conv_src"],
         checkpoint=CheckpointPlan(t["resume_slots"], t["save_slots"], t["save_window_src"], t["kv_slots"]),
         readout=ReadoutPlan(t["readout_rows"], t["label_ids"], t["text_rows"], t["text_targets"]),
+        sliding=SlidingTables(t["sliding_pages"], [(r.start, r.resume.sliding_pages if r.resume else None)
+                                                   for r in plan.requests], t["sliding_kv_slots"])
+        if plan.sliding else None,
     )
 
 
 def plan_round(
     requests: Sequence[RequestSpec], conv_kernel: int, rows: StateRows | None = None, kv_sink: int = -1,
-    pack: bool = True,
+    pack: bool = True, sliding: bool = False,
 ) -> HostRound:
     """Lay out `requests` as one flat stream and build all metadata, unpadded."""
-    return HostRound.of(RoundPlan(requests, conv_kernel, rows, kv_sink, pack))
+    return HostRound.of(RoundPlan(requests, conv_kernel, rows, kv_sink, pack, sliding))

@@ -11,7 +11,7 @@ state at m, the conv inputs before m and the keys/values of [r, m) are written t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -42,19 +42,23 @@ class StateRows:
 
 @dataclass(frozen=True)
 class Resume:
-    """Where a request resumes: the pool slot of its checkpoint and the KV pages covering [0, start)."""
+    """Where a request resumes: the pool slot of its checkpoint and the KV pages covering [0, start), of the full
+    layers and of the sliding ones (the sink page before their window; empty without sliding layers)."""
 
     slot: int
     pages: np.ndarray
+    sliding_pages: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
 class Save:
-    """A checkpoint a request writes: at absolute position `at`, into pool `slot`; flat KV slots of [start, at)."""
+    """A checkpoint a request writes: at absolute position `at`, into pool `slot`; flat KV slots of [start, at), of
+    the full layers and of the sliding ones (the sink before the window; empty without sliding layers)."""
 
     at: int
     slot: int
     kv_slots: np.ndarray
+    sliding_kv_slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ class RoundShape:
     segments: tuple[int, ...]  # per level
     chunks: tuple[int, ...]  # per level
     text_reads: int = 0  # token reads of text-scored options
+    sliding: bool = False  # with the sliding-window layers' page table and KV slots
 
     @classmethod
     def of(cls, plan: RoundPlan) -> RoundShape:
@@ -43,7 +44,7 @@ class RoundShape:
         return cls(plan.num_real, plan.num_requests, plan.num_resumes, len(plan.saves), plan.num_questions,
                    plan.label_width, plan.num_pages, len(plan.pieces), plan.conv_kernel,
                    tuple(level.segments for level in plan.levels), tuple(level.chunks for level in plan.levels),
-                   len(plan.text_reads))
+                   len(plan.text_reads), plan.sliding)
 
     @functools.cached_property
     def segment_offsets(self) -> list[int]:
@@ -56,7 +57,8 @@ class RoundShape:
     def staged_shapes(self) -> dict[str, tuple[int, ...]]:
         """The arrays the host writes (`RoundPlan.stage`), in a graph's staging buffer or a round's own."""
         t, r, q = self.tokens, self.requests, self.questions
-        return {
+        sliding = {"sliding_kv_slots": (t,), "sliding_pages": (self.pages,)} if self.sliding else {}
+        return sliding | {
             "ids": (t,), "pieces": (len(PIECE_ROWS), self.pieces), "piece_counts": (2,), "num_tokens": (1,),
             "kv_slots": (t,), "save_tokens": (self.saves,), "save_slots": (self.saves,),
             "resume_slots": (self.resumes,), "readout_rows": (q,), "label_ids": (q, self.labels),

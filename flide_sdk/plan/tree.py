@@ -67,6 +67,7 @@ class TrunkSave(NamedTuple):
     tokens: int
     slot: int
     kv_slots: np.ndarray
+    sliding_kv_slots: np.ndarray
 
 
 def pack_siblings(segments: list[Segment]) -> list[Segment]:
@@ -134,12 +135,14 @@ class RoundPlan:
     rows: where states live (default: a compact standalone table, `StateRows.compact`). kv_sink: the flat
     pool position that keys/values of unsaved tokens are written to (-1: the last position of the arena).
     pack: whether short sibling pieces share Gated DeltaNet chunk rows (`pack_siblings`; not in the
-    batch-invariant mode, where a chunk's sums must not depend on its neighbours). Empty levels are kept (with
+    batch-invariant mode, where a chunk's sums must not depend on its neighbours). sliding: whether the model's
+    sliding-window layers have pages of their own (the round stages their page table and KV slots too, from the
+    requests' `Resume.sliding_pages` and `Save.sliding_kv_slots`). Empty levels are kept (with
     no chunks), so a round has at least LEVELS levels.
     """
 
     def __init__(self, requests: Sequence[RequestSpec], conv_kernel: int, rows: StateRows | None = None,
-                 kv_sink: int = -1, pack: bool = True) -> None:
+                 kv_sink: int = -1, pack: bool = True, sliding: bool = False) -> None:
         if conv_kernel - 1 > MAX_CONV_WINDOW:
             raise ValueError(f"a conv kernel of {conv_kernel} reads more than {MAX_CONV_WINDOW} tokens back")
         rows = rows or StateRows.compact(requests)
@@ -148,6 +151,7 @@ class RoundPlan:
             raise ValueError(f"{needed} scratch state rows needed (trunks, splits and continued branches), "
                              f"{rows.scratch_count} available")
         self.requests, self.conv_kernel, self.rows, self.kv_sink = list(requests), conv_kernel, rows, kv_sink
+        self.sliding = sliding
         self.pieces: list[Piece] = []
         self.saves: list[TrunkSave] = []
         self.resume_index: list[int] = []  # per request: its index among the resumed requests (-1: none)
@@ -211,7 +215,8 @@ class RoundPlan:
         split_row = None if split is None else (
             self.rows.slot_base + request.save.slot if request.save is not None else self._row())
         if request.save is not None:
-            self.saves.append(TrunkSave(cursor, split - first, request.save.slot, request.save.kv_slots))
+            self.saves.append(TrunkSave(cursor, split - first, request.save.slot, request.save.kv_slots,
+                                        request.save.sliding_kv_slots))
         self._ids.append(request.trunk)
         if parent < 0:  # a root trunk: one piece; the GDN runs it to its split point, then on (chained)
             trunk = anchor = len(self.pieces)
@@ -331,6 +336,11 @@ class RoundPlan:
         kv[:] = self.kv_sink
         for save in self.saves:
             kv[save.stream_start : save.stream_start + save.tokens] = save.kv_slots
+        if self.sliding:
+            kv = out["sliding_kv_slots"]
+            kv[:] = self.kv_sink  # both kinds share the sink page
+            for save in self.saves:
+                kv[save.stream_start : save.stream_start + save.tokens] = save.sliding_kv_slots
         save_tokens, save_slots = out["save_tokens"], out["save_slots"]
         save_tokens[: len(self.saves)] = [save.stream_start + save.tokens - 1 for save in self.saves]
         save_tokens[len(self.saves) :] = 0
@@ -358,17 +368,22 @@ class RoundPlan:
         history_len, page_offset, pages = out["history_len"], out["page_offset"], out["pages"]
         history_len[:count] = [request.start for request in self.requests]
         history_len[count:] = 0
-        offsets, used, parts = [], 0, []
+        offsets, used, parts, sliding_parts = [], 0, [], []
         for request in self.requests:
             offsets.append(used)
             if request.resume is not None:
-                parts.append(np.asarray(request.resume.pages[: -(-request.start // PAGE)]))
+                blocks = -(-request.start // PAGE)
+                parts.append(np.asarray(request.resume.pages[:blocks]))
+                if self.sliding:
+                    sliding_parts.append(np.asarray(request.resume.sliding_pages[:blocks]))
                 used += len(parts[-1])
         page_offset[:count] = offsets
         page_offset[count:] = 0
-        if parts:
-            np.concatenate(parts, out=pages[:used], casting="unsafe")
-        pages[used:] = 0
+        tables = [(pages, parts)] + ([(out["sliding_pages"], sliding_parts)] if self.sliding else [])
+        for table, table_parts in tables:  # the sliding layers' table at the same offsets as the full layers'
+            if table_parts:
+                np.concatenate(table_parts, out=table[:used], casting="unsafe")
+            table[used:] = 0
 
         segment_rows, spans, sizes = out["segment_rows"], out["chunk_spans"], out["level_sizes"]
         segment_rows[:] = np.array([[self.rows.zero], [DISCARD_ROW], [0], [0], [-1]], dtype=np.int64)  # SEGMENT_ROWS

@@ -71,7 +71,7 @@ def build_executor(model: Qwen35Model, ops: Ops, tokens: Tokens, pool_bytes: int
                          batch_invariant=batch_invariant)
     runner = None
     ladder = capacity_ladder(pool.layout.conv_kernel, max_round_tokens, max_round_requests,
-                             tokens.max_prompt_tokens)
+                             tokens.max_prompt_tokens, sliding=pool.sliding)
     if batch_invariant and device.type == "cuda":
         # cuBLAS where it sums alike at every stream capacity from a floor up; fewer rows (the readout's) are
         # padded up to one
@@ -142,9 +142,9 @@ class Executor:
                 specs = [self._request_spec(request, saves) for request in batch.requests]
                 specified = time.perf_counter()
                 plan = RoundPlan(specs, self.pool.layout.conv_kernel, self.pool.state_rows, self.pool.kv_sink,
-                                 not self.limits.batch_invariant)
+                                 not self.limits.batch_invariant, self.pool.sliding)
                 planned, cpu_planned = time.perf_counter(), time.thread_time()
-                self.pool.copy_pages([copy for save in saves for copy in save.page_copies])
+                self.pool.copy_pages(saves)
                 launch = None if self.graphs is None else self.graphs.launch(plan)
                 if launch is None and self.capturing:  # a text capacity this round needs is now pending
                     self.captured.clear()
@@ -278,8 +278,9 @@ class Executor:
             trunk=trunk.tokens(start),
             branches=Branches.join([ask.branches for ask in request.asks]),
             start=start,
-            resume=None if resume is None else Resume(resume.slot, np.asarray(resume.pages, dtype=np.int64)),
-            save=None if save is None else Save(at, save.checkpoint.slot, save.kv_slots),
+            resume=None if resume is None else Resume(resume.slot, np.asarray(resume.pages, dtype=np.int64),
+                                                      np.asarray(resume.sliding_pages, dtype=np.int64)),
+            save=None if save is None else Save(at, save.checkpoint.slot, save.kv_slots, save.sliding_kv_slots),
             forks=forks,
         )
 
