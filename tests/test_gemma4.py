@@ -269,8 +269,7 @@ async def test_sliding_pages_far_past_the_window(gemma, kernels):
     mid-page and then grows, each answer within 1e-4 of transformers; the sliding layers' pages in use stop
     growing with the history (public stats) while the full layers' grow. Mutations caught: a checkpoint keeping
     a sliding page its window still sees too few (keep_from one page later), the sliding page table or KV
-    slots of the full layers' used for sliding layers, no copy-on-write of a shared partial sliding page,
-    sliding pages kept for the whole history."""
+    slots of the full layers' used for sliding layers, sliding pages kept for the whole history."""
     path, hf_model = gemma("shared")
     base = fl.Engine.load(path, device="cpu", dtype="float32")
     engine = base if not kernels else Engine(base.model, base.prompt, base.device, ops=kernel_ops(),
