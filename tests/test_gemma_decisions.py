@@ -1,8 +1,8 @@
 """Decision models on a Gemma 4 base answer as `pipeline("decision")` does (float32 on CPU): a JEV head next to
 the weights and saved as `JevForDecision` (its prompt after `<bos>`), a `decision.json` + template written in
 Gemma 4's turns, and a decision config without a template (the generic prompt through Gemma's chat template,
-its final-logit soft cap in the label softmax); lone, over states far past the sliding window, and in sessions
-with forks."""
+its final-logit soft cap in the label softmax), and a JEV whose LoRA adapter (as Gemma-based deciders ship) the
+engine merges at load; lone, over states far past the sliding window, and in sessions with forks."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from .conftest import text_of_tokens
 from .test_decision_models import CALIBRATION, GENERIC_CONFIG, JUDGE, REPO_CONFIG, head_tensors, jev_model
 from .test_decision_pipeline import QUESTIONS, assert_as_pipeline, assert_session_and_fork_as_pipeline
 from .test_gemma4 import FEATURES, make_gemma_checkpoint
+from .test_lora import save_adapter
 
 GEMMA_QUESTION_TEMPLATE = """<bos><|turn>user
 {{ state if state is string else state|tojson }}
@@ -28,7 +29,9 @@ Q: {{ question.instructions }}
 {% endfor %}<turn|>
 <|turn>model
 Answer:<|mark|><turn|>"""
-KINDS = ("jev", "jev_saved", "question", "generic")
+KINDS = ("jev", "jev_saved", "jev_lora", "question", "generic")
+LORA = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                    "down_proj"]}
 
 
 def build(kind: str, root: Path):
@@ -39,12 +42,16 @@ def build(kind: str, root: Path):
     path = root / kind
     source = root / "jev_source" if kind == "jev_saved" else path
     make_gemma_checkpoint(source, **FEATURES["shared"])
-    if kind in ("jev", "jev_saved"):
+    if kind.startswith("jev"):
         hidden = json.loads((source / "config.json").read_text())["hidden_size"]
         (source / "judge_config.json").write_text(json.dumps(JUDGE))
         (source / "calibration.json").write_text(json.dumps(CALIBRATION))
         save_file(head_tensors(hidden, 24), str(source / "head.safetensors"))
-        model = jev_model(source)
+        if kind == "jev_lora":  # in the default `adapter/`, which the pipeline loads with peft, unmerged
+            save_adapter(Gemma4ForCausalLM.from_pretrained(source, dtype=torch.float32), source / "adapter", seed=5,
+                         **LORA)
+        model = JevForDecision.from_pretrained(source, dtype=torch.float32).eval() if kind == "jev_lora" else (
+            jev_model(source))
         if kind == "jev_saved":
             model.save_pretrained(path)
             AutoTokenizer.from_pretrained(source).save_pretrained(path)
@@ -66,8 +73,9 @@ def served(request, tmp_path_factory):
 
 @pytest.mark.parametrize("tokens", [1, 600])
 def test_lone_asks_give_the_pipelines_probabilities(served, tokens):
-    # mutations: the JEV prompt without its <bos> -> fails jev, jev_saved; the soft cap left out of the label
-    # log-softmax -> fails question, generic; a JEV on a gemma4_text base refused as before -> the fixture fails
+    # mutations: the JEV prompt without its <bos> -> fails jev, jev_saved; the adapter not merged
+    # (`MergePlan.merged` returning its input) -> fails jev_lora; a JEV on a gemma4_text base refused as before
+    # -> the fixture fails
     _, engine, decide = served
     state = text_of_tokens(engine.tokens, tokens, seed=tokens)
     assert_as_pipeline(decide, state, QUESTIONS, engine.ask_sync(state, QUESTIONS))
