@@ -128,7 +128,8 @@ def build_random_gemma_checkpoint(model_size: str, target: Path, seed: int = 0,
     if config.tie_word_embeddings:
         shapes.pop("lm_head.weight", None)
     target.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator("cuda").manual_seed(seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    generator = torch.Generator(device).manual_seed(seed)
     shards: list[list[str]] = [[]]
     size = 0
     for name, shape in shapes.items():
@@ -141,7 +142,7 @@ def build_random_gemma_checkpoint(model_size: str, target: Path, seed: int = 0,
     index = {}
     for number, names in enumerate(shards, 1):
         file = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {name: (0.02 * torch.randn(shapes[name], generator=generator, device="cuda")).bfloat16().cpu()
+        tensors = {name: (0.02 * torch.randn(shapes[name], generator=generator, device=device)).bfloat16().cpu()
                    for name in names}
         save_file(tensors, str(target / file), metadata={"format": "pt"})
         index.update(dict.fromkeys(names, file))
