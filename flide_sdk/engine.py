@@ -262,7 +262,8 @@ class Engine:
                             self.pool.used_bytes, self.pool.allocator_bytes, self.device)
 
     def info(self) -> dict[str, Any]:
-        """What this engine runs and with what memory: model shapes, device, dtype, limits, the captured graph
+        """What this engine runs and with what memory: model shapes, device, dtype (`weights`: "fp8" when its
+        projections are FP8, else the dtype), limits, the captured graph
         capacities (stream tokens; empty without graphs), and bytes of weights, checkpoint pool and graphs
         (`checkpoint_token_bytes`: the keys and values a checkpointed token takes in the pool within the sliding
         window, `checkpoint_bytes`: what a checkpoint of 2k, 20k and 200k tokens holds, sliding layers keeping
