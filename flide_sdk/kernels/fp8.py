@@ -85,6 +85,12 @@ def moe_experts_fp8(
     x: torch.Tensor, gate_up: Fp8Weight, down: Fp8Weight, experts: torch.Tensor, weights: torch.Tensor,
     glu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = swiglu_reference,
 ) -> torch.Tensor:
-    """The routed experts with FP8 weights: both stacks dequantized to x's dtype, then `experts_op` (the compute
-    dtype's `moe_experts`: the grouped GEMMs on CUDA, the reference elsewhere) on x as it is."""
-    return experts_op(x, gate_up.dequantized(x.dtype), down.dequantized(x.dtype), experts, weights, glu)
+    """The routed experts with FP8 weights: both stacks dequantized in x's dtype (values times scales, no float32
+    copy of the stacks), then `experts_op` (the compute dtype's `moe_experts`: the grouped GEMMs on CUDA, the
+    reference elsewhere) on x as it is."""
+    return experts_op(x, in_dtype(gate_up, x.dtype), in_dtype(down, x.dtype), experts, weights, glu)
+
+
+def in_dtype(weight: Fp8Weight, dtype: torch.dtype) -> torch.Tensor:
+    """values * scale computed in `dtype` (float8 values are exact in bfloat16; the scale is rounded to it)."""
+    return weight.values.to(dtype) * weight.scale[..., None].to(dtype)
