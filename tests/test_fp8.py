@@ -209,3 +209,28 @@ def test_fp8_layouts_not_served_are_checkpoint_errors(tiny_path, tmp_path, chang
     rewrite(tmp_path / "fp8", **change)
     with pytest.raises(CheckpointError, match=message):
         fl.Engine.load(tmp_path / "fp8", device="cpu")
+
+
+def test_lora_adapters_merge_before_quantizing(tiny_path, tmp_path):
+    """A checkpoint with a LoRA adapter loaded with weights="fp8" answers bit for bit as its merged float32 weights
+    written out and loaded with weights="fp8": the adapter is merged in float32, then quantized. Fails if the
+    merge is applied to the quantized weight or skipped (mutation: `lora.merged` after `quantize_rows`)."""
+    from .test_lora import build
+
+    path, _ = build("repo", tiny_path, tmp_path)
+    with fl.Engine.load(path, device="cpu") as merged:
+        weights = {name: tensor.clone() for name, tensor in merged.model.state_dict().items()}
+    plain = tmp_path / "merged"
+    shutil.copytree(path, plain, ignore=shutil.ignore_patterns("tuned", "*.safetensors"))
+    decision = json.loads((plain / "decision.json").read_text())
+    del decision["adapter"]
+    (plain / "decision.json").write_text(json.dumps(decision))
+    save_file({"model." + name: tensor.contiguous() for name, tensor in weights.items()},
+              str(plain / "model.safetensors"), metadata={"format": "pt"})
+    results = []
+    for checkpoint in (path, plain):
+        with fl.Engine.load(checkpoint, device="cpu", weights="fp8", round_deadline_ms=500) as engine:
+            requests = mixed_requests(engine.tokens)
+            results.append(probabilities(ask_all(engine, requests), requests))
+    for got, expected in zip(*results):
+        np.testing.assert_array_equal(got, expected)
