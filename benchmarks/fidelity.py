@@ -11,7 +11,10 @@ and p99 total variation, top-answer agreement, and flips at 0.5 for yes/no. The 
 GPU is also compared with the float32 reference (max |dp|: the CPU exactness contract, on CUDA); it runs
 eagerly (2.5 minutes at 0.8B), so `--no-engine-fp32` leaves it out (the 4B run: the bar is about bf16).
 With --variants it repeats the bf16 engine with its precision choices changed (the residual stream's
-dtype, the Gated DeltaNet's storage dtype), so a choice is made on measured fidelity.
+dtype, the Gated DeltaNet's storage dtype), so a choice is made on measured fidelity. The FP8 arm (unless
+--no-fp8) is the engine with `weights="fp8"` (projections in FP8, bf16 compute) on the same requests, reported
+next to bf16's (mean TV to the float32 reference, flips at 0.5) with both engines' weight bytes; issue 64's bar is
+its mean TV at most FP8_TV_OVER_BF16 times the bf16 engine's.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ def with_common_questions(questions: dict) -> dict:
         "difficulty": fl.Score("How hard is this text to read?", ["easy", "average", "hard", "very hard"]),
     }
 
+
+FP8_TV_OVER_BF16 = 2.0
 
 VARIANTS = {  # name: (residual stream dtype, Gated DeltaNet storage dtype)
     "bf16_residual": (torch.bfloat16, torch.float32),
@@ -113,6 +118,7 @@ def main() -> None:
     parser.add_argument("--model-size", default="0.8B")
     parser.add_argument("--race", type=int, default=24, help="RACE passages")
     parser.add_argument("--variants", action="store_true", help="also run the precision variants (VARIANTS)")
+    parser.add_argument("--no-fp8", dest="fp8", action="store_false", help="leave out the FP8 engine's arm")
     parser.add_argument("--no-engine-fp32", dest="engine_fp32", action="store_false",
                         help="leave out the float32 engine's comparison (eager, slow at 4B)")
     args = parser.parse_args()
@@ -126,9 +132,18 @@ def main() -> None:
         requests = [(state, with_common_questions(questions)) for state, questions in requests]
         answers16 = asyncio.run(ask_all(engine16, requests))
         stats16 = engine16.stats()
+        bytes16 = engine16.info()["memory_bytes"]["weights_bytes"]
         renderer = engine16.prompt
         engine16.close()
         del engine16
+    answers8, bytes8 = [None] * len(requests), None
+    if args.fp8:
+        with phases("engine_fp8 (load, capture, ask)"):
+            engine8 = fl.Engine.load(checkpoint, device="cuda", dtype="bfloat16", weights="fp8", round_deadline_ms=20)
+            engine8.wait_for_graphs()
+            bytes8 = engine8.info()["memory_bytes"]["weights_bytes"]
+            answers8 = answers_of(engine8, requests)
+            del engine8
     answers32 = [None] * len(requests)
     if args.engine_fp32:
         with phases("engine_fp32 (eager: its exactness, not its speed)"):
@@ -140,7 +155,7 @@ def main() -> None:
         variant_answers = {name: answers_of(variant_engine(checkpoint, *dtypes), requests)
                            for name, dtypes in variants.items()}
 
-    reference, hf16, ours16, ours32, noul = [], [], [], [], []
+    reference, hf16, ours16, ours32, ours8, noul = [], [], [], [], [], []
     rendered_all = [as_rendered(renderer.parts(state, fl.questions.parse_questions(q))) for state, q in requests]
     with phases("transformers_fp32 (the reference, one prompt at a time)"):
         model32 = load_transformers(checkpoint, torch.float32, "cuda")
@@ -152,25 +167,31 @@ def main() -> None:
     with phases("transformers_bf16 (the bar, one prompt at a time)"):
         model16 = load_transformers(checkpoint, torch.bfloat16, "cuda")
         variant_probabilities: dict[str, list[np.ndarray]] = {name: [] for name in variants}
-        for index, (rendered, (_, questions), a16, a32) in enumerate(zip(rendered_all, requests, answers16, answers32)):
+        for index, (rendered, (_, questions), a16, a32, a8) in enumerate(
+                zip(rendered_all, requests, answers16, answers32, answers8)):
             for name, question in questions.items():
                 hf16.append(hf_probabilities(model16, rendered, name))
                 ours16.append(answer_probabilities(a16[name]))
                 if a32 is not None:
                     ours32.append(answer_probabilities(a32[name]))
+                if a8 is not None:
+                    ours8.append(answer_probabilities(a8[name]))
                 noul.append(isinstance(question, fl.Noul))
                 for variant, answers in variant_answers.items():
                     variant_probabilities[variant].append(answer_probabilities(answers[index][name]))
     result = {
         "benchmark": "fidelity", "model_size": args.model_size,
         **run_metadata(f"python benchmarks/fidelity.py --model-size {args.model_size} --race {args.race}"
-                       + (" --variants" if args.variants else "") + ("" if args.engine_fp32 else " --no-engine-fp32")),
+                       + (" --variants" if args.variants else "") + ("" if args.engine_fp32 else " --no-engine-fp32")
+                       + ("" if args.fp8 else " --no-fp8")),
         "data": "QuALITY (CC BY 4.0) article 1 cut to 2,000 tokens + its questions; RACE dev/middle (non-commercial "
                 f"research) first {args.race} passages; plus one Noul and one Score per state",
         "requests": len(requests),
         "engine_bf16_vs_fp32_reference": summarize(ours16, reference, noul),
         "transformers_bf16_vs_fp32_reference": summarize(hf16, reference, noul),
         "engine_fp32_cuda_vs_fp32_reference": summarize(ours32, reference, noul) if ours32 else "not run",
+        "engine_fp8_vs_fp32_reference": summarize(ours8, reference, noul) if ours8 else "not run",
+        "weights_bytes": {"bf16": bytes16, "fp8": bytes8},
         "transformers_gdn": fla_status(),  # the bar and the reference: FLA's kernels or torch's fallback
         "seconds": phases.seconds,
         "engine_bf16_rounds": stats16["rounds"],
@@ -184,6 +205,10 @@ def main() -> None:
     result["engine_tv_no_worse_than_transformers_bf16"] = (
         result["engine_bf16_vs_fp32_reference"]["mean_tv"] <= result["transformers_bf16_vs_fp32_reference"]["mean_tv"]
     )
+    if ours8:
+        ratio = result["engine_fp8_vs_fp32_reference"]["mean_tv"] / result["engine_bf16_vs_fp32_reference"]["mean_tv"]
+        result["fp8_mean_tv_over_bf16"] = {"value": ratio, "bar": FP8_TV_OVER_BF16, "met": ratio <= FP8_TV_OVER_BF16}
+        result["fp8_weights_over_bf16"] = bytes8 / bytes16
     write_result(f"fidelity-{args.model_size}", result)
 
 

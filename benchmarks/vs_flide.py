@@ -2,6 +2,7 @@
 
     PYTHONPATH=/tmp/site:$PWD python benchmarks/vs_flide.py --model-size 4B        (flide 0.1.4 installed)
     PYTHONPATH=$PWD python benchmarks/vs_flide.py --tiny --no-flide                  (CPU smoke test)
+    PYTHONPATH=/tmp/site:$PWD python benchmarks/vs_flide.py --model-size 4B --fp8  (both engines in FP8)
 
 Both engines serve the same random-weight checkpoint (the real Qwen3.5 tokenizer) and see the same token ids:
 flide runs a format plugin (`SameIds`, its documented extension point) whose plan is flide_sdk's rendering of
@@ -11,7 +12,9 @@ Workloads, each ask a state no earlier ask saw: W1 (a ~2,000-token QuALITY state
 questions), RACE passages with their questions, MultiRC paragraphs with all their yes/no questions; lone
 latency in alternating blocks (ABBA over the engines, block 0 warms up), and RACE with 64 concurrent clients.
 Reported: medians per engine, sdk / flide ratios, memory in use after load, and max |dp| between the engines'
-answers (bf16 rounding only: same weights, same ids).
+answers (bf16 rounding only: same weights, same ids). With --fp8 both engines quantize the checkpoint's
+projections to FP8 at load (flide: `backbone_options={"quantize": "fp8"}`, flide_sdk: `weights="fp8"`); the lone
+bar is then FP8_LONE_RATIO of flide's own FP8 (their answers then differ by both quantizations too).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import torch
 Q_COUNTS = (1, 16, 64)
 # issue 64's bars: sdk / flide lone latency at most this per model size, 64-client throughput at least 1.2x
 LONE_RATIO = {"0.8B": 0.7, "4B": 0.75}
+FP8_LONE_RATIO = {"4B": 0.6}  # with --fp8: sdk / flide, both in FP8
 THROUGHPUT_RATIO = 1.2
 LABELS = ("yes", "no", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ", *"0123456789")
 
@@ -64,10 +68,10 @@ def throughput_asks(block: int, count: int) -> list[tuple[Any, dict]]:
 class Sdk:
     name = "flide_sdk"
 
-    def __init__(self, path: Path, device: str, dtype: str, graphs: bool) -> None:
+    def __init__(self, path: Path, device: str, dtype: str, graphs: bool, fp8: bool) -> None:
         from benchmarks.common import load_engine
 
-        self.engine, self.load = load_engine(path, device, dtype, graphs)
+        self.engine, self.load = load_engine(path, device, dtype, graphs, weights="fp8" if fp8 else None)
 
     async def ask(self, state: Any, questions: dict) -> list[float]:
         response = await self.engine.ask(state, questions)
@@ -127,7 +131,7 @@ def flide_format(renderer_path: Path):
 class Flide:
     name = "flide"
 
-    def __init__(self, path: Path, device: str, dtype: str, graphs: bool) -> None:
+    def __init__(self, path: Path, device: str, dtype: str, graphs: bool, fp8: bool) -> None:
         import flide
         from flide.api.schema import SystemOneRequest
         from flide.runtime.engine import Engine
@@ -137,7 +141,7 @@ class Flide:
         started = time.perf_counter()
         self.engine = Engine(str(path), format="sdk_ids", device=f"{device}:0" if device == "cuda" else device,
                              dtype="bfloat16" if dtype == "bfloat16" else "float32",
-                             backbone_options={"cuda_graphs": graphs})
+                             backbone_options={"cuda_graphs": graphs, **({"quantize": "fp8"} if fp8 else {})})
         self.batcher = Batcher(self.engine)
         self.load = {"version": flide.__version__, "load_seconds": time.perf_counter() - started}
         self.request = SystemOneRequest.model_validate
@@ -214,16 +218,18 @@ def run_blocks(arms: list, args, phases, lone_ms: dict, throughput: dict) -> dic
     return answers
 
 
-def targets(summary: dict[str, dict[str, float]], size: str) -> dict[str, dict]:
-    """Each workload's sdk / flide ratio against its bar (lone: at most LONE_RATIO; clients: at least 1.2)."""
+def targets(summary: dict[str, dict[str, float]], size: str, fp8: bool = False) -> dict[str, dict]:
+    """Each workload's sdk / flide ratio against its bar (lone: at most LONE_RATIO, FP8_LONE_RATIO with both in
+    FP8; clients: at least 1.2)."""
     from benchmarks.common import target
 
+    lone_ratio = FP8_LONE_RATIO if fp8 else LONE_RATIO
     found = {}
     for key, row in summary.items():
         if "sdk_over_flide" not in row:
             continue
-        if key.endswith("_lone_ms") and size in LONE_RATIO:
-            found[f"{key[:-3]}_sdk_over_flide"] = target(row["sdk_over_flide"], LONE_RATIO[size])
+        if key.endswith("_lone_ms") and size in lone_ratio:
+            found[f"{key[:-3]}_sdk_over_flide"] = target(row["sdk_over_flide"], lone_ratio[size])
         elif key.endswith("_requests_per_s"):
             found[f"{key}_sdk_over_flide"] = target(row["sdk_over_flide"], THROUGHPUT_RATIO, "min")
     return found
@@ -245,6 +251,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--client-requests", type=int, default=256)
     parser.add_argument("--no-flide", action="store_true", help="the flide_sdk arm alone (CPU smoke test)")
+    parser.add_argument("--fp8", action="store_true", help="both engines with FP8 weights quantized at load")
     parser.add_argument("--turns", action="store_true",
                         help="one engine at a time (shapes where both do not fit on the card): every block on "
                              "flide_sdk, then every block on flide, instead of alternating blocks")
@@ -265,7 +272,7 @@ def main() -> None:
         for cls in group:
             before = used_bytes(device)
             with phases(f"load {cls.name}"):
-                arms.append(cls(path, device, dtype, graphs))
+                arms.append(cls(path, device, dtype, graphs, args.fp8))
             memory[cls.name] = used_bytes(device) - before
             loads[cls.name] = arms[-1].load
         for key, found in run_blocks(arms, args, phases, lone_ms, throughput).items():
@@ -291,11 +298,13 @@ def main() -> None:
     print(f"memory after load (GiB): {  {k: round(v / 2**30, 2) for k, v in memory.items()} }", file=sys.stderr)
     print(f"max |dp| between the engines: {gaps}", file=sys.stderr)
     size = "tiny" if args.tiny else args.model_size
+    name = f"vs_flide-{size}" + ("-fp8" if args.fp8 else "")
     result = {**run_metadata(" ".join(sys.argv)), "benchmark": "vs_flide", "model_size": size, **setup,
-              "blocks": args.blocks, "turns": args.turns, "load": loads,
-              "memory_after_load_bytes": memory, "summary": summary, "targets": targets(summary, size), "max_abs_probability_difference": gaps,
+              "blocks": args.blocks, "turns": args.turns, "fp8": args.fp8, "load": loads,
+              "memory_after_load_bytes": memory, "summary": summary, "targets": targets(summary, size, args.fp8),
+              "max_abs_probability_difference": gaps,
               "blocks_values": lone_ms, "phases_s": phases.seconds}
-    write_result(f"vs_flide-{size}", result)
+    write_result(name, result)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,17 @@ import torch
 from flide_sdk.device.graphs import BUFFERS
 from flide_sdk.errors import EngineClosedError
 from flide_sdk.models.checkpoint import DecoderModel, load_model, read_config, read_raw_config
+from flide_sdk.models.fp8 import check_weights, holds_fp8, read_layout
 from flide_sdk.models.ops import Ops, ops_for
-from flide_sdk.options import MAX_PENDING, check_modes, check_options, on_device, resolve_device, resolve_dtype
+from flide_sdk.options import (
+    MAX_PENDING,
+    check_fp8,
+    check_modes,
+    check_options,
+    on_device,
+    resolve_device,
+    resolve_dtype,
+)
 from flide_sdk.plan.layout import PAGE
 from flide_sdk.prompt import PromptFormat, Rendered, load_format
 from flide_sdk.prompt.base import as_rendered
@@ -69,7 +78,8 @@ class Engine:
                        pool_bytes=pool_bytes, pool_checkpoints=pool_checkpoints, max_round_tokens=max_round_tokens,
                        max_round_requests=max_round_requests, round_deadline_ms=round_deadline_ms,
                        max_pending=max_pending)
-        check_modes(device, graphs, batch_invariant, custom_ops=ops is not None, moe=model.config.is_moe)
+        fp8 = holds_fp8(model)
+        check_modes(device, graphs, batch_invariant, custom_ops=ops is not None, moe=model.config.is_moe, fp8=fp8)
         self.model = model
         self.prompt = prompt  # how questions are written and read (`prompt.load_format`)
         self.tokens = prompt.tokens
@@ -80,13 +90,14 @@ class Engine:
         self.max_round_requests = max_round_requests
         startup = Startup(progress=False) if startup is None else startup
         self.weights_bytes = weight_bytes(model)
-        startup.stage("weights", f"{size(self.weights_bytes)} on {device}")
+        self.weights = "fp8" if fp8 else str(model.embed_tokens.weight.dtype).removeprefix("torch.")
+        startup.stage("weights", f"{size(self.weights_bytes)} on {device}" + (" (FP8 projections)" if fp8 else ""))
         self.kernel_bundle = load_kernels(device, startup)
         self._stats = Stats()
-        self._executor = build_executor(model, ops_for(device, batch_invariant) if ops is None else ops, self.tokens,
-                                        pool_bytes, pool_checkpoints, max_round_tokens, max_round_requests,
-                                        graphs if graphs is not None else device.type == "cuda", self._stats, name,
-                                        startup, batch_invariant)
+        ops = ops_for(device, batch_invariant, fp8) if ops is None else ops
+        self._executor = build_executor(model, ops, self.tokens, pool_bytes, pool_checkpoints, max_round_tokens,
+                                        max_round_requests, graphs if graphs is not None else device.type == "cuda",
+                                        self._stats, name, startup, batch_invariant)
         self.ops, self.pool = self._executor.ops, self._executor.pool  # ops: invariant projections need the ladder
         # rounds in flight at once: one per staging/readback buffer pair of the graphs (reused by the round after next)
         self._loop = RoundLoop(self._executor, deadline_s=round_deadline_ms / 1000.0, max_pending=max_pending,
@@ -115,6 +126,7 @@ class Engine:
         batch_invariant: bool = False,
         rendering: str = "flide",
         progress: bool | None = None,
+        weights: str = "auto",
     ) -> Engine:
         """Load an HF-format Qwen3.5 checkpoint directory, dense or MoE (text-only or release layout).
 
@@ -136,21 +148,29 @@ class Engine:
         model (`decision.json` / `decision_template.jinja`, a JEV head, a vLLM-style `decision_config.json`) is
         asked with its own prompt, labels, head and temperatures, as that pipeline asks it.
         progress: print the start-up stages and the graph capture on stderr (default: when it is a terminal).
+        weights: "auto" (the checkpoint's own: the compute dtype, or FP8 for an FP8 checkpoint) or "fp8": the
+        decoder's projections in float8_e4m3fn with a scale per output row, activations scaled per token (CUDA:
+        Hopper or newer, bfloat16; docs/decisions/fp8-weights.md); embeddings, heads, norms and gates stay in `dtype`.
         """
         device = resolve_device(device)
         startup = Startup(progress, label=None if device.index is None else str(device))  # "cuda:1", not "cuda"
         dtype = resolve_dtype(dtype, device)
+        check_weights(weights)
         config, _ = read_config(path)  # config, tokenizer and prompt files are checked before any weight is read
+        fp8 = weights == "fp8" or read_layout(read_raw_config(Path(path)), Path(path) / "config.json") is not None
+        if fp8:
+            check_fp8(device, dtype)
         options = {"pool_bytes": pool_bytes, "pool_checkpoints": pool_checkpoints, "max_pending": max_pending,
                    "max_round_requests": max_round_requests, "round_deadline_ms": round_deadline_ms}
         check_options(config.max_position_embeddings, max_prompt_tokens=max_prompt_tokens,
                       max_round_tokens=max_round_tokens, **options)
-        check_modes(device, graphs, batch_invariant, custom_ops=False, moe=config.is_moe)
+        check_modes(device, graphs, batch_invariant, custom_ops=False, moe=config.is_moe, fp8=fp8)
         tokens = Tokens.from_checkpoint(path, max_prompt_tokens or config.max_position_embeddings, config.vocab_size)
         prompt = load_format(Path(path), read_raw_config(Path(path)), tokens, rendering)
         with on_device(device):  # what loading runs on the device runs on this one, the caller's device kept
             spec = prompt.spec
-            return cls(load_model(path, device, dtype, spec and spec.head, spec and spec.adapter), prompt, device,
+            model = load_model(path, device, dtype, spec and spec.head, spec and spec.adapter, weights)
+            return cls(model, prompt, device,
                        graphs=graphs, batch_invariant=batch_invariant, name=Path(path).name, startup=startup,
                        max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192), **options)
 
@@ -242,7 +262,8 @@ class Engine:
                             self.pool.used_bytes, self.pool.allocator_bytes, self.device)
 
     def info(self) -> dict[str, Any]:
-        """What this engine runs and with what memory: model shapes, device, dtype, limits, the captured graph
+        """What this engine runs and with what memory: model shapes, device, dtype (`weights`: "fp8" when its
+        projections are FP8, else the dtype), limits, the captured graph
         capacities (stream tokens; empty without graphs), and bytes of weights, checkpoint pool and graphs
         (`checkpoint_token_bytes`: the keys and values a checkpointed token takes in the pool within the sliding
         window, `checkpoint_bytes`: what a checkpoint of 2k, 20k and 200k tokens holds, sliding layers keeping
@@ -253,6 +274,7 @@ class Engine:
             "model": self.name,
             "device": str(self.device),
             "dtype": str(self.model.embed_tokens.weight.dtype).removeprefix("torch."),
+            "weights": self.weights,
             "layers": config.num_layers,
             "attention_layers": sum(kind != "linear_attention" for kind in config.layer_types),
             "sliding_attention_layers": config.layer_types.count("sliding_attention"),

@@ -53,10 +53,13 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 def check_modes(device: torch.device, graphs: bool | None, batch_invariant: bool, custom_ops: bool,
-                moe: bool = False) -> None:
+                moe: bool = False, fp8: bool = False) -> None:
     """Refuse a combination of modes the engine cannot run: CUDA graphs off CUDA, or the batch-invariant mode
-    with ops of the caller's (its guarantee rests on the engine's own fixed-order ops) or on an MoE model (its
-    routed experts have no fixed-order form)."""
+    with ops of the caller's (its guarantee rests on the engine's own fixed-order ops), on an MoE model (its
+    routed experts have no fixed-order form) or with FP8 weights (no fixed-order FP8 GEMM)."""
+    if batch_invariant and fp8:
+        raise InvalidOptionError("batch_invariant=True is not available with FP8 weights: the scaled GEMM has no "
+                                 "fixed-order form")
     if graphs and device.type != "cuda":
         raise DeviceError("CUDA graphs need a CUDA device (graphs=True on cpu)")
     if batch_invariant and custom_ops:
@@ -64,6 +67,17 @@ def check_modes(device: torch.device, graphs: bool | None, batch_invariant: bool
     if batch_invariant and moe:
         raise InvalidOptionError("batch_invariant=True is not available for MoE models (qwen3_5_moe): their routed "
                                  "experts have no fixed-order kernels")
+
+
+def check_fp8(device: torch.device, dtype: torch.dtype) -> None:
+    """FP8 weights on CUDA need Hopper or newer (row-wise scaled FP8 GEMMs) and bfloat16 compute (their output)."""
+    if device.type != "cuda":
+        return
+    if torch.cuda.get_device_capability(device) < (9, 0):
+        name = torch.cuda.get_device_name(device)
+        raise DeviceError(f"FP8 weights need a Hopper GPU or newer (compute capability 9.0); {device} is {name}")
+    if dtype != torch.bfloat16:
+        raise InvalidOptionError(f"FP8 weights on CUDA compute in bfloat16 (the scaled GEMM's output), got {dtype}")
 
 
 def check_options(positions: int, **options: float | None) -> None:

@@ -27,8 +27,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from flide_sdk.errors import CheckpointError
+from flide_sdk.kernels.fp8 import quantize_rows
 from flide_sdk.models.config import MOE_TYPES, Gemma4Config, Qwen35Config
 from flide_sdk.models.decision import HeadSpec
+from flide_sdk.models.fp8 import Fp8Layout, attach, check_weights, dequantized, quantized, read_layout, scale_key
 from flide_sdk.models.gemma4 import Gemma4Model
 from flide_sdk.models.lora import LoraAdapter, MergePlan
 from flide_sdk.models.qwen35 import DecisionHead, Qwen35Model
@@ -157,18 +159,24 @@ def _target_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
 
 
 def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype,
-               head: HeadSpec | None = None, adapter: LoraAdapter | None = None) -> DecoderModel:
+               head: HeadSpec | None = None, adapter: LoraAdapter | None = None, weights: str = "auto") -> DecoderModel:
     """Build the decoder of the checkpoint at `path` on `device` in `dtype`, reading only its tensors, and its
     decision head when `head` says where it is (a saved JEV has no language-model head: it is not read), with the
     LoRA `adapter` merged into the projections it targets (in float32, each as it is read, before the cast).
+    weights "fp8", or "auto" on an FP8 checkpoint: the projections `models.fp8.quantized` names are held in FP8
+    (quantized per row from float32 after the merge; an FP8 checkpoint's weights dequantized first).
 
     The config is validated first (nothing is allocated for a bad one), then the adapter against the model's
     projections; each tensor's shape and dtype are checked before it is read, and all are checked finite on the
     device with one read of the device at the end."""
+    check_weights(weights)
     path = Path(path)
     device = torch.device(device)
     config, prefix = read_config(path)
-    saved_jev = read_raw_config(path).get("model_type") == "jev"
+    raw_config = read_raw_config(path)
+    saved_jev = raw_config.get("model_type") == "jev"
+    layout = read_layout(raw_config, path / "config.json")
+    fp8 = weights == "fp8" or layout is not None
     if device.type == "cuda":
         try:
             config.check_cuda_kernels()
@@ -199,6 +207,8 @@ def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype,
     files = tensor_files(path)
     head_files = files if head is None or head.file is None else [head.file]
     found: dict[str, torch.Tensor] = {}
+    scales: dict[str, torch.Tensor] = {}  # an FP8 projection's row scales (its float8 values are in `found`)
+    checkpoint_scales = {} if layout is None else _scale_tensors(files)
     sources: dict[str, Path] = {}
     finite: list[torch.Tensor] = []  # per tensor found, whether it is all finite (on the device, read once)
     for file in dict.fromkeys([*files, *head_files]):
@@ -221,10 +231,19 @@ def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype,
                         raise CheckpointError(f"{file}: {key} has dtype {stored}; weights must be floating point "
                                               f"({', '.join(FLOATING_DTYPES)})")
                     tensor = reader.get_tensor(key)
+                    if layout is not None and stored.startswith("F8_"):
+                        tensor = _dequantized(tensor.to(device), checkpoint_scales, layout, key, file)
                     if lora is not None:
                         tensor = lora.merged(name, tensor.to(device))
+                    sources[name] = file
+                    if fp8 and quantized(name):
+                        wide = tensor.to(device=device, dtype=torch.float32)
+                        finite.append(torch.isfinite(wide).all())
+                        held = quantize_rows(wide)
+                        found[name], scales[name] = held.values, held.scale
+                        continue
                     tensor = tensor.to(device=device, dtype=_target_dtype(name, dtype))
-                    found[name], sources[name] = tensor, file
+                    found[name] = tensor
                     finite.append(torch.isfinite(tensor).all())
         except (OSError, SafetensorError) as error:
             raise CheckpointError(f"{file}: not a readable safetensors file ({error})") from error
@@ -242,8 +261,31 @@ def load_model(path: str | Path, device: torch.device | str, dtype: torch.dtype,
         raise CheckpointError(f"{sources[bad[0]]}: {key_of(bad[0])} has NaN or infinite values "
                               f"(as {str(found[bad[0]].dtype).removeprefix('torch.')}){more}")
     model.load_state_dict(found, assign=True)
+    attach(model, scales)
     model.fuse_projections()
     return model.eval()
+
+
+def _scale_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
+    """An FP8 checkpoint's scales (`*_scale_inv`), by key, from every shard (a weight's may be in another)."""
+    scales = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as reader:
+                for key in reader.keys():  # noqa: SIM118 (a safe_open reader is not iterable)
+                    if key.endswith("_scale_inv"):
+                        scales[key] = reader.get_tensor(key)
+        except (OSError, SafetensorError) as error:
+            raise CheckpointError(f"{file}: not a readable safetensors file ({error})") from error
+    return scales
+
+
+def _dequantized(values: torch.Tensor, scales: dict[str, torch.Tensor], layout: Fp8Layout, key: str,
+                 file: Path) -> torch.Tensor:
+    scale = scales.get(scale_key(key))
+    if scale is None:
+        raise CheckpointError(f"{file}: {key} is float8 but no shard holds {scale_key(key)}")
+    return dequantized(values, scale.to(values.device), layout, key, file)
 
 
 def _check_head_file(file: Path, head_keys: dict[str, str]) -> None:

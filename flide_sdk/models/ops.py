@@ -10,6 +10,8 @@ kernel on CUDA instead of a chain of elementwise ops. Norms scale by (offset + w
 zero-centred weights, 0 for Gemma 4's.
 So do an MoE FFN's routed experts (`moe_experts`: grouped GEMMs on CUDA). The projections (`linear`) go
 through here as well, so the batch-invariant mode can swap in its fixed-order GEMM.
+An FP8 engine's table (`fp8_ops`) sends a projection whose weight is a `kernels.fp8.Fp8Weight` to the FP8 GEMM and
+the routed experts' FP8 stacks through their dequantized form; every other op is its compute dtype's.
 `reference_ops` binds the pure-torch definitions (CPU); `invariant_reference_ops` their fixed-order forms
 (`kernels.fixed_order`); `kernel_ops()` the Triton kernels; another kernel set drops in by providing an `Ops`
 with the same signatures.
@@ -17,6 +19,7 @@ with the same signatures.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -24,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from flide_sdk.kernels import fixed_order
+from flide_sdk.kernels.fp8 import Fp8Weight, fp8_linear, moe_experts_fp8
 from flide_sdk.kernels.plans import AttentionPlan, DeltaPlan
 from flide_sdk.kernels.reference import (
     add_rms_norm_reference,
@@ -195,9 +199,22 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
     )
 
 
-def ops_for(device: torch.device, batch_invariant: bool = False) -> Ops:
+def fp8_ops(base: Ops, product: Callable[[torch.Tensor, Fp8Weight], torch.Tensor] = fp8_linear) -> Ops:
+    """`base` for a model holding FP8 projections: a projection whose weight is an `Fp8Weight` goes to `product`
+    (the row-wise scaled GEMM; `kernels.fp8.fp8_linear_reference` is its definition), any other to `base.linear`;
+    the routed experts' FP8 stacks are dequantized for `base.moe_experts`."""
+
+    def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
+        return product(x, weight) if isinstance(weight, Fp8Weight) else base.linear(x, weight)
+
+    return replace(base, linear=linear, moe_experts=functools.partial(moe_experts_fp8, base.moe_experts))
+
+
+def ops_for(device: torch.device, batch_invariant: bool = False, fp8: bool = False) -> Ops:
     """The op set the engine uses on `device`: kernels on CUDA, the torch references elsewhere; in the
-    batch-invariant mode, their fixed-order forms."""
+    batch-invariant mode, their fixed-order forms; for a model with FP8 projections, `fp8_ops` of those."""
     if device.type == "cuda":
-        return kernel_ops(batch_invariant)
-    return invariant_reference_ops if batch_invariant else reference_ops
+        ops = kernel_ops(batch_invariant)
+    else:
+        ops = invariant_reference_ops if batch_invariant else reference_ops
+    return fp8_ops(ops) if fp8 else ops

@@ -25,6 +25,7 @@ logit of magnitude 16 is rounded by up to 1/16, which moves an option's probabil
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -32,11 +33,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from flide_sdk.kernels.fp8 import Fp8Weight, concatenated, stacked
 from flide_sdk.models.config import (
     FULL_ATTENTION,
     LINEAR_ATTENTION,  # noqa: F401  (device.pool imports it from here)
     Qwen35Config,
 )
+from flide_sdk.models.fp8 import hold
 from flide_sdk.models.ops import Ops
 from flide_sdk.plan.layout import RoundTensors
 
@@ -89,12 +92,20 @@ class Linear(nn.Module):
 
 class FusedProjections:
     """Bias-free projections of one input as a single GEMM: one weight matrix whose row blocks are the
-    projections' weights. The projections' parameters become views of it, so their names (checkpoint
-    loading, state_dict) and their memory stay as they were."""
+    projections' weights (FP8 ones: their values and row scales, `kernels.fp8`). The projections' weights become
+    views of it, so their names (checkpoint loading, state_dict) and their memory stay as they were."""
 
     def __init__(self, linears: Sequence[Linear]) -> None:
         self.sizes = [linear.weight.shape[0] for linear in linears]
-        self.weight = torch.cat([linear.weight.detach() for linear in linears])
+        weights = [linear.weight for linear in linears]
+        if isinstance(weights[0], Fp8Weight):
+            self.weight: torch.Tensor | Fp8Weight = concatenated(weights)
+            offset = 0
+            for linear, size in zip(linears, self.sizes):
+                hold(linear, "weight", self.weight.rows(offset, offset + size))
+                offset += size
+            return
+        self.weight = torch.cat([weight.detach() for weight in weights])
         offset = 0
         for linear, size in zip(linears, self.sizes):
             linear.weight.data = self.weight[offset : offset + size]
@@ -104,8 +115,25 @@ class FusedProjections:
         return ops.linear(x, self.weight).split(self.sizes, dim=-1)
 
 
+class ProjectionGroups:
+    """Projections of one input whose weights are not alike (FP8 next to the compute dtype's): one GEMM per run of
+    alike neighbours, the outputs in the projections' order."""
+
+    def __init__(self, groups: Sequence[FusedProjections]) -> None:
+        self.groups = list(groups)
+
+    def __call__(self, x: torch.Tensor, ops: Ops) -> tuple[torch.Tensor, ...]:
+        return tuple(part for group in self.groups for part in group(x, ops))
+
+
+def fuse(linears: Sequence[Linear]) -> FusedProjections | ProjectionGroups:
+    """The projections as one GEMM (`FusedProjections`), or one per run of neighbours that are all FP8 or all not."""
+    runs = [list(run) for _, run in itertools.groupby(linears, key=lambda linear: isinstance(linear.weight, Fp8Weight))]
+    return FusedProjections(linears) if len(runs) == 1 else ProjectionGroups([FusedProjections(run) for run in runs])
+
+
 def project(
-    fused: FusedProjections | None, linears: Sequence[Linear], x: torch.Tensor, ops: Ops
+    fused: FusedProjections | ProjectionGroups | None, linears: Sequence[Linear], x: torch.Tensor, ops: Ops
 ) -> tuple[torch.Tensor, ...]:
     """The projections of x: one GEMM when fused (`Qwen35Model.fuse_projections`), else one per projection."""
     return fused(x, ops) if fused is not None else tuple(linear(x, ops) for linear in linears)
@@ -178,17 +206,26 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(MLP(config, config.expert_size) for _ in range(config.num_experts))
         self.shared_expert = MLP(config)
         self.shared_expert_gate = Linear(config.hidden_size, 1)
-        self.fused: FusedProjections | None = None
-        self.gate_up: torch.Tensor | None = None
-        self.down: torch.Tensor | None = None
+        self.fused: FusedProjections | ProjectionGroups | None = None
+        self.gate_up: torch.Tensor | Fp8Weight | None = None
+        self.down: torch.Tensor | Fp8Weight | None = None
 
     @property
     def inputs(self) -> list[Linear]:
         return [self.gate, self.shared_expert_gate, self.shared_expert.gate_proj, self.shared_expert.up_proj]
 
     def fuse(self) -> None:
-        self.fused = FusedProjections(self.inputs)
+        self.fused = fuse(self.inputs)
         size = self.experts[0].gate_proj.weight.shape[0]
+        if isinstance(self.experts[0].gate_proj.weight, Fp8Weight):
+            self.gate_up = stacked([concatenated([e.gate_proj.weight, e.up_proj.weight]) for e in self.experts])
+            self.down = stacked([e.down_proj.weight for e in self.experts])
+            for index, expert in enumerate(self.experts):
+                gate_up = self.gate_up.expert(index)
+                hold(expert.gate_proj, "weight", gate_up.rows(0, size))
+                hold(expert.up_proj, "weight", gate_up.rows(size, 2 * size))
+                hold(expert.down_proj, "weight", self.down.expert(index))
+            return
         self.gate_up = torch.stack([torch.cat([e.gate_proj.weight.detach(), e.up_proj.weight.detach()])
                                     for e in self.experts])
         self.down = torch.stack([e.down_proj.weight.detach() for e in self.experts])
@@ -266,11 +303,11 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.empty(c.gdn_value_heads))
         self.norm = Weight(c.gdn_value_dim)
         self.out_proj = Linear(value_dim, c.hidden_size)
-        self.fused: FusedProjections | None = None
+        self.fused: FusedProjections | ProjectionGroups | None = None
         self.conv_taps: torch.Tensor | None = None
 
     def fuse(self) -> None:
-        self.fused = FusedProjections([self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a])
+        self.fused = fuse([self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a])
         # the conv weights in float32, stored tap by tap ([K, C]; used as their [C, K] transpose): a kernel loads
         # a tap's channels 16 bytes at a time and multiplies without converting them (the same values: the conv
         # already summed in float32)
