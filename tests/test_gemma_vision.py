@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -190,3 +191,22 @@ def test_load_gemma_vision_reads_release_checkpoints_only(checkpoint, tmp_path):
         {"image_processor": {**preprocessor, "resample": 2}, "image_seq_length": 70}))
     vision = load_gemma_vision(tmp_path, "cpu", torch.float32)
     assert vision is not None and vision.processing.resample == 2
+
+
+def test_release_vision_configs_are_read():
+    # E2B/E4B: clipped linears, no standardization, image tokens causal; 26B-A4B/31B: standardized, image tokens both
+    # ways on sliding layers; 12B (gemma4_unified, no ViT trunk) is not this tower. Mutation caught: the text
+    # config's use_bidirectional_attention ignored.
+    data = Path("/work/shared/data/configs")
+    if not (data / "Gemma-4-E2B.json").is_file():
+        pytest.skip("no release configs here")
+    seen = {}
+    for name in ("E2B", "E4B", "26B-A4B", "31B"):
+        config = GemmaVisionConfig.from_config(json.loads((data / f"Gemma-4-{name}.json").read_text()), name)
+        assert (config.patch_size, config.pooling_kernel_size, config.rope_theta) == (16, 3, 100.0)
+        assert (config.boi_token_id, config.image_token_id, config.eoi_token_id) == (255999, 258880, 258882)
+        seen[name] = (config.hidden_size, config.num_layers, config.clipped_linears, config.standardize,
+                      config.bidirectional, config.text_hidden_size)
+    assert seen == {"E2B": (768, 16, True, False, False, 1536), "E4B": (768, 16, True, False, False, 2560),
+                    "26B-A4B": (1152, 27, False, True, True, 2816), "31B": (1152, 27, False, True, True, 5376)}
+    assert json.loads((data / "Gemma-4-12B.json").read_text())["model_type"] == "gemma4_unified"
