@@ -210,3 +210,13 @@ def test_release_vision_configs_are_read():
     assert seen == {"E2B": (768, 16, True, False, False, 1536), "E4B": (768, 16, True, False, False, 2560),
                     "26B-A4B": (1152, 27, False, True, True, 2816), "31B": (1152, 27, False, True, True, 5376)}
     assert json.loads((data / "Gemma-4-12B.json").read_text())["model_type"] == "gemma4_unified"
+
+
+def test_a_malformed_processor_config_is_named(checkpoint, tmp_path):
+    # mutation: the error naming preprocessor_config.json while processor_config.json is the one read
+    (tmp_path / "processor_config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"/processor_config.json: "):
+        GemmaImageProcessing.from_checkpoint(tmp_path, checkpoint[1])
+    (tmp_path / "processor_config.json").write_text(json.dumps({"image_processor": {"do_normalize": True}}))
+    with pytest.raises(CheckpointError, match=r"/processor_config.json: do_normalize"):
+        GemmaImageProcessing.from_checkpoint(tmp_path, checkpoint[1])

@@ -131,15 +131,14 @@ class GemmaImageProcessing:
         preprocessor_config.json), None when there is neither; CheckpointError when malformed, not served (a
         normalization) or not matching the tower's patches."""
         nested, flat = path / "processor_config.json", path / "preprocessor_config.json"
-        file = flat
+        file = nested if nested.is_file() else flat
         try:
             raw = json.loads(nested.read_text(encoding="utf-8")).get("image_processor") if nested.is_file() else None
-            if raw is not None:
-                file = nested
-            elif flat.is_file():
+            if raw is None:
+                file = flat
+                if not flat.is_file():
+                    return None
                 raw = json.loads(flat.read_text(encoding="utf-8"))
-            else:
-                return None
             processing = cls(
                 patch_size=int(raw.get("patch_size", 16)), max_soft_tokens=int(raw.get("max_soft_tokens", 280)),
                 pooling_kernel_size=int(raw.get("pooling_kernel_size", 3)), resample=int(raw.get("resample", 3)),
