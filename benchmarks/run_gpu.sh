@@ -6,6 +6,8 @@
 #   token-tree steps (0.8B): text packing
 #   several GPUs (every visible one; a machine of two or more): multi
 #   investigation steps (benchmarks/investigations/): check profile qps-threads host-wake
+#   self-checks of new paths (investigations/): gemma-check fp8-check full-card
+#   flide 0.1.4 side by side (its wheels in .whl): vs-flide (SIZES may name Gemma 4 sizes: E4B 31B --turns ...)
 #   (default: attention gdn fidelity)
 # JSON results land in $OUT (one <benchmark>-<size>.json per benchmark and size) with a combined log; on the
 # development machine `python benchmarks/readme_results.py --record <the returned files>` makes them the latest
@@ -20,6 +22,9 @@
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/msgspec*.whl .whl/pytest_asyncio*.whl || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/fla .whl/fla_core*.whl .whl/flash_linear*.whl || true
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/flide .whl/flide-*.whl .whl/pydantic*.whl \
+  .whl/annotated_types*.whl .whl/typing_inspection*.whl .whl/typing_extensions*.whl .whl/fla_core*.whl \
+  .whl/flash_linear*.whl || true  # flide 0.1.4, the vs-flide step's other engine
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-attention gdn fidelity}
@@ -67,6 +72,14 @@ for step in $steps; do
     host-wake) python3 benchmarks/investigations/host_wake.py | tail -c 600 ;;  # the host's idle and thread wake-up costs
     text) python3 benchmarks/text_scoring.py --model-size 0.8B > /dev/null 2> /tmp/text.err; tail -c 1500 /tmp/text.err ;;
     packing) python3 benchmarks/packing.py --model-size 0.8B | tail -c 3000 ;;
+    gemma-check) python3 benchmarks/investigations/gemma_cuda_check.py --out "$OUT/gemma_cuda_check.json" | tail -c 3000 ;;
+    fp8-check) python3 benchmarks/investigations/fp8_cuda_check.py --out "$OUT/fp8_cuda_check.json" | tail -c 3000 ;;
+    full-card) for free in 3 1.5; do python3 benchmarks/investigations/full_card.py --model-size 0.8B --free-gib $free \
+      | tail -c 800; done ;;
+    vs-flide) for size in $sizes; do  # both engines resident unless the shape needs turns (31B, 26B-A4B)
+        turns=$(case $size in 31B|26B-A4B) echo --turns ;; esac)
+        PYTHONPATH=/tmp/flide:$PYTHONPATH python3 benchmarks/vs_flide.py --model-size $size $turns > /dev/null \
+          2> "/tmp/vs_flide-$size.err"; tail -c 1500 "/tmp/vs_flide-$size.err"; done ;;
     *) echo "unknown step $step" ;;
   esac >> "$OUT/log.txt" 2>&1
   echo "--- $step: $((SECONDS - started)) s" | tee -a "$OUT/log.txt"
