@@ -20,6 +20,7 @@ import jinja2.sandbox
 import numpy as np
 
 from flide_sdk.errors import InvalidQuestionError, StateTooLongError
+from flide_sdk.images import DecodedImage
 from flide_sdk.models.decision import DecisionSpec
 from flide_sdk.questions import Question, State
 from flide_sdk.text.history import History, StateLog, Trunk
@@ -83,9 +84,11 @@ class PromptFormat(Protocol):
     def new_state(self) -> History | StateLog:
         """An empty session state: what `Session.append` grows and `snapshot()` gives `parts`."""
 
-    def parts(self, state: State | Trunk, questions: Mapping[str, Question]) -> list[TrunkQuestions]:
-        """The trunks of an ask (a one-off state, or a session's snapshot) and each question's branch; bad input
-        raises InvalidQuestionError / InvalidStateError / StateTooLongError here, before anything is queued."""
+    def parts(self, state: State | Trunk, questions: Mapping[str, Question],
+              assets: Mapping[str, DecodedImage] | None = None) -> list[TrunkQuestions]:
+        """The trunks of an ask (a one-off state, or a session's snapshot) and each question's branch, with the
+        images of `assets` where the state names them; bad input raises InvalidQuestionError / InvalidStateError /
+        InvalidAssetError / StateTooLongError here, before anything is queued."""
 
 
 def as_rendered(parts: list[TrunkQuestions]) -> Rendered:
