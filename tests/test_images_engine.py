@@ -284,3 +284,37 @@ def test_different_images_of_one_size_share_no_checkpoint(generic, decide):
     assert_as_pipeline(decide, state, QUESTIONS, {"<frame>": second}, again)
     assert probabilities(answers[0]["red"]) != pytest.approx(probabilities(answers[1]["red"]), abs=1e-6)
 
+
+def test_the_typesafe_client_sends_images_the_engine_answers(generic, decide):
+    # mutations: the multipart 'request' part read as the whole body; a part's bytes dropped for its asset
+    # entry; `extra_body` assets ignored; a bad image answered 500 instead of 422
+    ts = pytest.importorskip("typesafe_sdk")
+    from flide_sdk.adapters.typesafe import client
+
+    buffer = io.BytesIO()
+    noise(44, 60, seed=21).save(buffer, format="PNG")
+    png = buffer.getvalue()
+    state = "The checkout page: <shot>. The user hovers over Pay. " * 12  # > 1 KiB: a zstd body
+    native = generic.ask_sync(state, QUESTIONS, assets={"<shot>": png})
+    assert_as_pipeline(decide, state, QUESTIONS, {"<shot>": noise(44, 60, seed=21)}, native)
+    image = ts.Image(png)
+    with client(generic, retry=ts.RetryPolicy(max_retries=0)) as local:
+        multipart = local.system_one(state=state, questions=QUESTIONS, assets={"<shot>": image})
+        assert multipart.raw_http_response.request.headers["content-type"].startswith("multipart/form-data")
+        as_json = local.system_one(state=state, questions=QUESTIONS, extra_body={"assets": {"<shot>": {
+            "type": "image", "format": "png", "data_base64": base64.b64encode(png).decode()}}})
+        placed = local.system_one(state={"page": image, "note": "the user hovers over Pay"}, questions=QUESTIONS)
+        with pytest.raises(ts.TypeSafeUnprocessableEntityError):
+            local.system_one(state=state, questions=QUESTIONS, extra_body={"assets": {"<shot>": {
+                "type": "image", "format": "gif", "data_base64": base64.b64encode(png).decode()}}})
+    for through in (multipart, as_json):
+        assert through.nouls["red"].noul == pytest.approx(native["red"].noul, abs=1e-9)
+        assert through.choices["where"].probabilities == pytest.approx(native["where"].probabilities, abs=1e-9)
+    reference = str(image)
+    assert_as_pipeline(decide, {"page": reference, "note": "the user hovers over Pay"}, QUESTIONS,
+                       {reference: noise(44, 60, seed=21)},
+                       generic.ask_sync({"page": reference, "note": "the user hovers over Pay"}, QUESTIONS,
+                                        assets={reference: png}))
+    assert placed.nouls["red"].noul == pytest.approx(
+        generic.ask_sync({"page": reference, "note": "the user hovers over Pay"}, QUESTIONS,
+                         assets={reference: png})["red"].noul, abs=1e-9)
