@@ -318,3 +318,24 @@ def test_the_typesafe_client_sends_images_the_engine_answers(generic, decide):
     assert placed.nouls["red"].noul == pytest.approx(
         generic.ask_sync({"page": reference, "note": "the user hovers over Pay"}, QUESTIONS,
                          assets={reference: png})["red"].noul, abs=1e-9)
+
+
+def test_own_format_asks_with_images_equal_transformers(own, decide, processor):
+    # mutations: the trunk's stable part ending before the last image (its pads recomputed without rows); the
+    # branches at the trunk's index positions (no image offset)
+    assets = screens(2, seed=60)
+    state = "Window <screen-1> over <screen-0>, then a long log line of text"
+    answers = own.ask_sync(state, QUESTIONS, assets=assets)
+    decoded = fl.images.decode_assets(assets)
+    pictures = [decoded["<screen-1>"].image, decoded["<screen-0>"].image]
+    shown = state.replace("<screen-1>", IMAGE).replace("<screen-0>", IMAGE)
+    model = decide.model
+    for name, question in parse_questions(QUESTIONS).items():
+        inputs = processor(text=[own.prompt.prompt_text(shown, question)], images=pictures, return_tensors="pt")
+        labels = own.render(state, {name: QUESTIONS[name]}, assets=assets).questions[name].label_ids
+        with torch.no_grad():
+            logits = model(**inputs, use_cache=False).logits[0, -1]
+        want = torch.softmax(logits[torch.tensor(labels)], -1).numpy()
+        got = probabilities(answers[name])
+        want = want[:1] if isinstance(answers[name], fl.NoulAnswer) else want
+        assert np.abs(want - got).max() <= TOLERANCE, (name, want, got)
