@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from flide_sdk.errors import InvalidAssetError, InvalidStateError
+from flide_sdk.errors import InvalidStateError
 from flide_sdk.images import Assets, decode_assets
 from flide_sdk.questions import Questions
 from flide_sdk.text.history import History, StateLog, Trunk
@@ -38,11 +38,10 @@ class Session:
         unchanged). A placeholder names one image for the whole session."""
         self._check_open()
         decoded = decode_assets(assets)
-        if decoded and not isinstance(self._history, StateLog):
-            raise InvalidAssetError(next(iter(decoded)), "images in sessions are served with the generic prompt "
-                                                         "(rendering='transformers'); ask one-off states here")
         if isinstance(self._history, StateLog):
             self._history.append(item, decoded)
+        elif decoded:
+            self._history.append(item, self.engine.prompt.request_images(decoded))
         else:
             self._history.append(item)
 

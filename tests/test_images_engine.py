@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import json
 import tempfile
 from pathlib import Path
 
@@ -251,9 +252,9 @@ def test_a_session_of_screenshots_resumes_past_its_images(generic, decide, kind)
             assert after["tokens_resumed"] > before["tokens_resumed"]
 
 
-def test_a_session_placeholder_names_one_image(generic, own):
+def test_a_session_placeholder_names_one_image(generic):
     # mutations: a later image silently replacing an earlier one under its placeholder; a bad asset appended
-    # with its message (the history changed though the append raised); own-format sessions taking images
+    # with its message (the history changed though the append raised)
     session = generic.session()
     session.append("first <a>", assets={"<a>": noise(20, 20, seed=1)})
     with pytest.raises(InvalidAssetError, match="already names another image"):
@@ -262,8 +263,6 @@ def test_a_session_placeholder_names_one_image(generic, own):
         session.append("third <b>", assets={"<b>": b"not an image"})
     alone = generic.ask_sync("first <a>", QUESTIONS, assets={"<a>": noise(20, 20, seed=1)})
     assert session.ask_sync(QUESTIONS)["red"].noul == pytest.approx(alone["red"].noul, abs=1e-6)  # history as it was
-    with pytest.raises(InvalidAssetError, match="rendering='transformers'"):
-        own.session().append("see <a>", assets={"<a>": noise(20, 20, seed=1)})
 
 
 def test_different_images_of_one_size_share_no_checkpoint(generic, decide):
@@ -339,3 +338,43 @@ def test_own_format_asks_with_images_equal_transformers(own, decide, processor):
         got = probabilities(answers[name])
         want = want[:1] if isinstance(answers[name], fl.NoulAnswer) else want
         assert np.abs(want - got).max() <= TOLERANCE, (name, want, got)
+
+
+@pytest.mark.parametrize("kind", ["text", "messages"])
+def test_own_format_sessions_resume_past_their_images(own, decide, processor, kind):
+    # mutations: the text before an image left in the mutable tail (encoded again with the image's tokens as
+    # text); the image's first pad recorded at its start token; a fork sharing the history's image list
+    session = own.session()
+    state: str | list = "" if kind == "text" else []
+    pictures = []
+    for step in range(3):
+        name = f"<shot-{step}>"
+        picture = noise(40 + 8 * step, 60, seed=200 + step)
+        text = f"Step {step}: the agent saw {name} and clicked. "
+        item = text if kind == "text" else {"role": "user", "content": text}
+        session.append(item, assets={name: picture})
+        state = state + text if kind == "text" else [*state, item]
+        pictures.append(picture)
+        before = own.stats()
+        answers = session.ask_sync(QUESTIONS)
+        after = own.stats()
+        shown = state if kind == "text" else json.dumps(state, ensure_ascii=False)
+        for k in range(step + 1):
+            shown = shown.replace(f"<shot-{k}>", IMAGE)
+        for name_q, question in parse_questions(QUESTIONS).items():
+            inputs = processor(text=[own.prompt.prompt_text(shown, question)], images=pictures, return_tensors="pt")
+            labels = own.render("x", {name_q: QUESTIONS[name_q]}).questions[name_q].label_ids
+            with torch.no_grad():
+                logits = decide.model(**inputs, use_cache=False).logits[0, -1]
+            want = torch.softmax(logits[torch.tensor(labels)], -1).numpy()
+            got = probabilities(answers[name_q])
+            want = want[:1] if isinstance(answers[name_q], fl.NoulAnswer) else want
+            assert np.abs(want - got).max() <= TOLERANCE, (step, name_q, want, got)
+        assert after["images_encoded"] - before["images_encoded"] == 1  # earlier screenshots: in the checkpoint
+        if step:
+            assert after["checkpoint_hits"] > before["checkpoint_hits"]
+    forked = session.fork()
+    end = " The end: <end>" if kind == "text" else {"role": "user", "content": "The end: <end>"}
+    forked.append(end, assets={"<end>": noise(30, 30, seed=299)})
+    forked.ask_sync(QUESTIONS)
+    assert session.ask_sync(QUESTIONS)["red"].noul == pytest.approx(answers["red"].noul, abs=1e-6)

@@ -247,7 +247,10 @@ class ChatFormat:
                    special_tokens_of(Path(path)))
 
     def new_state(self) -> History:
-        return self.tokens.history(self.head, self.trims)
+        history = self.tokens.history(self.head, self.trims)
+        if self.images is not None:
+            history.image_builder = self.images.trunk_images
+        return history
 
     def trunk(self, state: Any) -> Trunk:
         """The trunk of a one-off ask about `state`, with its stable boundary."""

@@ -30,6 +30,14 @@ from flide_sdk.plan.images import TrunkImages
 
 
 @dataclass(frozen=True)
+class KeptImage:
+    """What a session's history keeps of an appended image: its digest and patches."""
+
+    digest: bytes
+    patches: ImagePatches
+
+
+@dataclass(frozen=True)
 class ImagePrompt:
     """A checkpoint's image tokens: its vision token ids and how its processor makes patches."""
 
@@ -48,6 +56,12 @@ class ImagePrompt:
         if config is None:
             return None
         return cls(config, ImageProcessing.from_checkpoint(path, config))
+
+    def trunk_images(self, kept: list[tuple[int, KeptImage]]) -> TrunkImages:
+        """A session history's images (first pad, what it kept) as its trunk's (`History.image_builder`)."""
+        merge = self.config.spatial_merge_size
+        spans = tuple(ImageSpan(start, k.patches.rows // merge, k.patches.cols // merge) for start, k in kept)
+        return TrunkImages(spans, tuple(k.digest for _, k in kept), tuple(k.patches for _, k in kept))
 
     def request(self, assets: Mapping[str, DecodedImage]) -> RequestImages:
         """The request's images as tokens and patches (InvalidAssetError for one the processor refuses)."""
@@ -76,6 +90,12 @@ class RequestImages:
 
     def holds(self, text: str) -> bool:
         return any(name in text for name in self.names)
+
+    def image(self, index: int) -> tuple[np.ndarray, bytes, KeptImage]:
+        """Image `index`'s token ids, digest, and what a session's history keeps of it (`text.history.History`)."""
+        name = self.names[index]
+        digest = self.images[name].digest
+        return self.ids[name], digest, KeptImage(digest, self.patches[name])
 
     def outside(self, text: str, at: int) -> int:
         """`at`, or the start of the placeholder of `text` it falls inside: a cut there splits no image name (the

@@ -20,7 +20,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import xxhash
@@ -42,6 +42,16 @@ SEPARATOR = "\n\n"
 
 Encoder = Callable[[str, int], tuple[np.ndarray, int]]
 """(text, cut) -> (token ids of text, how many of them encode text[:cut]); cut is 0 or a stable boundary."""
+
+
+class ImageText(Protocol):
+    """An append's images, as a prompt format places them (`prompt.images.RequestImages`)."""
+
+    def split(self, text: str) -> list[str | int]:
+        """`text` cut at placeholders: text pieces, and the index of each image found."""
+
+    def image(self, index: int) -> tuple[np.ndarray, bytes, Any]:
+        """Image `index`'s token ids, its digest, and what the format keeps of it (`History.image_builder`)."""
 
 
 class TokenBuffer:
@@ -227,6 +237,10 @@ class History:
         self._separator = "" if trims else SEPARATOR
         self.appended_chars = 0
         self._token_cut_at = 0  # appended_chars from which a token-level cut is tried again after one failed
+        self.images: list[tuple[int, Any]] = []  # (first pad, what the format keeps) of each image appended
+        self._snapshotted = 0  # the buffer's size at the last snapshot
+        # the trunk's images from `images` (set by a format that places images; None: text only)
+        self.image_builder: Callable[[list[tuple[int, Any]]], TrunkImages] | None = None
 
     @classmethod
     def of_state(cls, head: str, state_body: str, encode: Encoder, boundaries: BoundaryFinder,
@@ -236,17 +250,43 @@ class History:
         history.kind = "state"
         return history
 
-    def append(self, item: str | dict[str, Any]) -> None:
-        """Append text (concatenated) or a message dict with `role` and `content` (the state is then a list)."""
+    def append(self, item: str | dict[str, Any], images: ImageText | None = None) -> None:
+        """Append text (concatenated) or a message dict with `role` and `content` (the state is then a list);
+        `images`: the images its text names, spliced in as their tokens."""
         kind, encoded = check_append(self.kind, item)
         if kind == "text":
-            self.kind = "text"
-            self._add(item)
+            piece = item
+        else:
+            piece = ("[" if self.kind is None else ", ") + encoded
+            self._closer = "]"
+        self.kind = kind
+        if images is None or self.image_builder is None:
+            self._add(piece)
             return
-        piece = ("[" if self.kind is None else ", ") + encoded
-        self.kind = "messages"
-        self._closer = "]"
-        self._add(piece)
+        for part in images.split(piece):
+            if isinstance(part, str):
+                self._add(part)
+            else:
+                self._add_image(*images.image(part))
+
+    def _add_image(self, ids: np.ndarray, digest: bytes, kept: Any) -> None:
+        """The text so far encoded whole (an image's first token is an added one: the tokenizer splits there),
+        then the image's tokens, stable at once."""
+        if self._trims and not self.appended_chars:
+            self._separator = SEPARATOR  # an image is content
+        self.appended_chars += 1
+        if self._pending:
+            self.buffer.extend(self._encode(self._pending, 0)[0])
+        self.buffer.images.append((self.buffer.size + 1, digest))  # after the image's start token
+        self.images.append((self.buffer.size + 1, kept))
+        self.buffer.extend(ids)
+        self._pending, self._lookbehind = "", ""
+        self._hash()
+
+    def _hash(self) -> None:
+        unhashed = self.buffer.view(len(self.hashes) * BLOCK)
+        self.hashes.extend(chain_hashes(unhashed, self.hashes[-1] if self.hashes else HASH_SEED, self.buffer.images,
+                                        len(self.hashes) * BLOCK))
 
     def _add(self, text: str) -> None:
         if self._trims and not self.appended_chars:
@@ -265,17 +305,19 @@ class History:
         ids, stable_count = self._encode(body + self._closer + self._separator, relative)
         if len(ids) - stable_count > TAIL_TOKENS and self.appended_chars >= self._token_cut_at:
             relative, stable_count = self._token_cut(body, relative, ids, stable_count)
-        previous = self.buffer.size
+        previous = self._snapshotted
         if stable_count:
             found = len(self._lookbehind) + relative
             self._pending = body[relative:]
             self._lookbehind = text[max(0, found - self._boundaries.longest) : found]
             self.buffer.extend(ids[:stable_count])
-            unhashed = self.buffer.view(len(self.hashes) * BLOCK)
-            self.hashes.extend(chain_hashes(unhashed, self.hashes[-1] if self.hashes else HASH_SEED))
+            self._hash()
         tail = ids[stable_count:]
         tail.flags.writeable = False
-        return Trunk(self.buffer.view(), tail, self.hashes, self.buffer, self.buffer.size + len(tail) - previous)
+        images = self.image_builder(list(self.images)) if self.images and self.image_builder else None
+        self._snapshotted = self.buffer.size
+        return Trunk(self.buffer.view(), tail, self.hashes, self.buffer, self.buffer.size + len(tail) - previous,
+                     images)
 
     def _token_cut(self, body: str, relative: int, ids: np.ndarray, stable_count: int) -> tuple[int, int]:
         """Move the boundary (`relative` in `body`, `stable_count` tokens) to the last token-level cut of the
@@ -302,4 +344,5 @@ class History:
         other.buffer = self.buffer.copy()
         other.buffer.shared_upto = other.buffer.size
         other.hashes = list(self.hashes)
+        other.images = list(self.images)
         return other
