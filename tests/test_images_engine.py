@@ -378,3 +378,15 @@ def test_own_format_sessions_resume_past_their_images(own, decide, processor, ki
     forked.append(end, assets={"<end>": noise(30, 30, seed=299)})
     forked.ask_sync(QUESTIONS)
     assert session.ask_sync(QUESTIONS)["red"].noul == pytest.approx(answers["red"].noul, abs=1e-6)
+
+
+def test_an_engine_group_passes_assets(vl_path, decide):
+    # mutation: EngineGroup.ask_sync dropping `assets` (the placeholder read as text)
+    group = fl.EngineGroup.load(vl_path, ["cpu", "cpu"], dtype="float32", graphs=False, rendering="transformers")
+    try:
+        assets = screens(1, seed=80)
+        assert_as_pipeline(decide, STATES[1], QUESTIONS, assets, group.ask_sync(STATES[1], QUESTIONS, assets=assets))
+        want = pipeline_prompts(decide, STATES[1], QUESTIONS, assets)
+        assert np.array_equal(group.render(STATES[1], QUESTIONS, assets=assets).prompt_ids("red"), want["red"])
+    finally:
+        group.close()
