@@ -390,3 +390,18 @@ def test_an_engine_group_passes_assets(vl_path, decide):
         assert np.array_equal(group.render(STATES[1], QUESTIONS, assets=assets).prompt_ids("red"), want["red"])
     finally:
         group.close()
+
+
+def test_batch_invariant_sessions_with_images_answer_as_the_pipeline(vl_path, decide):
+    # checkpoints at multiples of 64 tokens may cut an image's pads: the rest of them is encoded from the tower's
+    # rows of the whole image (mutation: tower rows taken from the image's first pad, not from the resume point)
+    with fl.Engine.load(vl_path, device="cpu", dtype="float32", graphs=False, rendering="transformers",
+                        batch_invariant=True) as engine:
+        session, state, assets = engine.session(), "", {}
+        for step in range(3):
+            name = f"<s{step}>"
+            text = f"Step {step} of a long task where the agent reads a lot of text before it sees {name} and types. "
+            session.append(text, assets={name: noise(120, 200, seed=300 + step)})
+            state, assets[name] = state + text, noise(120, 200, seed=300 + step)
+            assert_as_pipeline(decide, state, QUESTIONS, assets, session.ask_sync(QUESTIONS))
+        assert engine.stats()["checkpoint_hits"] >= 2
