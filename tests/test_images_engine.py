@@ -405,3 +405,30 @@ def test_batch_invariant_sessions_with_images_answer_as_the_pipeline(vl_path, de
             state, assets[name] = state + text, noise(120, 200, seed=300 + step)
             assert_as_pipeline(decide, state, QUESTIONS, assets, session.ask_sync(QUESTIONS))
         assert engine.stats()["checkpoint_hits"] >= 2
+
+
+def test_decide_sends_image_arguments_as_assets(generic, decide):
+    # mutations: the image argument dropped from the assets (its reference read as text); the reference not the
+    # digest's (two calls with one image hashing apart); a TypeSafe Image's path not read
+    from pydantic import BaseModel, Field
+
+    class Screen(BaseModel):
+        red: bool = Field(description="Is the button red?")
+
+    @fl.decide(generic)
+    def look(screen, note: str) -> Screen:
+        """Look at the screen."""
+
+    picture = noise(40, 64, seed=90)
+    file = Path(tempfile.mkdtemp()) / "screen.png"
+    picture.save(file, format="PNG")
+    ts = pytest.importorskip("typesafe_sdk")
+    got = look.decision(picture, "after the click")
+    again = look.decision(ts.Image(file), "after the click")
+    reference = f"<image:{fl.images.decode_assets({'s': picture})['s'].digest.hex()}>"
+    state = {"screen": reference, "note": "after the click"}
+    answers = generic.ask_sync(state, look.questions, assets={reference: picture})
+    assert got.probabilities["red"] == pytest.approx(again.probabilities["red"], abs=1e-9)
+    assert got.probabilities["red"][True] == pytest.approx(answers["red"].noul, abs=1e-6)
+    text_only = generic.ask_sync(state, look.questions)  # the reference read as text: another answer
+    assert text_only["red"].noul != pytest.approx(answers["red"].noul, abs=1e-6)
