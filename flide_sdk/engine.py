@@ -17,9 +17,11 @@ import torch
 
 from flide_sdk.device.graphs import BUFFERS
 from flide_sdk.errors import EngineClosedError
+from flide_sdk.images import Assets, decode_assets
 from flide_sdk.models.checkpoint import DecoderModel, load_model, read_config, read_raw_config
 from flide_sdk.models.fp8 import check_weights, holds_fp8, read_layout
 from flide_sdk.models.ops import Ops, ops_for
+from flide_sdk.models.qwen35_vision import Vision, load_vision
 from flide_sdk.options import (
     MAX_PENDING,
     check_fp8,
@@ -73,6 +75,7 @@ class Engine:
         batch_invariant: bool = False,
         name: str = "qwen3.5",
         startup: Startup | None = None,
+        vision: Vision | None = None,
     ) -> None:
         check_options(model.config.max_position_embeddings, max_prompt_tokens=prompt.tokens.max_prompt_tokens,
                        pool_bytes=pool_bytes, pool_checkpoints=pool_checkpoints, max_round_tokens=max_round_tokens,
@@ -97,7 +100,7 @@ class Engine:
         ops = ops_for(device, batch_invariant, fp8) if ops is None else ops
         self._executor = build_executor(model, ops, self.tokens, pool_bytes, pool_checkpoints, max_round_tokens,
                                         max_round_requests, graphs if graphs is not None else device.type == "cuda",
-                                        self._stats, name, startup, batch_invariant)
+                                        self._stats, name, startup, batch_invariant, vision)
         self.ops, self.pool = self._executor.ops, self._executor.pool  # ops: invariant projections need the ladder
         # rounds in flight at once: one per staging/readback buffer pair of the graphs (reused by the round after next)
         self._loop = RoundLoop(self._executor, deadline_s=round_deadline_ms / 1000.0, max_pending=max_pending,
@@ -170,8 +173,9 @@ class Engine:
         with on_device(device):  # what loading runs on the device runs on this one, the caller's device kept
             spec = prompt.spec
             model = load_model(path, device, dtype, spec and spec.head, spec and spec.adapter, weights)
-            return cls(model, prompt, device,
-                       graphs=graphs, batch_invariant=batch_invariant, name=Path(path).name, startup=startup,
+            vision = load_vision(path, device, dtype)  # None: the checkpoint reads no images
+            return cls(model, prompt, device, graphs=graphs, batch_invariant=batch_invariant, name=Path(path).name,
+                       startup=startup, vision=vision,
                        max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192), **options)
 
     @classmethod
@@ -182,10 +186,12 @@ class Engine:
         load_options.setdefault("device", "cpu")
         return cls.load(tiny_checkpoint(seed), **load_options)
 
-    def render(self, state: State, questions: Questions) -> Rendered:
+    def render(self, state: State, questions: Questions, *, assets: Assets | None = None) -> Rendered:
         """The token-level view of an ask: trunk ids, and per question its branch ids, label ids and labels (a
-        format's prompts may give questions trunks of their own: `Rendered.trunks`)."""
-        return as_rendered(self.prompt.parts(state, parse_questions(questions)))
+        format's prompts may give questions trunks of their own: `Rendered.trunks`); images of `assets` as their
+        tokens (pads expanded) where the state names them, as the checkpoint's processor places them."""
+        parsed = parse_questions(questions)
+        return as_rendered(self.prompt.parts(state, parsed, decode_assets(assets) or None))
 
     def session(self) -> Session:
         """A new, empty session: an agent's growing history whose asks resume from checkpoints."""
@@ -193,16 +199,17 @@ class Engine:
 
         return Session(self, self.prompt.new_state())
 
-    def prepare(self, trunk: Trunk | State, questions: Questions) -> Ask | AskGroup:
-        """Validate `questions` and render them against a trunk (a session's snapshot, or a one-off state): the
-        queued form of an ask (a group of asks when the format's prompts give its questions several trunks).
-        Bad input raises here."""
+    def prepare(self, trunk: Trunk | State, questions: Questions, assets: Assets | None = None) -> Ask | AskGroup:
+        """Validate `questions` and render them against a trunk (a session's snapshot, or a one-off state) and
+        the images of `assets`: the queued form of an ask (a group of asks when the format's prompts give its
+        questions several trunks). Bad input raises here (a bad image: InvalidAssetError)."""
         if self._loop.closed:
             raise EngineClosedError("the engine is closed")
         started, cpu_started = time.perf_counter(), time.thread_time()
         parsed = parse_questions(questions)
+        decoded = decode_assets(assets) or None
         asks = [Ask(part.trunk, {name: parsed[name] for name in part.questions}, part.questions)
-                for part in self.prompt.parts(trunk, parsed)]
+                for part in self.prompt.parts(trunk, parsed, decoded)]
         ask: Ask | AskGroup = asks[0] if len(asks) == 1 else AskGroup(asks, list(parsed))
         self._stats.add(submit_seconds=time.perf_counter() - started,
                         submit_cpu_seconds=time.thread_time() - cpu_started)
@@ -216,16 +223,21 @@ class Engine:
             return ask.merge(list(await asyncio.gather(*futures)))
         return await self._staging.stage(ask, queue_timeout)  # queued with this loop's asks of this iteration
 
-    async def ask(self, state: State, questions: Questions, *, queue_timeout: float | None = None) -> SystemOneResponse:
+    async def ask(self, state: State, questions: Questions, *, assets: Assets | None = None,
+                  queue_timeout: float | None = None) -> SystemOneResponse:
         """Answer `questions` (name -> Noul/Choice/Score, a TypeSafe question, or a dict) about `state`
-        (a string, or JSON data). The response maps each name to its answer and carries `model` and `usage`."""
-        return await self.submit(self.prepare(state, questions), queue_timeout)
+        (a string, or JSON data). The response maps each name to its answer and carries `model` and `usage`.
+        assets: images by placeholder (an asset dict with `data_base64`, a PIL image, bytes or a path), seen
+        wherever the state's text names them; decoded and checked here (InvalidAssetError) before anything is
+        queued."""
+        return await self.submit(self.prepare(state, questions, assets), queue_timeout)
 
     def ask_sync(
-        self, state: State, questions: Questions, timeout: float | None = None, *, queue_timeout: float | None = None
+        self, state: State, questions: Questions, timeout: float | None = None, *, assets: Assets | None = None,
+        queue_timeout: float | None = None,
     ) -> SystemOneResponse:
         """Blocking `ask`, for scripts. Do not call it from the engine's own callbacks."""
-        return self.submit_sync(self.prepare(state, questions), timeout, queue_timeout)
+        return self.submit_sync(self.prepare(state, questions, assets), timeout, queue_timeout)
 
     def submit_sync(
         self, ask: Ask | AskGroup, timeout: float | None = None, queue_timeout: float | None = None

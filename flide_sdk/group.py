@@ -19,6 +19,7 @@ import torch
 
 from flide_sdk.engine import Engine
 from flide_sdk.errors import EngineClosedError, InvalidOptionError
+from flide_sdk.images import Assets
 from flide_sdk.prompt.base import Rendered
 from flide_sdk.questions import Questions, State, SystemOneResponse
 from flide_sdk.session import Session
@@ -66,25 +67,25 @@ class EngineGroup:
             self._sessions[index].add(session)
         return session
 
-    def render(self, state: State, questions: Questions) -> Rendered:
+    def render(self, state: State, questions: Questions, *, assets: Assets | None = None) -> Rendered:
         """`Engine.render` (the engines share one model and tokenizer)."""
-        return self.engines[0].render(state, questions)
+        return self.engines[0].render(state, questions, assets=assets)
 
-    async def ask(self, state: State, questions: Questions, *, queue_timeout: float | None = None
-                  ) -> SystemOneResponse:
+    async def ask(self, state: State, questions: Questions, *, assets: Assets | None = None,
+                  queue_timeout: float | None = None) -> SystemOneResponse:
         """`Engine.ask` on the engine with the fewest one-off asks in flight (ties: the first)."""
         index = self._take()
         try:
-            return await self.engines[index].ask(state, questions, queue_timeout=queue_timeout)
+            return await self.engines[index].ask(state, questions, assets=assets, queue_timeout=queue_timeout)
         finally:
             self._give_back(index)
 
     def ask_sync(self, state: State, questions: Questions, timeout: float | None = None, *,
-                 queue_timeout: float | None = None) -> SystemOneResponse:
+                 assets: Assets | None = None, queue_timeout: float | None = None) -> SystemOneResponse:
         """Blocking `ask`, for scripts (`Engine.ask_sync` on the least busy engine)."""
         index = self._take()
         try:
-            return self.engines[index].ask_sync(state, questions, timeout, queue_timeout=queue_timeout)
+            return self.engines[index].ask_sync(state, questions, timeout, assets=assets, queue_timeout=queue_timeout)
         finally:
             self._give_back(index)
 

@@ -33,6 +33,8 @@ MAX_ASSET_BYTES = 1 << 26  # an encoded image file's bytes
 SERVED_FORMATS = ("PNG", "JPEG", "WEBP")  # Pillow's names of the formats decoded
 DECLARED_FORMATS = {"png": "PNG", "jpeg": "JPEG", "jpg": "JPEG", "webp": "WEBP"}
 REFERENCE = re.compile(r"<image:[0-9a-f]{32}>")  # what a TypeSafe `Image` writes into a state
+Assets = Mapping[str, Any]
+"""A request's images by placeholder: asset dicts (`data_base64`), PIL images, file bytes or paths."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,10 @@ def decode_assets(assets: Mapping[str, Any] | None) -> dict[str, DecodedImage]:
 
 
 def decode_asset(pil: Any, name: str, asset: Any) -> DecodedImage:
-    """One asset as a DecodedImage (see the module docstring for what an asset may be)."""
+    """One asset as a DecodedImage (see the module docstring for what an asset may be; one decoded already is
+    taken as it is)."""
+    if isinstance(asset, DecodedImage):
+        return asset if asset.name == name else DecodedImage(name, asset.image, asset.digest)
     if isinstance(asset, pil.Image.Image):
         return _finish(pil, name, asset)
     if isinstance(asset, Mapping):

@@ -44,7 +44,7 @@ def served():
 def test_trunk_images_give_the_processors_positions_from_any_start():
     # mutations: text after an image at start + max + 1; h and w swapped; the offset reset after each image
     spans = (ImageSpan(3, 2, 3), ImageSpan(12, 4, 1), ImageSpan(20, 1, 5))
-    images = TrunkImages(spans, (b"a", b"b", b"c"))
+    images = TrunkImages(spans, (b"a", b"b", b"c"), ())
     want = mrope_positions(40, list(spans))
     for start in (0, 5, 13, 26):
         assert np.array_equal(np.arange(start, 40) + images.deltas(start, 40), want[:, start:])
@@ -82,7 +82,7 @@ def test_a_round_with_images_reads_as_transformers(served, count):
     spans = tuple(ImageSpan(int(s), p.rows // m, p.cols // m) for s, p in zip(starts, patches))
     text_prompt = np.asarray([1, 2, 3, 4, 5, 6, 8, 10, 12, 14, 16], dtype=np.int64)
     requests = [RequestSpec.of(trunk, tails, [LABELS] * 3), RequestSpec.of(text_prompt[:-2], [text_prompt[-2:]], [LABELS])]
-    images = [TrunkImages(spans, tuple(b"%d" % k for k in range(count))), None]
+    images = [TrunkImages(spans, tuple(b"%d" % k for k in range(count)), tuple(patches)), None]
     pool = engine.pool
     host = plan_round(requests, engine.model.config.conv_kernel, pool.state_rows, pool.kv_sink)
     rnd = host.to("cpu")

@@ -143,6 +143,12 @@ def test_malformed_bodies_and_other_routes_answer_http_errors(engine):
         missing_state = http.post("/v1/systemone", json={"questions": DICT_QUESTIONS})
         assert missing_state.status_code == 422 and missing_state.json()["detail"][0]["loc"] == ["body", "state"]
         assert http.post("/v1/systemone", json={"state": "s", "questions": DICT_QUESTIONS, "assets": {}}).status_code == 400
+        no_close = http.post("/v1/systemone", content=b"--b\r\nContent-Disposition: form-data; name=\"request\"\r\n\r\n{}",
+                             headers={"content-type": "multipart/form-data; boundary=b"})
+        assert no_close.status_code == 400 and "boundary" in no_close.json()["detail"]
+        image = {"state": "see <a>", "questions": DICT_QUESTIONS, "assets": {"<a>": {"format": "png", "data_base64": ""}}}
+        unserved = http.post("/v1/systemone", json=image)  # mutation: InvalidAssetError answered 500
+        assert unserved.status_code == 422 and unserved.json()["detail"][0]["loc"] == ["body", "assets"]
         assert http.get("/v1/systemone").status_code == 405
         assert http.get("/v1/nothing").status_code == 404
         compressed = zstd.compress(msgspec.json.encode({"state": "s", "model": "jev-latest", "questions": DICT_QUESTIONS}))

@@ -3,7 +3,9 @@
 The decorated function's body never runs: its signature is the question. Each field of its return type (a msgspec
 Struct or pydantic model) becomes one question, all asked in one request, and the answers are coerced back into
 the field types; `.decision(...)` keeps each field's probabilities and confidence, `.map(inputs)` answers many
-inputs in shared rounds, and the docstring is a jinja2 template of the call's arguments. The type mapping and
+inputs in shared rounds, and the docstring is a jinja2 template of the call's arguments. An image argument (a PIL
+image or a TypeSafe `Image`, as an argument or inside a dict, list or tuple one) is sent as an asset: its place in
+the state holds its reference `<image:digest>`. The type mapping and
 every rule chosen where jev is silent: docs/decide.md.
 """
 
@@ -34,6 +36,7 @@ from flide_sdk.errors import (
     MapInputError,
     QueueFullError,
 )
+from flide_sdk.images import DecodedImage, decode_assets
 from flide_sdk.prompt.base import LETTERS
 from flide_sdk.questions import Answer, Choice, ChoiceAnswer, Noul, NoulAnswer, Question, Score, SystemOneResponse
 
@@ -66,6 +69,37 @@ def bound_arguments(signature: inspect.Signature, args: tuple, kwargs: dict) -> 
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
     return dict(bound.arguments)
+
+
+Request = tuple[Any, dict[str, Question], dict[str, DecodedImage] | None]
+"""A call's state, questions and image assets by reference (None: no image)."""
+
+
+def image_asset(value: Any) -> Any | None:
+    """What `decode_assets` reads of an image argument: a PIL image itself, a TypeSafe `Image`'s bytes or path;
+    None for any other value (the modules are checked only where they are loaded)."""
+    pil, typesafe = sys.modules.get("PIL.Image"), sys.modules.get("typesafe_sdk")
+    if pil is not None and isinstance(value, pil.Image):
+        return value
+    if typesafe is not None and isinstance(value, getattr(typesafe, "Image", ())):
+        return value.data
+    return None
+
+
+def with_references(value: Any, images: dict[str, DecodedImage]) -> Any:
+    """`value` with each image in it (top level, or in dicts, lists and tuples) replaced by its reference
+    `<image:...>` (its digest), the images decoded into `images` by reference (InvalidAssetError for a bad one)."""
+    asset = image_asset(value)
+    if asset is not None:
+        decoded = decode_assets({"argument": asset})["argument"]
+        reference = f"<image:{decoded.digest.hex()}>"
+        images[reference] = decoded
+        return reference
+    if isinstance(value, dict):
+        return {key: with_references(item, images) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [with_references(item, images) for item in value]
+    return value
 
 
 def state_of(signature: inspect.Signature, arguments: dict[str, Any]) -> Any:
@@ -313,27 +347,30 @@ class Decider(Generic[T]):
                                       scope=scope)
         self.questions = None if self.template is not None else self.compiled.questions
 
-    def request(self, args: tuple, kwargs: dict) -> tuple[Any, dict[str, Question]]:
-        """The state and the questions of one call (a templated docstring rendered with its arguments)."""
-        arguments = bound_arguments(self.signature, args, kwargs)
+    def request(self, args: tuple, kwargs: dict) -> Request:
+        """The state, questions and image assets of one call (a templated docstring rendered with its
+        arguments, images as their references)."""
+        images: dict[str, DecodedImage] = {}
+        arguments = {name: with_references(value, images)
+                     for name, value in bound_arguments(self.signature, args, kwargs).items()}
         state = state_of(self.signature, arguments)
         if self.template is None:
-            return state, self.compiled.questions
+            return state, self.compiled.questions, images or None
         try:
             context = self.template.render(arguments)
         except Exception as error:  # an undefined attribute, the sandbox, or a filter failing on these values
             raise InvalidStateError(f"{self.name}: its docstring template fails on this call's arguments: {error}") from error
-        return state, self.compiled.questions_for(context)
+        return state, self.compiled.questions_for(context), images or None
 
     def decide_sync(self, args: tuple, kwargs: dict) -> Decision[T]:
-        state, questions = self.request(args, kwargs)
-        return self.compiled.decision(self.engine.ask_sync(state, questions), questions)
+        state, questions, assets = self.request(args, kwargs)
+        return self.compiled.decision(self.engine.ask_sync(state, questions, assets=assets), questions)
 
     async def decide(self, args: tuple, kwargs: dict) -> Decision[T]:
-        state, questions = self.request(args, kwargs)
-        return self.compiled.decision(await self.engine.ask(state, questions), questions)
+        state, questions, assets = self.request(args, kwargs)
+        return self.compiled.decision(await self.engine.ask(state, questions, assets=assets), questions)
 
-    def requests(self, inputs: Iterable[Any]) -> list[tuple[Any, dict[str, Question]]]:
+    def requests(self, inputs: Iterable[Any]) -> list[Request]:
         """Each input's state and questions, all checked before anything is asked (MapInputError otherwise)."""
         one = len(self.signature.parameters) == 1
         requests = []
@@ -350,11 +387,12 @@ class Decider(Generic[T]):
                 raise MapInputError(self.name, index, error) from error
         return requests
 
-    async def ask_all(self, requests: list[tuple[Any, dict[str, Question]]]) -> list[Decision[T]]:
+    async def ask_all(self, requests: list[Request]) -> list[Decision[T]]:
         """Submit every request at once (they share rounds) and read the answers back in order."""
-        responses = await asyncio.gather(*(self.engine.ask(state, q) for state, q in requests), return_exceptions=True)
+        responses = await asyncio.gather(*(self.engine.ask(state, q, assets=assets) for state, q, assets in requests),
+                                         return_exceptions=True)
         decisions = []
-        for index, ((_, questions), response) in enumerate(zip(requests, responses)):
+        for index, ((_, questions, _), response) in enumerate(zip(requests, responses)):
             if isinstance(response, BaseException):
                 if isinstance(response, (EngineClosedError, QueueFullError)) or not isinstance(response, Exception):
                     raise response  # the engine's state, or a cancellation: no input is at fault

@@ -11,7 +11,8 @@ Code written against the TypeSafe System One SDK (`typesafe-sdk`) ports to flide
   (JSON bodies, zstd-compressed or not) and `GET /v1/models` from the engine.
 
 Errors map onto TypeSafe's hierarchy by HTTP status (`http_error`), the same table for the transport and
-for `as_typesafe_error`: a malformed body (not JSON, bad compression, image assets) is 400 (bad request);
+for `as_typesafe_error`: a malformed body (not JSON, bad compression, a malformed multipart form) is 400 (bad
+request); an image the engine cannot serve is 422 on `assets`;
 a question or state the engine rejects is 422 (unprocessable entity) with a FastAPI-style `detail` list; a
 prompt longer than the engine's limit is 400; a queue still full after `queue_timeout` is 429 (rate limit)
 with a `retry-after-ms` header; a closed engine is 503 (internal server error class, 5xx). The request's
@@ -25,8 +26,10 @@ httpx2's `BaseTransport` / `AsyncBaseTransport` and imports httpx2 only when it 
 from __future__ import annotations
 
 import datetime
+import re
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -34,6 +37,7 @@ import msgspec
 from flide_sdk.errors import (
     EngineClosedError,
     FlideError,
+    InvalidAssetError,
     InvalidQuestionError,
     InvalidStateError,
     QueueFullError,
@@ -68,6 +72,8 @@ def http_error(error: BaseException) -> tuple[int, Any, dict[str, str]]:
         return 422, _detail("questions", error), {}
     if isinstance(error, InvalidStateError):
         return 422, _detail("state", error), {}
+    if isinstance(error, InvalidAssetError):
+        return 422, _detail("assets", error), {}
     if isinstance(error, (StateTooLongError, RequestError)):
         return 400, {"detail": str(error)}, {}
     if isinstance(error, QueueFullError):
@@ -111,22 +117,76 @@ def _decompress(body: bytes, encoding: str) -> bytes:
         raise RequestError(f"the zstd request body does not decompress: {error}") from None
 
 
-def decode_request(content: bytes, headers: Mapping[str, str]) -> tuple[Any, Any]:
-    """(state, questions) of a `POST /v1/systemone` body; raises RequestError or the engine's input errors."""
-    if headers.get("content-type", "").split(";")[0].strip() == "multipart/form-data":
-        raise RequestError("image assets (multipart requests) are not supported by the local engine")
+@dataclass(frozen=True)
+class SystemOneRequest:
+    """A decoded `POST /v1/systemone` body: its state, questions and image assets by placeholder (None: none)."""
+
+    state: Any
+    questions: Any
+    assets: dict[str, Any] | None
+
+
+def _multipart(raw: bytes, content_type: str) -> dict[str, bytes]:
+    """The parts of a `multipart/form-data` body (RFC 7578) by name."""
+    boundary = next((p.strip().partition("=")[2].strip('"') for p in content_type.split(";")[1:]
+                     if p.strip().startswith("boundary=")), "")
+    if not boundary:
+        raise RequestError("a multipart request without a boundary")
+    delimiter = b"--" + boundary.encode("ascii", "replace")
+    chunks = raw.split(delimiter)
+    if len(chunks) < 3 or not chunks[-1].startswith(b"--"):
+        raise RequestError("the multipart body is not closed by its boundary")
+    parts = {}
+    for chunk in chunks[1:-1]:
+        head, found, content = chunk.removeprefix(b"\r\n").partition(b"\r\n\r\n")
+        name = re.search(rb'name="([^"]*)"', head) if found else None
+        if name is None:
+            raise RequestError("a multipart part without headers or a name")
+        parts[name[1].decode("ascii", "replace")] = content.removesuffix(b"\r\n")
+    return parts
+
+
+def decode_request(content: bytes, headers: Mapping[str, str]) -> SystemOneRequest:
+    """The state, questions and assets of a `POST /v1/systemone` body: JSON (zstd or not), or the TypeSafe SDK's
+    multipart form (a `request` JSON part, each image asset naming its part); raises RequestError or the engine's
+    input errors."""
     raw = _decompress(content, headers.get("content-encoding", "").strip().lower())
+    content_type = headers.get("content-type", "")
+    parts: dict[str, bytes] = {}
+    if content_type.split(";")[0].strip() == "multipart/form-data":
+        parts = _multipart(raw, content_type)
+        if "request" not in parts:
+            raise RequestError("a multipart request without its 'request' part")
+        raw = parts.pop("request")
     try:
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as error:
         raise RequestError(f"the request body is not valid JSON: {error}") from None
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object with 'state' and 'questions'")
-    if "assets" in body:
-        raise RequestError("image assets are not supported by the local engine")
     if "state" not in body:
         raise InvalidStateError("the request has no 'state'")
-    return body["state"], body.get("questions")
+    assets = body.get("assets")
+    if assets is not None:
+        if not isinstance(assets, dict):
+            raise InvalidAssetError("assets", "must map placeholders to asset objects")
+        if not assets:
+            raise RequestError("an empty 'assets': leave it out when the request sends no images")
+        assets = {name: _asset(name, entry, parts) for name, entry in assets.items()}
+    return SystemOneRequest(body["state"], body.get("questions"), assets)
+
+
+def _asset(name: str, entry: Any, parts: Mapping[str, bytes]) -> Any:
+    """An asset entry as the engine takes it: the bytes of the part it names (its format is read from them), else
+    the entry itself (`data_base64`)."""
+    if isinstance(entry, dict) and entry.get("part") is not None:
+        if entry.get("type", "image") != "image":
+            raise InvalidAssetError(name, f"asset type {entry.get('type')!r} is not served (only 'image')")
+        data = parts.get(entry["part"])
+        if data is None:
+            raise InvalidAssetError(name, f"names the part {entry['part']!r}, which the request does not hold")
+        return data
+    return entry
 
 
 class Transport:
@@ -146,8 +206,9 @@ class Transport:
         if route is not None:
             return route
         try:
-            state, questions = decode_request(request.content, request.headers)
-            answers = await self.engine.ask(state, questions, queue_timeout=self.queue_timeout)
+            body = decode_request(request.content, request.headers)
+            answers = await self.engine.ask(body.state, body.questions, assets=body.assets,
+                                            queue_timeout=self.queue_timeout)
         except Exception as error:  # every failure becomes the HTTP error a client maps to its exception
             return self._error(request, error)
         return self._answers(request, answers)
@@ -159,8 +220,9 @@ class Transport:
         if route is not None:
             return route
         try:
-            state, questions = decode_request(request.content, request.headers)
-            answers = self.engine.ask_sync(state, questions, queue_timeout=self.queue_timeout)
+            body = decode_request(request.content, request.headers)
+            answers = self.engine.ask_sync(body.state, body.questions, assets=body.assets,
+                                           queue_timeout=self.queue_timeout)
         except Exception as error:  # every failure becomes the HTTP error a client maps to its exception
             return self._error(request, error)
         return self._answers(request, answers)

@@ -52,6 +52,7 @@ class VisionConfig:
     image_token_id: int
     vision_start_token_id: int
     vision_end_token_id: int
+    mrope_section: tuple[int, ...]  # the language model's rotary frequencies per (t, h, w) axis (`mrope_axes`)
 
     @property
     def head_dim(self) -> int:
@@ -87,7 +88,11 @@ class VisionConfig:
                 image_token_id=int(raw.get("image_token_id", 248056)),
                 vision_start_token_id=int(raw.get("vision_start_token_id", 248053)),
                 vision_end_token_id=int(raw.get("vision_end_token_id", 248054)),
+                mrope_section=tuple(int(x) for x in ((raw.get("text_config") or {}).get("rope_parameters") or {})
+                                    .get("mrope_section", (11, 11, 10))),
             )
+            if len(config.mrope_section) != 3 or min(config.mrope_section) < 0:
+                raise ValueError(f"text_config.rope_parameters.mrope_section {list(config.mrope_section)}")
             sizes = (config.depth, config.hidden_size, config.intermediate_size, config.num_heads, config.in_channels,
                      config.patch_size, config.temporal_patch_size, config.spatial_merge_size,
                      config.out_hidden_size, config.num_position_embeddings)

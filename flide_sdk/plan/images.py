@@ -13,16 +13,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from flide_sdk.models.qwen35_vision import ImageSpan
+from flide_sdk.models.qwen35_vision import ImagePatches, ImageSpan
 from flide_sdk.plan.requests import RequestSpec
 
 
 @dataclass(frozen=True)
 class TrunkImages:
-    """A trunk's images in prompt order: each one's pads (`ImageSpan`, prompt indices) and its digest."""
+    """A trunk's images in prompt order: each one's pads (`ImageSpan`, prompt indices), its digest and the patches
+    the tower reads."""
 
     spans: tuple[ImageSpan, ...]
     digests: tuple[bytes, ...]
+    patches: tuple[ImagePatches, ...]
+
+    def marks(self, length: int) -> list[tuple[int, bytes]]:
+        """(first pad, digest) of each image starting before `length`: what a prefix of the trunk holds besides
+        its tokens."""
+        return [(span.start, digest) for span, digest in zip(self.spans, self.digests) if span.start < length]
 
     def offsets(self) -> np.ndarray:
         """The position offset (position - index) of the text after each image, cumulated."""
@@ -71,3 +78,39 @@ def stream_positions(requests: Sequence[RequestSpec], images: Sequence[TrunkImag
             out[:, cursor + computed:cursor + computed + branch] += trunk_images.final_offset
         cursor += computed + branch
     return out
+
+
+@dataclass(frozen=True)
+class PadRows:
+    """The image pads a round computes: their stream rows, and for each the row of the tower's output it takes;
+    the tower runs once over `patches`, each distinct image (by digest) once, in order of first use."""
+
+    stream: np.ndarray
+    tower: np.ndarray
+    patches: tuple[ImagePatches, ...]
+
+
+def pad_rows(requests: Sequence[RequestSpec], images: Sequence[TrunkImages | None]) -> PadRows:
+    """The pads of `requests` (and their forks, depth first, `images` of each in that order) inside the tokens
+    each computes: pads already in a checkpoint are not computed, so their images are not encoded again."""
+    first: dict[bytes, int] = {}  # digest -> its first tower row
+    patches: list[ImagePatches] = []
+    stream, tower = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    cursor, rows = 0, 0
+    specs = [spec for request in requests for spec in request.tree()]
+    for spec, trunk_images in zip(specs, images, strict=True):
+        computed = len(spec.trunk)
+        found = () if trunk_images is None else zip(trunk_images.spans, trunk_images.digests, trunk_images.patches)
+        for span, digest, picture in found:
+            pads = span.rows * span.cols
+            low, high = max(span.start, spec.start), min(span.start + pads, spec.start + computed)
+            if low >= high:
+                continue
+            if digest not in first:
+                first[digest] = rows
+                patches.append(picture)
+                rows += pads
+            stream.append(cursor + np.arange(low, high) - spec.start)
+            tower.append(first[digest] + np.arange(low, high) - span.start)
+        cursor += computed + int(spec.branches.lengths.sum())
+    return PadRows(np.concatenate(stream), np.concatenate(tower), tuple(patches))

@@ -13,6 +13,7 @@ from flide_sdk.errors import CheckpointError, InvalidOptionError
 from flide_sdk.models.decision import DecisionSpec, read_decision
 from flide_sdk.prompt.base import PromptFormat, Rendered, RenderedQuestion, TrunkQuestions
 from flide_sdk.prompt.chat import ChatFormat, chat_template, special_tokens_of
+from flide_sdk.prompt.images import ImagePrompt
 from flide_sdk.prompt.template import TemplateFormat
 from flide_sdk.text.tokens import Tokens
 
@@ -31,13 +32,14 @@ def load_format(path: Path, raw_config: dict, tokens: Tokens, rendering: str = "
         raise InvalidOptionError(f"rendering={rendering!r} is for plain models; {spec.source} gives this "
                                  "decision model's own prompt")
     template, source = chat_template(path)
+    images = ImagePrompt.of_checkpoint(path, raw_config)
     if spec is None and rendering == "flide":
         try:
-            return ChatFormat(tokens, template, special_tokens_of(path))
+            return ChatFormat(tokens, template, special_tokens_of(path), images)
         except CheckpointError as error:  # the tokenizer passed its checks: this is the template's
             raise CheckpointError(f"{source}: {error}") from error
     return TemplateFormat(spec or GENERIC, tokens, template, special_tokens_of(path),
-                          "transformers" if spec is None else "decision")
+                          "transformers" if spec is None else "decision", images)
 
 
 __all__ = ["PromptFormat", "Rendered", "RenderedQuestion", "TrunkQuestions", "load_format"]

@@ -12,7 +12,7 @@ import json
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import jinja2
 import jinja2.ext
@@ -20,10 +20,14 @@ import jinja2.sandbox
 import numpy as np
 
 from flide_sdk.errors import InvalidQuestionError, StateTooLongError
+from flide_sdk.images import DecodedImage
 from flide_sdk.models.decision import DecisionSpec
 from flide_sdk.questions import Question, State
 from flide_sdk.text.history import History, StateLog, Trunk
 from flide_sdk.text.tokens import Tokens
+
+if TYPE_CHECKING:
+    from flide_sdk.prompt.images import RequestImages
 
 LETTERS = tuple(string.ascii_uppercase)
 CHARS_PER_TOKEN = 32  # a rendered text longer than this many characters per allowed token is refused unencoded
@@ -83,9 +87,14 @@ class PromptFormat(Protocol):
     def new_state(self) -> History | StateLog:
         """An empty session state: what `Session.append` grows and `snapshot()` gives `parts`."""
 
-    def parts(self, state: State | Trunk, questions: Mapping[str, Question]) -> list[TrunkQuestions]:
-        """The trunks of an ask (a one-off state, or a session's snapshot) and each question's branch; bad input
-        raises InvalidQuestionError / InvalidStateError / StateTooLongError here, before anything is queued."""
+    def request_images(self, assets: Mapping[str, DecodedImage]) -> RequestImages | None:
+        """A request's images as this format places them; InvalidAssetError when it cannot (no vision tower)."""
+
+    def parts(self, state: State | Trunk, questions: Mapping[str, Question],
+              assets: Mapping[str, DecodedImage] | None = None) -> list[TrunkQuestions]:
+        """The trunks of an ask (a one-off state, or a session's snapshot) and each question's branch, with the
+        images of `assets` where the state names them; bad input raises InvalidQuestionError / InvalidStateError /
+        InvalidAssetError / StateTooLongError here, before anything is queued."""
 
 
 def as_rendered(parts: list[TrunkQuestions]) -> Rendered:

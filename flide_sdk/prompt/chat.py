@@ -23,11 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from flide_sdk.errors import CheckpointError, InvalidQuestionError
+from flide_sdk.errors import CheckpointError, InvalidAssetError, InvalidQuestionError
+from flide_sdk.images import DecodedImage
 from flide_sdk.models.checkpoint import read_json
 from flide_sdk.prompt.base import LETTERS, RenderedQuestion, TrunkQuestions, check_lengths, environment
+from flide_sdk.prompt.images import ImagePrompt, RequestImages
 from flide_sdk.questions import Choice, Noul, Question, Score, State
-from flide_sdk.text.history import SEPARATOR, History, Trunk, prompt_text
+from flide_sdk.text.history import SEPARATOR, History, TokenBuffer, Trunk, chain_hashes, prompt_text
 from flide_sdk.text.tokens import Tokens, trim
 
 DIGITS = tuple("0123456789")
@@ -227,8 +229,10 @@ class ChatFormat:
     decision = None
     spec = None
 
-    def __init__(self, tokens: Tokens, template_source: str, special_tokens: Mapping[str, str] | None = None) -> None:
+    def __init__(self, tokens: Tokens, template_source: str, special_tokens: Mapping[str, str] | None = None,
+                 images: ImagePrompt | None = None) -> None:
         self.tokens = tokens
+        self.images = images  # the checkpoint's image tokens (None: it reads no images)
         turn = split_user_turn(template_source, special_tokens)
         check_branch_start(turn, tokens)
         self.head, self.tail, self.trims = turn.head, turn.tail, turn.trims
@@ -243,7 +247,10 @@ class ChatFormat:
                    special_tokens_of(Path(path)))
 
     def new_state(self) -> History:
-        return self.tokens.history(self.head, self.trims)
+        history = self.tokens.history(self.head, self.trims)
+        if self.images is not None:
+            history.image_builder = self.images.trunk_images
+        return history
 
     def trunk(self, state: Any) -> Trunk:
         """The trunk of a one-off ask about `state`, with its stable boundary."""
@@ -254,11 +261,47 @@ class ChatFormat:
         content = prompt_text(state) + SEPARATOR + question_text(question)
         return self.head + (content.strip() if self.trims else content) + self.tail
 
-    def parts(self, state: State | Trunk, questions: Mapping[str, Question]) -> list[TrunkQuestions]:
+    def parts(self, state: State | Trunk, questions: Mapping[str, Question],
+              assets: Mapping[str, DecodedImage] | None = None) -> list[TrunkQuestions]:
         rendered = self.render_questions(questions)
-        parts = [TrunkQuestions(state if isinstance(state, Trunk) else self.trunk(state), rendered)]
+        if assets:
+            if isinstance(state, Trunk):
+                raise InvalidAssetError(next(iter(assets)), "a session's images are appended with its messages")
+            trunk = self.image_trunk(prompt_text(state), self.request_images(assets))
+        else:
+            trunk = state if isinstance(state, Trunk) else self.trunk(state)
+        parts = [TrunkQuestions(trunk, rendered)]
         check_lengths(self.tokens, parts)
         return parts
+
+    def request_images(self, assets: Mapping[str, DecodedImage]) -> RequestImages:
+        if self.images is None:
+            raise InvalidAssetError(next(iter(assets)), "this model reads no images (no vision tower and "
+                                                        "preprocessor_config.json)")
+        return self.images.request(assets)
+
+    def image_trunk(self, body: str, images: RequestImages) -> Trunk:
+        """The trunk of a one-off state whose text names images: its text pieces encoded apart with the images'
+        tokens between them, stable up to the last image's end (added tokens: the tokenizer splits there), the
+        text after it as `trunk` cuts a state's."""
+        images.check(body)
+        if self.trims:
+            body = body.lstrip()
+        pieces = images.split(self.head + body)
+        last = max((index for index, piece in enumerate(pieces) if isinstance(piece, int)), default=-1)
+        if last < 0:
+            return self.trunk(body)
+        before = "".join(images.names[p] if isinstance(p, int) else p for p in pieces[: last + 1])
+        after = "".join(pieces[last + 1 :])
+        rest = self.tokens.trunk("", after)  # `after` then the blank line
+        buffer = TokenBuffer(max(256, len(self.head) + len(body)))
+        buffer.extend(images.encode(before, lambda text: self.tokens.encode_cut(text, 0)[0]))
+        buffer.extend(rest.stable)
+        stable = buffer.view()
+        trunk_images = images.trunk_images(stable, images.order(before))
+        buffer.images = [] if trunk_images is None else trunk_images.marks(len(stable))
+        return Trunk(stable, rest.tail, chain_hashes(stable, marks=buffer.images), buffer,
+                     len(stable) + len(rest.tail), trunk_images)
 
     def render_questions(self, questions: Mapping[str, Question]) -> dict[str, RenderedQuestion]:
         """Each question's branch. A question of plain-text content is rendered once, then served from a cache

@@ -26,10 +26,19 @@ import jinja2.meta
 import numpy as np
 from tokenizers import AddedToken, Tokenizer
 
-from flide_sdk.errors import CheckpointError, InvalidQuestionError, InvalidStateError, StateTooLongError
+from flide_sdk.errors import (
+    CheckpointError,
+    InvalidAssetError,
+    InvalidQuestionError,
+    InvalidStateError,
+    StateTooLongError,
+)
+from flide_sdk.images import DecodedImage
 from flide_sdk.models.decision import DecisionSpec
+from flide_sdk.plan.images import TrunkImages
 from flide_sdk.prompt.base import LETTERS, RenderedQuestion, TrunkQuestions, check_lengths, environment, render_bounded
 from flide_sdk.prompt.chat import QUESTION_CACHE, Turn, content_key, split_turn
+from flide_sdk.prompt.images import ImagePrompt, RequestImages
 from flide_sdk.prompt.templates import builtin_template, generic_prompt
 from flide_sdk.questions import Choice, Noul, Question, Score, State
 from flide_sdk.text.history import StateLog, TokenBuffer, Trunk, chain_hashes, prompt_text
@@ -107,13 +116,15 @@ class PromptGroup:
     boundary: int
     branches: dict[str, np.ndarray]
 
-    def as_trunk(self) -> Trunk:
+    def as_trunk(self, images: TrunkImages | None = None) -> Trunk:
         buffer = TokenBuffer(max(256, len(self.trunk)))
         buffer.extend(self.trunk[: self.boundary])
         stable = buffer.view()
         tail = self.trunk[self.boundary:].copy()
         tail.flags.writeable = False
-        return Trunk(stable, tail, chain_hashes(stable), buffer, len(self.trunk))
+        marks = [] if images is None else images.marks(self.boundary)
+        buffer.images = marks
+        return Trunk(stable, tail, chain_hashes(stable, marks=marks), buffer, len(self.trunk), images)
 
 
 def with_save_mark(state: Any) -> Any | None:
@@ -135,11 +146,13 @@ def with_save_mark(state: Any) -> Any | None:
 
 class TemplateFormat:
     """Renders (state, questions) with a decision spec into groups of trunk + branches and each question's
-    read ids and temperature. `name`: "transformers" for the generic prompt of a plain model, else "decision"."""
+    read ids and temperature. `name`: "transformers" for the generic prompt of a plain model, else "decision".
+    `images`: the checkpoint's image tokens (None: it reads no images); the generic prompt places a request's
+    images where its text names them, as the pipeline's processor does."""
 
     def __init__(self, spec: DecisionSpec, tokens: Tokens, chat_template: str, special_tokens: Mapping[str, str],
-                 name: str) -> None:
-        self.spec, self.tokens, self.name = spec, tokens, name
+                 name: str, images: ImagePrompt | None = None) -> None:
+        self.spec, self.tokens, self.name, self.images = spec, tokens, name, images
         self.decision = None if name == "transformers" else spec.source
         # its own copy of the tokenizer: the sentinels are added to it
         self.tokenizer = Tokenizer.from_str(tokens.tokenizer.to_str())
@@ -264,29 +277,37 @@ class TemplateFormat:
         except (CheckpointError, InvalidQuestionError, StateTooLongError):
             return None
 
-    def _encode(self, text: str, cut: Cut, parts: dict[str, Encoded]) -> tuple[Encoded, Encoded]:
+    def _encode(self, text: str, cut: Cut, parts: dict[str, Encoded],
+                images: RequestImages | None) -> tuple[Encoded, Encoded]:
         """The ids of `text` before its save point and after it, sentinels dropped. Each part is encoded in
         pieces cut at stable boundaries (the tokenization splits there whatever follows): the part before the
         save point and the state's end after it once for the texts of an ask sharing them (`parts`), and what
         follows the state once per text (a cache: the same questions give the same text there). Texts holding
-        marked control tokens are encoded whole, with no save point."""
+        marked control tokens are encoded whole, with no save point. A request's images are spliced in where
+        its text names them (`images`)."""
         if START in text or END in text:
-            return NO_HEAD, self._drop_sentinels(self.encoder.encode(text))
+            encoded = self.encoder.encode(text) if images is None else images.encode(text, self.encoder.encode)
+            return NO_HEAD, self._drop_sentinels(encoded)
         if not cut.save:
-            return NO_HEAD, self._drop_sentinels(self._piece(text))
+            return NO_HEAD, self._drop_sentinels(self._piece(text, images))
         end = len(cut.before)
         middle = self._first_boundary(text, end, end + AFTER_STATE) or cut.save
+        if images is not None:
+            middle = max(images.outside(text, middle), cut.save)
         head, state_end, rest = text[: cut.save], text[cut.save : middle], text[middle:]
         for part in (head, state_end):
             if part not in parts:
-                parts[part] = self._drop_sentinels(self._piece(part))
-        with self._lock:
-            after = self._after.get(rest)
-        if after is None:
-            after = self._drop_sentinels(self._piece(rest))
+                parts[part] = self._drop_sentinels(self._piece(part, images))
+        if images is not None and images.holds(rest):  # not cached: its ids are this request's images'
+            after = self._drop_sentinels(self._piece(rest, images))
+        else:
             with self._lock:
-                self._after[rest] = after
-                trim(self._after, TEXT_CACHE)
+                after = self._after.get(rest)
+            if after is None:
+                after = self._drop_sentinels(self._piece(rest))
+                with self._lock:
+                    self._after[rest] = after
+                    trim(self._after, TEXT_CACHE)
         before = parts[state_end]
         return parts[head], Encoded(np.concatenate([before.ids, after.ids]),
                                     np.concatenate([before.marks, len(before.ids) + after.marks]))
@@ -295,8 +316,11 @@ class TemplateFormat:
         keep = (raw != self.sentinels[0]) & (raw != self.sentinels[1])
         return Encoded(raw[keep], np.cumsum(keep)[raw == self.sentinels[0]])
 
-    def _piece(self, text: str) -> np.ndarray:
-        """The ids of `text`: the word encoder (sentinels split out first), else the tokenizer."""
+    def _piece(self, text: str, images: RequestImages | None = None) -> np.ndarray:
+        """The ids of `text`: the word encoder (sentinels split out first), else the tokenizer; the images of
+        `images` where their placeholders are."""
+        if images is not None and images.holds(text):
+            return images.encode(text, self._piece)
         if not _SENTINEL_SPLIT.search(text):
             return self.tokens.encode_cut(text, 0)[0]
         parts = []
@@ -310,14 +334,16 @@ class TemplateFormat:
                 parts.append(ids)
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
-    def _cut(self, marked: str) -> Cut | None:
-        """The save point of a text rendered with a SAVE mark: the last stable boundary before the mark (None:
-        none, or the mark first)."""
+    def _cut(self, marked: str, images: RequestImages | None) -> Cut | None:
+        """The save point of a text rendered with a SAVE mark: the last stable boundary before the mark, or the
+        start of a placeholder it falls in (None: none, or the mark first)."""
         at = marked.find(SAVE)
         if at < 1:
             return None
         before = marked[:at]
         save = self._boundary(before, 1)
+        if save is not None and images is not None:
+            save = images.outside(before, save) or None
         return None if save is None else Cut(before, save)
 
     def _boundary(self, text: str, low: int) -> int | None:
@@ -335,13 +361,15 @@ class TemplateFormat:
             return None
         return found
 
-    def prompts(self, state: Any, questions: list[TemplateQuestion]) -> list[Prompt]:
+    def prompts(self, state: Any, questions: list[TemplateQuestion], images: RequestImages | None = None) -> list[Prompt]:
         """Each prompt (sentinels dropped), with its read positions and save point: one prompt per question, or
         one for all when the template reads `questions`. The save point is found in a render with the SAVE mark
         (of the first question of a group), and serves every prompt whose text starts as that render's did up
         to the mark: the text before it is then the true prompt's (a template that reads the state's text
         finds no save point)."""
         state_text = prompt_text(state)  # InvalidStateError, before a template meets a state no prompt can hold
+        if images is not None:
+            images.check(state_text)
         if not self.spec.sanitize and (MARK in state_text or SPLIT in state_text):
             state = strip_sentinels(state)  # the template escapes nothing: sentinels in the request are dropped
         shown_state = self.encoder.mark(state) if self.spec.sanitize else state
@@ -353,7 +381,7 @@ class TemplateFormat:
             text = self._render(shown_state, group, shown)
             cut = next((c for c in found if text.startswith(c.before)), None)
             if cut is None and saved_state is not None and SAVE not in text:
-                cut = self._cut(self._render(saved_state, group[:1], shown))
+                cut = self._cut(self._render(saved_state, group[:1], shown), images)
                 if cut is not None and text.startswith(cut.before):
                     found.append(cut)
                 else:
@@ -363,7 +391,7 @@ class TemplateFormat:
         parts: dict[str, Encoded] = {}
         out = []
         for group, text, cut in zip(groups, texts, cuts):
-            head, tail = self._encode(text, cut, parts)
+            head, tail = self._encode(text, cut, parts, images)
             marks = np.concatenate([head.marks, len(head.ids) + tail.marks])
             if len(marks) == 0 and len(group) == 1:
                 marks = np.asarray([len(head.ids) + len(tail.ids)])
@@ -379,28 +407,49 @@ class TemplateFormat:
         return out
 
     # ----------------------------------------------------------------------------------------- groups
-    def parts(self, state: State, questions: Mapping[str, Question]) -> list[TrunkQuestions]:
-        """A request's trunks, each with its questions' branches, read ids, labels and temperatures."""
+    def parts(self, state: State, questions: Mapping[str, Question],
+              assets: Mapping[str, DecodedImage] | None = None) -> list[TrunkQuestions]:
+        """A request's trunks, each with its questions' branches, read ids, labels and temperatures (and the
+        images of `assets` its trunk holds)."""
         if isinstance(state, Trunk):
             raise InvalidStateError(f"{self.spec.source} renders the state itself; pass the state, not a trunk")
+        images = self.request_images(assets)
         views = {name: self.view(name, question) for name, question in questions.items()}
-        groups, texts = self.groups(state, list(views.values()))
+        groups, texts = self.groups(state, list(views.values()), images)
         out = []
         for group in groups:
+            trunk_images = None
+            if images is not None:
+                order = images.order(texts[next(iter(group.branches))])
+                pads = any((branch == images.pad_id).any() for branch in group.branches.values())
+                trunk_images = images.trunk_images(group.trunk, order, pads)
             rendered = {}
             for name, branch in group.branches.items():
                 view = views[name]
                 branch.flags.writeable = False
                 rendered[name] = RenderedQuestion(branch, self.read_ids(view), view.read_labels, texts[name],
                                                   temperature=self.temperature(view.kind), shared=self.reads_all)
-            out.append(TrunkQuestions(group.as_trunk(), rendered))
+            out.append(TrunkQuestions(group.as_trunk(trunk_images), rendered))
         check_lengths(self.tokens, out)
         return out
 
-    def groups(self, state: Any, questions: list[TemplateQuestion]) -> tuple[list[PromptGroup], dict[str, str]]:
+    def request_images(self, assets: Mapping[str, DecodedImage] | None) -> RequestImages | None:
+        """A request's images as this format places them (None: none); InvalidAssetError when it cannot."""
+        if not assets:
+            return None
+        if self.images is None:
+            raise InvalidAssetError(next(iter(assets)), "this model reads no images (no vision tower and "
+                                                        "preprocessor_config.json)")
+        if not self.generic:
+            raise InvalidAssetError(next(iter(assets)), f"{self.spec.source} prints the state itself; images are "
+                                                        "placed by the generic prompt only")
+        return self.images.request(assets)
+
+    def groups(self, state: Any, questions: list[TemplateQuestion],
+               images: RequestImages | None = None) -> tuple[list[PromptGroup], dict[str, str]]:
         """The questions' trunks and branches, and each question's whole prompt text. The one prompt of a template
         that reads `questions` is one trunk, up to the first read token, and one branch read at every mark."""
-        prompts = self.prompts(state, questions)
+        prompts = self.prompts(state, questions, images)
         if self.reads_all:
             (prompt,) = prompts
             ids = np.concatenate([prompt.head, prompt.tail])

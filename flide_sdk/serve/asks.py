@@ -72,6 +72,7 @@ class Ask:
             and a.boundary == b.boundary
             and a.block_hash(a.boundary // BLOCK) == b.block_hash(b.boundary // BLOCK)  # stored hashes: a quick no
             and np.array_equal(a.tail, b.tail)
+            and a.marks(len(a)) == b.marks(len(b))
             and a.prefix_equals(b.buffer, b.boundary)
         )
 

@@ -3,6 +3,8 @@
 `launch` plans each request's checkpoint save at its stable boundary, lays the round out as one flat stream
 and starts the model on it: the replay of the smallest captured CUDA graph it fits, or an eager forward (CPU,
 or a round larger than every graph). It publishes the new checkpoints at once (device work is stream-ordered).
+A round whose trunks hold images runs eagerly: the vision tower encodes each distinct image whose pads the round
+computes once (batched over them), and the forward takes its rows and the round's M-RoPE positions (`RoundImages`).
 `finish` waits for the one copy of the label log-probabilities to the host and resolves each ask's future (a
 text-scored question's come from its reads' log-probabilities, summed on the host); the option probabilities
 are their softmax at each question's temperature, in float64 (`tempered`).
@@ -22,15 +24,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from flide_sdk.device.graphs import GraphRunner, Launch
 from flide_sdk.device.pool import Checkpoint, CheckpointPool, PlannedSave, token_bytes
 from flide_sdk.kernels.plans import GDN_CHUNK
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
+from flide_sdk.models.qwen35_vision import Vision, mrope_axes
 from flide_sdk.options import default_pool_bytes, on_device
 from flide_sdk.plan.capacity import capacity_ladder
-from flide_sdk.plan.layout import Branches, HostRound, RequestSpec, Resume, RoundPlan, Save
+from flide_sdk.plan.images import TrunkImages, pad_rows, stream_positions
+from flide_sdk.plan.layout import Branches, HostRound, RequestSpec, Resume, RoundImages, RoundPlan, Save
 from flide_sdk.questions import Answer, SystemOneResponse, Usage
 from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.scheduler import Request, RoundBatch, RoundLimits, asks_of, schedule
@@ -56,9 +61,10 @@ class Launched:
 
 def build_executor(model: Qwen35Model, ops: Ops, tokens: Tokens, pool_bytes: int | None,
                    pool_checkpoints: int | None, max_round_tokens: int, max_round_requests: int, graphs: bool,
-                   stats: Stats, name: str, startup: Startup, batch_invariant: bool = False) -> Executor:
+                   stats: Stats, name: str, startup: Startup, batch_invariant: bool = False,
+                   vision: Vision | None = None) -> Executor:
     """An engine's executor: its checkpoint pool (capped at `pool_bytes`, default `default_pool_bytes`) and, with
-    `graphs`, the graph ladder up to `max_round_tokens`. Batch-invariant: checkpoints only at multiples of
+    `graphs`, the graph ladder up to `max_round_tokens`; `vision`: the checkpoint's vision tower, if any. Batch-invariant: checkpoints only at multiples of
     GDN_CHUNK tokens, so a resumed trunk runs the chunks (and attention key blocks) of a fresh one."""
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     cap = default_pool_bytes(device, token_bytes(model.config, dtype)) if pool_bytes is None else pool_bytes
@@ -83,7 +89,7 @@ def build_executor(model: Qwen35Model, ops: Ops, tokens: Tokens, pool_bytes: int
         runner = GraphRunner(model, ops, caches, ladder, pool.state_rows, pool.window_sink, pool.kv_sink)
         limits = RoundLimits(max_round_tokens - 1, max_round_requests, ladder[-1].questions, ladder[-1].pages,
                              save_align, batch_invariant)
-    return Executor(model, ops, pool, caches, runner, tokens.words, stats, name, limits, startup)
+    return Executor(model, ops, pool, caches, runner, tokens.words, stats, name, limits, startup, vision)
 
 
 def still_asked(request: Request) -> bool:
@@ -99,8 +105,9 @@ class Executor:
 
     def __init__(self, model: Qwen35Model, ops: Ops, pool: CheckpointPool, caches: list[LayerCache],
                  graphs: GraphRunner | None, words: WordEncoder, stats: Stats, name: str, limits: RoundLimits,
-                 startup: Startup) -> None:
+                 startup: Startup, vision: Vision | None = None) -> None:
         self.model = model
+        self.vision = vision
         self.ops = ops
         self.pool = pool
         self.graphs = graphs
@@ -117,6 +124,8 @@ class Executor:
         if not self.capturing:
             self.captured.set()
         self.device = model.embed_tokens.weight.device
+        self.axes = None if vision is None else torch.from_numpy(
+            mrope_axes(model.config.rotary_dim, list(vision.config.mrope_section))).to(self.device)
 
     def select(self, queue: Iterable[Ask]) -> RoundBatch:
         """Schedule the next round and pin the checkpoints it resumes from; its asks are marked running (an
@@ -145,10 +154,14 @@ class Executor:
                                  not self.limits.batch_invariant, self.pool.sliding)
                 planned, cpu_planned = time.perf_counter(), time.thread_time()
                 self.pool.copy_pages(saves)
-                launch = None if self.graphs is None else self.graphs.launch(plan)
-                if launch is None and self.capturing:  # a text capacity this round needs is now pending
-                    self.captured.clear()
-                result = launch if launch is not None else self._run_eager(plan)
+                images = [r.trunk.images for request in batch.requests for r in request.tree()]
+                if any(found is not None for found in images):
+                    result = self._run_images(plan, specs, images)
+                else:
+                    launch = None if self.graphs is None else self.graphs.launch(plan)
+                    if launch is None and self.capturing:  # a text capacity this round needs is now pending
+                        self.captured.clear()
+                    result = launch if launch is not None else self._run_eager(plan)
             except Exception as error:
                 for save in saves:
                     self.pool.abort(save)
@@ -260,6 +273,26 @@ class Executor:
         if logprobs is not None:
             return logprobs
         readout = self.model(HostRound.of(plan).to(self.device), self.ops, self.caches)
+        return plan.text_reads.scores(readout.label_logprobs.cpu().numpy(), readout.text_logprobs.cpu().numpy())
+
+    def _run_images(self, plan: RoundPlan, specs: list[RequestSpec], images: list[TrunkImages | None]) -> np.ndarray:
+        """A round whose trunks hold images, eagerly: the tower over the distinct images whose pads it computes
+        (none for a trunk resumed past its images), their rows at the pads, the round's M-RoPE positions."""
+        if self.vision is None:
+            raise RuntimeError("a round holds images, but this engine has no vision tower")
+        host = HostRound.of(plan)
+        pads = pad_rows(specs, images)
+        hidden = self.model.config.hidden_size
+        embeds = torch.zeros(0, hidden, device=self.device)
+        if pads.patches:
+            with torch.inference_mode():
+                embeds = torch.cat(self.vision.tower(list(pads.patches)))[torch.from_numpy(pads.tower).to(self.device)]
+        rnd = host.to(self.device)
+        rnd.images = RoundImages(torch.from_numpy(pads.stream).to(self.device), embeds,
+                                 torch.from_numpy(stream_positions(specs, images, host.positions)).to(self.device),
+                                 self.axes)
+        readout = self.model(rnd, self.ops, self.caches)
+        self.stats.add(image_rounds=1, images_encoded=len(pads.patches))
         return plan.text_reads.scores(readout.label_logprobs.cpu().numpy(), readout.text_logprobs.cpu().numpy())
 
     def _request_spec(self, request: Request, saves: list[PlannedSave], base: Checkpoint | None = None,

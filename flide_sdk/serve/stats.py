@@ -13,7 +13,7 @@ STAT_KEYS = (
     "select_seconds", "plan_seconds", "spec_seconds", "launch_seconds", "buffer_wait_seconds", "pad_seconds",
     "replay_call_seconds", "replay_seconds", "finish_seconds", "graphs_captured", "capture_seconds",
     "graph_memory_bytes", "submit_cpu_seconds", "plan_cpu_seconds", "launch_cpu_seconds", "load_seconds",
-    "first_answer_ready_seconds",
+    "first_answer_ready_seconds", "image_rounds", "images_encoded",
 )
 
 
