@@ -21,6 +21,7 @@ from flide_sdk.images import Assets, decode_assets
 from flide_sdk.models.checkpoint import DecoderModel, load_model, read_config, read_raw_config
 from flide_sdk.models.fp8 import check_weights, holds_fp8, read_layout
 from flide_sdk.models.ops import Ops, ops_for
+from flide_sdk.models.gemma4_vision import GemmaVision, load_gemma_vision
 from flide_sdk.models.qwen35_vision import Vision, load_vision
 from flide_sdk.options import (
     MAX_PENDING,
@@ -75,7 +76,7 @@ class Engine:
         batch_invariant: bool = False,
         name: str = "qwen3.5",
         startup: Startup | None = None,
-        vision: Vision | None = None,
+        vision: Vision | GemmaVision | None = None,
     ) -> None:
         check_options(model.config.max_position_embeddings, max_prompt_tokens=prompt.tokens.max_prompt_tokens,
                        pool_bytes=pool_bytes, pool_checkpoints=pool_checkpoints, max_round_tokens=max_round_tokens,
@@ -173,7 +174,8 @@ class Engine:
         with on_device(device):  # what loading runs on the device runs on this one, the caller's device kept
             spec = prompt.spec
             model = load_model(path, device, dtype, spec and spec.head, spec and spec.adapter, weights)
-            vision = load_vision(path, device, dtype)  # None: the checkpoint reads no images
+            # None: the checkpoint reads no images
+            vision = load_vision(path, device, dtype) or load_gemma_vision(path, device, dtype)
             return cls(model, prompt, device, graphs=graphs, batch_invariant=batch_invariant, name=Path(path).name,
                        startup=startup, vision=vision,
                        max_round_tokens=max_round_tokens or (16384 if device.type == "cuda" else 8192), **options)

@@ -1,7 +1,8 @@
 """A tiny Gemma 4 vision-language checkpoint built by transformers, with its image processor, for the vision tests.
 
 The text decoder is test_gemma4's tiny one with image tokens attending both ways (`use_bidirectional_attention:
-"vision"`, as the 26B and 31B releases); the vision tower is small (2 layers, 4-pixel patches, 3x3 pooling, at most
+"vision"`, as the 26B and 31B releases) and narrow per-layer inputs (as E2B/E4B), its vocabulary covering the
+media tokens' ids (about 259k rows, so the decoder is narrow); the vision tower is small (2 layers, 4-pixel patches, 3x3 pooling, at most
 70 soft tokens per image), with clipped linears and standardization both on so that every part of the tower counts.
 The tokenizer is `flide_sdk.testing`'s tiny Gemma one with Gemma 4's image and audio tokens added at the releases'
 ids (boi 255999, image 258880, eoi 258882; the processor refuses a tokenizer without the audio ones). Random weights,
@@ -20,7 +21,7 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken, Tokenizer
 
-from flide_sdk.testing import gemma_tokenizer, train_gemma_tokenizer, write_gemma_tokenizer
+from flide_sdk.testing import GEMMA_CHAT_TEMPLATE, gemma_tokenizer, train_gemma_tokenizer, write_gemma_tokenizer
 
 MEDIA_TOKENS = {  # the releases' ids and the tokenizer_config.json keys naming them
     255999: ("<|image>", "boi_token"), 258880: ("<|image|>", "image_token"), 258882: ("<image|>", "eoi_token"),
@@ -32,11 +33,18 @@ VISION_CONFIG = {
     "num_key_value_heads": 2, "head_dim": 16, "patch_size": 4, "pooling_kernel_size": 3,
     "position_embedding_size": 256, "standardize": True, "use_clipped_linears": True,
 }
+# Gemma 4's turns, a message's content also a list of text and image parts (an image: the processor's image token)
+CHAT_TEMPLATE = GEMMA_CHAT_TEMPLATE.replace(
+    "message['content'] | trim + '<turn|>\\n' -}}",
+    "'' -}}{%- if message['content'] is string -%}{{- message['content'] | trim -}}{%- else -%}"
+    "{%- for item in message['content'] -%}{%- if item['type'] == 'image' -%}{{- '<|image|>' -}}{%- else -%}"
+    "{%- set text = item['text'].lstrip() if loop.first else item['text'] -%}"
+    "{{- text.rstrip() if loop.last else text -}}{%- endif -%}{%- endfor -%}{%- endif -%}{{- '<turn|>\\n' -}}")
 MAX_SOFT_TOKENS = 70  # the smallest the processor allows: 630 patches of 4 x 4 pixels
 TEXT_CONFIG = {
     "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
     "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32, "sliding_window": 16,
-    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"], "hidden_size_per_layer_input": 0,
+    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"], "hidden_size_per_layer_input": 8,
     "max_position_embeddings": 4096, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
     "use_bidirectional_attention": "vision",
 }
@@ -62,7 +70,8 @@ def make_gemma_vision_checkpoint(path: str | Path, seed: int = 0) -> Path:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = gemma_vision_tokenizer()
-    text = Gemma4TextConfig(vocab_size=tokenizer.get_vocab_size(), **TEXT_CONFIG)
+    vocab = max(MEDIA_TOKENS) + 1
+    text = Gemma4TextConfig(vocab_size=vocab, vocab_size_per_layer_input=vocab, **TEXT_CONFIG)
     config = Gemma4Config(text_config=text.to_dict(), vision_config=Gemma4VisionConfig(**VISION_CONFIG).to_dict(),
                           audio_config=None)
     torch.manual_seed(seed)
@@ -82,7 +91,7 @@ def make_gemma_vision_checkpoint(path: str | Path, seed: int = 0) -> Path:
             else:
                 tensor.copy_(noise * 0.5)
     model.save_pretrained(path)
-    write_gemma_tokenizer(path, tokenizer)
+    write_gemma_tokenizer(path, tokenizer, CHAT_TEMPLATE)
     tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
     tokenizer_config.update({key: token for token, key in MEDIA_TOKENS.values() if key})
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
@@ -108,12 +117,12 @@ def gemma_vision_processor(path: str | Path):
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     image_processor = AutoImageProcessor.from_pretrained(path, backend="pil")
-    return ImageTextProcessor(None, image_processor, tokenizer, None)
+    return ImageTextProcessor(None, image_processor, tokenizer, None, chat_template=tokenizer.chat_template)
 
 
 def gemma_vision_checkpoint(seed: int = 0) -> Path:
     """The cached tiny Gemma 4 vision-language checkpoint for `seed` in the temp dir."""
-    target = Path(tempfile.gettempdir()) / f"flide_sdk-tiny-gemma-vl-v1-seed{seed}"
+    target = Path(tempfile.gettempdir()) / f"flide_sdk-tiny-gemma-vl-v2-seed{seed}"
     if (target / ".complete").is_file():
         return target
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))

@@ -123,7 +123,8 @@ def fork_attention_fixed(
             context_positions = torch.cat([history_positions, plan.positions[start:trunk_end]])
             # the latest position each row no longer sees (-1: none)
             earliest = token.new_full(token.shape, -1) if window is None else plan.positions[token] - window
-            own = int(token.max()) + 1
+            bound = token if plan.see_hi is None else plan.see_hi[token]  # the last own key each row sees
+            own = int(bound.max()) + 1
             own_k = k[piece_start:own].transpose(0, 1).repeat_interleave(group, 0)
             own_v = v[piece_start:own].transpose(0, 1).repeat_interleave(group, 0)
             qh = q[index].transpose(0, 1).float() * scale
@@ -136,7 +137,7 @@ def fork_attention_fixed(
                 seen = context_positions[(block + offsets).clamp(max=max(context_k.shape[1] - 1, 0))]
                 visible = everyone & inside & (seen[None, :] > earliest[:, None])
                 _attend(qh, _padded_block(context_k, block), _padded_block(context_v, block), visible, state)
-            relative = token - piece_start
+            relative = bound - piece_start
             for block in _blocks(own - piece_start):
                 later = (relative >= block).nonzero().squeeze(1)  # rows before the block see none of it
                 sub = [x[:, later] for x in state]

@@ -520,6 +520,9 @@ def fork_attention_triton(
     gets a table built for this call.
     """
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
+    if plan.see_hi is not None:
+        raise NotImplementedError("per-token key bounds (an image's soft tokens seeing each other) are not in the "
+                                  "Triton kernel yet")
     if k.stride() != v.stride() or k_cache.stride() != v_cache.stride():
         raise ValueError("keys and values (and their caches) must share a layout")
     config = config or fork_attention_config(q.dtype, head_dim=head_dim)

@@ -45,6 +45,9 @@ class AttentionPlan:
     num_tokens: torch.Tensor  # [1] real stream tokens (rows at or past it are padding)
     request_bounds: list[tuple[int, int]]  # host: stream [start, end) of each request (reference op)
     history: list[tuple[int, np.ndarray | None]]  # host: per request, cached length r and its pages
+    # [T] or None: token q sees stream keys k <= see_hi[q] of its causal range instead of k <= q (an image's soft
+    # tokens see the later ones of their image: Gemma 4's sliding layers); None on every other plan
+    see_hi: torch.Tensor | None = None
     # the attention kernel's work tables of the stream's rows and of the readout rows, built on the device once
     # per forward pass by its caller (`kernels.fork_attention.attention_tiles`) and shared by its attention
     # layers; None: each call of the kernel builds its own

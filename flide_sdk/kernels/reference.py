@@ -161,10 +161,11 @@ def fork_attention_reference(
         vh = v_req.transpose(0, 1).repeat_interleave(group, dim=0)
         for block in mine.split(QUERY_BLOCK):
             token = rows[block]
-            seen = int(token.max()) + 1  # no token sees a key after itself
+            bound = token if plan.see_hi is None else plan.see_hi[token]  # the last key each token may see
+            seen = int(bound.max()) + 1
             keys = torch.arange(start, seen, device=q.device)
             visible = (keys[None, :] < plan.ctx_hi[token, None]) | (
-                (keys[None, :] >= plan.seg_lo[token, None]) & (keys[None, :] <= token[:, None])
+                (keys[None, :] >= plan.seg_lo[token, None]) & (keys[None, :] <= bound[:, None])
                 & (token[:, None] < plan.vis_end[keys][None, :])
             )
             if cached:

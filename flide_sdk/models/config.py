@@ -269,6 +269,8 @@ class Gemma4Config:
     per_layer_size: int = 0
     """`hidden_size_per_layer_input`: each layer's per-layer input width (0: none)."""
     per_layer_vocab: int = 0
+    pad_token_id: int = 0
+    """What an image's soft tokens look up in the per-layer embeddings (transformers replaces their ids by it)."""
     kv_shared_layers: int = 0
     double_wide_mlp: bool = False
     """The KV-shared layers' MLPs are twice `intermediate_size` wide."""
@@ -461,6 +463,7 @@ class Gemma4Config:
             final_logit_softcap=None if cap is None else _number(cap, "final_logit_softcapping"),
             per_layer_size=per_layer,
             per_layer_vocab=text.get("vocab_size_per_layer_input", 262_144) if per_layer else 0,
+            pad_token_id=text.get("pad_token_id") or 0,
             kv_shared_layers=text.get("num_kv_shared_layers") or 0,
             double_wide_mlp=double_wide,
             **experts,

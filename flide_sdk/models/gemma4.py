@@ -17,6 +17,7 @@ values runs at the readout rows only. The residual stream is kept in `residual_d
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -304,7 +305,11 @@ class Gemma4Model(nn.Module):
         c = self.config
         weight = self.embed_tokens.weight
         embedded = F.embedding(rnd.ids, weight) * torch.tensor(math.sqrt(c.hidden_size), dtype=weight.dtype)
-        per_layer = self.per_layer_inputs(rnd.ids, embedded, ops) if c.per_layer_size else None
+        images, ids = rnd.images, rnd.ids
+        if images is not None:  # soft tokens take the tower's rows as they are, and the pad's per-layer embedding
+            embedded = embedded.index_copy(0, images.rows, images.embeds.to(embedded.dtype))
+            ids = ids.index_fill(0, images.rows, c.pad_token_id)
+        per_layer = self.per_layer_inputs(ids, embedded, ops) if c.per_layer_size else None
         readout, rows = rnd.readout, rnd.readout.rows
         if readout.text_rows.numel():  # the label rows and the text reads' rows, in stream order (query rows are)
             rows, order = torch.sort(torch.cat([readout.rows, readout.text_rows]))
@@ -319,7 +324,10 @@ class Gemma4Model(nn.Module):
                 plan = ops.attention_tiles(rnd.attention, rows if key[1] else None, c.num_heads,
                                            shape.kv_heads, shape.head_dim, embedded.dtype)
                 windowed = shape.window is not None and rnd.sliding is not None
-                plans[key] = rnd.sliding.attention(plan) if windowed else plan
+                plan = rnd.sliding.attention(plan) if windowed else plan
+                if shape.window is not None and images is not None and images.see_hi is not None:
+                    plan = dataclasses.replace(plan, see_hi=images.see_hi)
+                plans[key] = plan
         rope = RoundRope(c, rnd.positions, embedded.dtype)
         x = embedded.to(self.residual_dtype)
         streams: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}

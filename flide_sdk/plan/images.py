@@ -1,4 +1,5 @@
-"""Where a round's images sit: a trunk's image spans and the M-RoPE (t, h, w) position of each stream token.
+"""Where a round's images sit: a trunk's image spans, the M-RoPE (t, h, w) position of each stream token (Qwen3.5)
+and the last key each token sees when an image's tokens see each other (Gemma 4).
 
 A prompt's text token at index i is at position i + the offset of the last image before it (0 before any); an
 image's pads are at its start + (0, row, col), and the text after it at start + max(rows, cols)
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flide_sdk.models.gemma4_vision import GemmaImagePatches
 from flide_sdk.models.qwen35_vision import ImagePatches, ImageSpan
 from flide_sdk.plan.requests import RequestSpec
 
@@ -24,7 +26,7 @@ class TrunkImages:
 
     spans: tuple[ImageSpan, ...]
     digests: tuple[bytes, ...]
-    patches: tuple[ImagePatches, ...]
+    patches: tuple[ImagePatches | GemmaImagePatches, ...]
 
     def marks(self, length: int) -> list[tuple[int, bytes]]:
         """(first pad, digest) of each image starting before `length`: what a prefix of the trunk holds besides
@@ -87,14 +89,14 @@ class PadRows:
 
     stream: np.ndarray
     tower: np.ndarray
-    patches: tuple[ImagePatches, ...]
+    patches: tuple[ImagePatches | GemmaImagePatches, ...]
 
 
 def pad_rows(requests: Sequence[RequestSpec], images: Sequence[TrunkImages | None]) -> PadRows:
     """The pads of `requests` (and their forks, depth first, `images` of each in that order) inside the tokens
     each computes: pads already in a checkpoint are not computed, so their images are not encoded again."""
     first: dict[bytes, int] = {}  # digest -> its first tower row
-    patches: list[ImagePatches] = []
+    patches: list[ImagePatches | GemmaImagePatches] = []
     stream, tower = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
     cursor, rows = 0, 0
     specs = [spec for request in requests for spec in request.tree()]
@@ -114,3 +116,23 @@ def pad_rows(requests: Sequence[RequestSpec], images: Sequence[TrunkImages | Non
             tower.append(first[digest] + np.arange(low, high) - span.start)
         cursor += computed + int(spec.branches.lengths.sum())
     return PadRows(np.concatenate(stream), np.concatenate(tower), tuple(patches))
+
+
+def image_bounds(requests: Sequence[RequestSpec], images: Sequence[TrunkImages | None], tokens: int) -> np.ndarray:
+    """The last stream key each of a round's `tokens` sees when an image's soft tokens attend both ways
+    (`AttentionPlan.see_hi`): the last soft token of its image for a soft token the round computes, itself for any
+    other. A trunk computes to its end in one round, so an image whose first computed soft token is in the round
+    has all its later ones there too (soft tokens in a checkpoint were computed with the whole image)."""
+    out = np.arange(tokens, dtype=np.int64)
+    cursor = 0
+    specs = [spec for request in requests for spec in request.tree()]
+    for spec, trunk_images in zip(specs, images, strict=True):
+        computed = len(spec.trunk)
+        for span in () if trunk_images is None else trunk_images.spans:
+            low, high = max(span.start, spec.start), span.start + span.rows * span.cols
+            if low < high:
+                if high > spec.start + computed:
+                    raise ValueError("a round computes part of an image's soft tokens")
+                out[cursor + low - spec.start:cursor + high - spec.start] = cursor + high - 1 - spec.start
+        cursor += computed + int(spec.branches.lengths.sum())
+    return out

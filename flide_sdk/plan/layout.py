@@ -74,14 +74,17 @@ class ReadoutPlan:
 
 @dataclass
 class RoundImages:
-    """A round's images, on the device (rounds without images have none): the stream rows of their image pads,
-    the tower's rows for them [P, hidden], each stream token's M-RoPE (t, h, w) positions [3, T] and which axis
-    each rotary frequency reads [rotary_dim / 2] (`models.qwen35_vision.mrope_axes`)."""
+    """A round's images, on the device (rounds without images have none): the stream rows of their image pads
+    and the tower's rows for them [P, hidden]. Qwen3.5: each stream token's M-RoPE (t, h, w) positions [3, T] and
+    which axis each rotary frequency reads [rotary_dim / 2] (`models.qwen35_vision.mrope_axes`). Gemma 4 (plain
+    positions): with image tokens attending both ways, the last stream key each token sees on sliding layers
+    [T] (`AttentionPlan.see_hi`)."""
 
     rows: torch.Tensor
     embeds: torch.Tensor
-    positions: torch.Tensor
-    axes: torch.Tensor
+    positions: torch.Tensor | None = None
+    axes: torch.Tensor | None = None
+    see_hi: torch.Tensor | None = None
 
 
 @dataclass

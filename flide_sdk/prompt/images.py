@@ -1,7 +1,8 @@
 """Images in a prompt: a request's decoded assets as the model's image tokens, spliced where the text names them.
 
-The checkpoint's processor turns each placeholder into `<|vision_start|>`, one `<|image_pad|>` per merged patch
-block, `<|vision_end|>`; those are added tokens, so the text on either side of an image is encoded apart, and a
+The checkpoint's processor turns each placeholder into a start token, one pad per merged patch block (Qwen3.5:
+`<|vision_start|>`, `<|image_pad|>`, `<|vision_end|>`) or pooled block (Gemma 4: boi, image tokens, eoi), then an
+end token; those are added tokens, so the text on either side of an image is encoded apart, and a
 prompt's ids are its text pieces' ids with each image's ids between them (`RequestImages.encode`). The pads of
 a trunk become its `TrunkImages`: where they sit, each image's digest and its patches (made here, in the asking
 thread, so the round thread only runs the tower).
@@ -18,6 +19,13 @@ import numpy as np
 
 from flide_sdk.errors import InvalidAssetError, InvalidStateError
 from flide_sdk.images import DecodedImage, check_references, split_at_placeholders
+from flide_sdk.models.gemma4_vision import (
+    GemmaImagePatches,
+    GemmaImageProcessing,
+    GemmaVisionConfig,
+    gemma_image_ids,
+    gemma_image_patches,
+)
 from flide_sdk.models.qwen35_vision import (
     ImagePatches,
     ImageProcessing,
@@ -34,20 +42,50 @@ class KeptImage:
     """What a session's history keeps of an appended image: its digest and patches."""
 
     digest: bytes
-    patches: ImagePatches
+    patches: ImagePatches | GemmaImagePatches
 
 
 @dataclass(frozen=True)
 class ImagePrompt:
-    """A checkpoint's image tokens: its vision token ids and how its processor makes patches."""
+    """A checkpoint's image tokens: its vision token ids and how its processor makes patches (Qwen3.5's or Gemma
+    4's)."""
 
-    config: VisionConfig
-    processing: ImageProcessing
+    config: VisionConfig | GemmaVisionConfig
+    processing: ImageProcessing | GemmaImageProcessing
+
+    @property
+    def merge(self) -> int:
+        """Patches per side of the block one image token stands for."""
+        if isinstance(self.config, GemmaVisionConfig):
+            return self.config.pooling_kernel_size
+        return self.config.spatial_merge_size
+
+    @property
+    def start_id(self) -> int:
+        """The token before an image's pads."""
+        if isinstance(self.config, GemmaVisionConfig):
+            return self.config.boi_token_id
+        return self.config.vision_start_token_id
+
+    def patches(self, image: Any, name: str) -> ImagePatches | GemmaImagePatches:
+        if isinstance(self.processing, GemmaImageProcessing):
+            return gemma_image_patches(image, self.processing)
+        return image_patches(image, self.processing, name)
+
+    def ids(self, patches: Any) -> np.ndarray:
+        """An image's tokens: start, its pads, end."""
+        if isinstance(self.config, GemmaVisionConfig):
+            return gemma_image_ids(self.config, patches)
+        return image_ids(self.config, patches)
 
     @classmethod
     def of_checkpoint(cls, path: Path, raw_config: dict[str, Any]) -> ImagePrompt | None:
-        """The image tokens of a Qwen3.5 release checkpoint with a vision tower and preprocessor_config.json;
-        None for one without (CheckpointError for a malformed one)."""
+        """The image tokens of a Qwen3.5 or Gemma 4 release checkpoint with a vision tower and its image
+        processor's config; None for one without (CheckpointError for a malformed one)."""
+        if raw_config.get("model_type") == "gemma4":
+            gemma = GemmaVisionConfig.from_config(raw_config, str(path / "config.json"))
+            processing = None if gemma is None else GemmaImageProcessing.from_checkpoint(path, gemma)
+            return None if processing is None else cls(gemma, processing)
         if raw_config.get("model_type") not in ("qwen3_5", "qwen3_5_moe"):
             return None
         if not (path / "preprocessor_config.json").is_file():
@@ -59,17 +97,16 @@ class ImagePrompt:
 
     def trunk_images(self, kept: list[tuple[int, KeptImage]]) -> TrunkImages:
         """A session history's images (first pad, what it kept) as its trunk's (`History.image_builder`)."""
-        merge = self.config.spatial_merge_size
+        merge = self.merge
         spans = tuple(ImageSpan(start, k.patches.rows // merge, k.patches.cols // merge) for start, k in kept)
         return TrunkImages(spans, tuple(k.digest for _, k in kept), tuple(k.patches for _, k in kept))
 
     def request(self, assets: Mapping[str, DecodedImage]) -> RequestImages:
         """The request's images as tokens and patches (InvalidAssetError for one the processor refuses)."""
         names = list(assets)
-        patches = {name: image_patches(assets[name].image, self.processing, name) for name in names}
-        merge = self.config.spatial_merge_size
-        return RequestImages(names, dict(assets), patches, {name: image_ids(self.config, p) for name, p in patches.items()},
-                             self.config.image_token_id, self.config.vision_start_token_id, merge)
+        patches = {name: self.patches(assets[name].image, name) for name in names}
+        return RequestImages(names, dict(assets), patches, {name: self.ids(p) for name, p in patches.items()},
+                             self.config.image_token_id, self.start_id, self.merge)
 
 
 @dataclass(frozen=True)
@@ -78,7 +115,7 @@ class RequestImages:
 
     names: list[str]
     images: dict[str, DecodedImage]
-    patches: dict[str, ImagePatches]
+    patches: dict[str, ImagePatches | GemmaImagePatches]
     ids: dict[str, np.ndarray]
     pad_id: int
     start_id: int

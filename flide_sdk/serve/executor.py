@@ -31,10 +31,11 @@ from flide_sdk.device.pool import Checkpoint, CheckpointPool, PlannedSave, token
 from flide_sdk.kernels.plans import GDN_CHUNK
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
+from flide_sdk.models.gemma4_vision import GemmaVision
 from flide_sdk.models.qwen35_vision import Vision, mrope_axes
 from flide_sdk.options import default_pool_bytes, on_device
 from flide_sdk.plan.capacity import capacity_ladder
-from flide_sdk.plan.images import TrunkImages, pad_rows, stream_positions
+from flide_sdk.plan.images import TrunkImages, image_bounds, pad_rows, stream_positions
 from flide_sdk.plan.layout import Branches, HostRound, RequestSpec, Resume, RoundImages, RoundPlan, Save
 from flide_sdk.questions import Answer, SystemOneResponse, Usage
 from flide_sdk.serve.asks import Ask
@@ -62,7 +63,7 @@ class Launched:
 def build_executor(model: Qwen35Model, ops: Ops, tokens: Tokens, pool_bytes: int | None,
                    pool_checkpoints: int | None, max_round_tokens: int, max_round_requests: int, graphs: bool,
                    stats: Stats, name: str, startup: Startup, batch_invariant: bool = False,
-                   vision: Vision | None = None) -> Executor:
+                   vision: Vision | GemmaVision | None = None) -> Executor:
     """An engine's executor: its checkpoint pool (capped at `pool_bytes`, default `default_pool_bytes`) and, with
     `graphs`, the graph ladder up to `max_round_tokens`; `vision`: the checkpoint's vision tower, if any. Batch-invariant: checkpoints only at multiples of
     GDN_CHUNK tokens, so a resumed trunk runs the chunks (and attention key blocks) of a fresh one."""
@@ -105,7 +106,7 @@ class Executor:
 
     def __init__(self, model: Qwen35Model, ops: Ops, pool: CheckpointPool, caches: list[LayerCache],
                  graphs: GraphRunner | None, words: WordEncoder, stats: Stats, name: str, limits: RoundLimits,
-                 startup: Startup, vision: Vision | None = None) -> None:
+                 startup: Startup, vision: Vision | GemmaVision | None = None) -> None:
         self.model = model
         self.vision = vision
         self.ops = ops
@@ -124,7 +125,7 @@ class Executor:
         if not self.capturing:
             self.captured.set()
         self.device = model.embed_tokens.weight.device
-        self.axes = None if vision is None else torch.from_numpy(
+        self.axes = None if not isinstance(vision, Vision) else torch.from_numpy(
             mrope_axes(model.config.rotary_dim, list(vision.config.mrope_section))).to(self.device)
 
     def select(self, queue: Iterable[Ask]) -> RoundBatch:
@@ -277,7 +278,8 @@ class Executor:
 
     def _run_images(self, plan: RoundPlan, specs: list[RequestSpec], images: list[TrunkImages | None]) -> np.ndarray:
         """A round whose trunks hold images, eagerly: the tower over the distinct images whose pads it computes
-        (none for a trunk resumed past its images), their rows at the pads, the round's M-RoPE positions."""
+        (none for a trunk resumed past its images), their rows at the pads, and the round's M-RoPE positions
+        (Qwen3.5) or, where an image's soft tokens see each other, each token's last visible key (Gemma 4)."""
         if self.vision is None:
             raise RuntimeError("a round holds images, but this engine has no vision tower")
         host = HostRound.of(plan)
@@ -288,9 +290,16 @@ class Executor:
             with torch.inference_mode():
                 embeds = torch.cat(self.vision.tower(list(pads.patches)))[torch.from_numpy(pads.tower).to(self.device)]
         rnd = host.to(self.device)
-        rnd.images = RoundImages(torch.from_numpy(pads.stream).to(self.device), embeds,
-                                 torch.from_numpy(stream_positions(specs, images, host.positions)).to(self.device),
-                                 self.axes)
+        stream = torch.from_numpy(pads.stream).to(self.device)
+        if isinstance(self.vision, GemmaVision):
+            see_hi = None
+            if self.vision.config.bidirectional:
+                see_hi = torch.from_numpy(image_bounds(specs, images, len(host.positions))).to(self.device)
+            rnd.images = RoundImages(stream, embeds, see_hi=see_hi)
+        else:
+            rnd.images = RoundImages(stream, embeds,
+                                     torch.from_numpy(stream_positions(specs, images, host.positions)).to(self.device),
+                                     self.axes)
         readout = self.model(rnd, self.ops, self.caches)
         self.stats.add(image_rounds=1, images_encoded=len(pads.patches))
         return plan.text_reads.scores(readout.label_logprobs.cpu().numpy(), readout.text_logprobs.cpu().numpy())
