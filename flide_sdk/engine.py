@@ -20,8 +20,8 @@ from flide_sdk.errors import EngineClosedError
 from flide_sdk.images import Assets, decode_assets
 from flide_sdk.models.checkpoint import DecoderModel, load_model, read_config, read_raw_config
 from flide_sdk.models.fp8 import check_weights, holds_fp8, read_layout
-from flide_sdk.models.ops import Ops, ops_for
 from flide_sdk.models.gemma4_vision import GemmaVision, load_gemma_vision
+from flide_sdk.models.ops import Ops, ops_for
 from flide_sdk.models.qwen35_vision import Vision, load_vision
 from flide_sdk.options import (
     MAX_PENDING,

@@ -2,7 +2,8 @@
 
 The text decoder is test_gemma4's tiny one with image tokens attending both ways (`use_bidirectional_attention:
 "vision"`, as the 26B and 31B releases) and narrow per-layer inputs (as E2B/E4B), its vocabulary covering the
-media tokens' ids (about 259k rows, so the decoder is narrow); the vision tower is small (2 layers, 4-pixel patches, 3x3 pooling, at most
+media tokens' ids (about 259k rows, so the decoder is narrow), a full layer between sliding ones (the last
+layer reads out only); the vision tower is small (2 layers, 4-pixel patches, 3x3 pooling, at most
 70 soft tokens per image), with clipped linears and standardization both on so that every part of the tower counts.
 The tokenizer is `flide_sdk.testing`'s tiny Gemma one with Gemma 4's image and audio tokens added at the releases'
 ids (boi 255999, image 258880, eoi 258882; the processor refuses a tokenizer without the audio ones). Random weights,
@@ -44,7 +45,7 @@ MAX_SOFT_TOKENS = 70  # the smallest the processor allows: 630 patches of 4 x 4 
 TEXT_CONFIG = {
     "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
     "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32, "sliding_window": 16,
-    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"], "hidden_size_per_layer_input": 8,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "hidden_size_per_layer_input": 8,
     "max_position_embeddings": 4096, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
     "use_bidirectional_attention": "vision",
 }

@@ -11,6 +11,9 @@ its pool arenas). With `RoundTensors.sliding`, sliding layers read and write the
 table and KV slots (their checkpoints keep only the window's pages). The MLP is GeGLU (gelu tanh); 26B-A4B adds routed experts (`ops.moe_experts`) to it. With
 per-layer inputs (PLE) each layer ends with a gated projection of its own token embedding. Final logits are
 soft-capped.
+A round with images (`RoundTensors.images`) puts the tower's rows at the soft tokens (after the embedding's scaling,
+the per-layer inputs looking up the pad id there) and, where the checkpoint lets an image's soft tokens see each
+other, gives its sliding layers' plans their bound (`AttentionPlan.see_hi`).
 Selective readout: from the first KV-shared layer on (else at the last layer) everything but the keys and
 values runs at the readout rows only. The residual stream is kept in `residual_dtype` (float32), as in Qwen3.5.
 """

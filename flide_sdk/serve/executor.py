@@ -4,7 +4,8 @@
 and starts the model on it: the replay of the smallest captured CUDA graph it fits, or an eager forward (CPU,
 or a round larger than every graph). It publishes the new checkpoints at once (device work is stream-ordered).
 A round whose trunks hold images runs eagerly: the vision tower encodes each distinct image whose pads the round
-computes once (batched over them), and the forward takes its rows and the round's M-RoPE positions (`RoundImages`).
+computes once (batched over them), and the forward takes its rows and the round's M-RoPE positions (Qwen3.5)
+or each token's last visible key (Gemma 4) (`RoundImages`).
 `finish` waits for the one copy of the label log-probabilities to the host and resolves each ask's future (a
 text-scored question's come from its reads' log-probabilities, summed on the host); the option probabilities
 are their softmax at each question's temperature, in float64 (`tempered`).
@@ -29,9 +30,9 @@ import torch
 from flide_sdk.device.graphs import GraphRunner, Launch
 from flide_sdk.device.pool import Checkpoint, CheckpointPool, PlannedSave, token_bytes
 from flide_sdk.kernels.plans import GDN_CHUNK
+from flide_sdk.models.gemma4_vision import GemmaVision
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
-from flide_sdk.models.gemma4_vision import GemmaVision
 from flide_sdk.models.qwen35_vision import Vision, mrope_axes
 from flide_sdk.options import default_pool_bytes, on_device
 from flide_sdk.plan.capacity import capacity_ladder
