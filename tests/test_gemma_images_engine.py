@@ -16,6 +16,9 @@ pytest.importorskip("PIL")
 transformers = pytest.importorskip("transformers")
 
 import flide_sdk as fl
+from flide_sdk.engine import Engine
+from flide_sdk.models.gemma4_vision import load_gemma_vision
+from flide_sdk.models.ops import kernel_ops
 from flide_sdk.questions import parse_questions
 from tests.gemma_vision_checkpoint import gemma_vision_checkpoint, gemma_vision_processor
 from tests.test_images_engine import QUESTIONS, assert_as_pipeline, pipeline_prompts, probabilities
@@ -90,6 +93,19 @@ def test_asks_with_images_answer_as_the_pipeline(generic, decide, count):
     after = generic.stats()
     assert after["image_rounds"] - before["image_rounds"] == 1
     assert after["images_encoded"] - before["images_encoded"] == count
+
+
+def test_kernel_ops_answer_as_the_pipeline(path, generic, decide):
+    """The Triton kernels (interpreted) on an ask with an image: ForkAttention's tile tables and masked keys with
+    the sliding layers' `see_hi`."""
+    # mutations: see_hi set on the sliding plans after their tile tables are built (refused); the kernel's
+    # masked keys bounded by the row itself, not its see_hi
+    vision = load_gemma_vision(path, generic.device, torch.float32)
+    with Engine(generic.model, generic.prompt, generic.device, ops=kernel_ops(), vision=vision) as engine:
+        assets = screens(1, seed=20)
+        answers = engine.ask_sync(STATES[1], QUESTIONS, assets=assets)
+        assert engine.stats()["image_rounds"] == 1
+    assert_as_pipeline(decide, STATES[1], QUESTIONS, assets, answers)
 
 
 def test_mixed_rounds_answer_as_the_pipeline(generic, decide):

@@ -312,3 +312,46 @@ def test_wide_heads_take_a_tiling_of_fewer_rows(dtype):
         got = fork_attention_triton(q[picked], k, v, tiled, query_rows, k_cache, v_cache, scale=1 / 64,
                                     window=window)
         assert relative_error(got, expected) <= (1e-5 if dtype == torch.float32 else 2e-3)
+
+
+def with_image_spans(plan):
+    """`plan` with `see_hi`: two image spans in the 130-token trunk resuming at 129 (its rows 5..29, and 40..129
+    to its end, across tile starts at 64, or 64 and 96: a tile's keys past a page more than without the bounds)
+    and one in the 65-token trunk (rows 3..63): their soft tokens see the later ones of their image, every other
+    token itself."""
+    see_hi = torch.arange(plan.key_lo.shape[0])
+    trunk_start = {int((plan.ctx_hi[start:end] == start).sum()): start for start, end in plan.request_bounds}
+    for trunk, spans in ((130, [(5, 30), (40, 130)]), (65, [(3, 64)])):
+        start = trunk_start[trunk]
+        for lo, hi in spans:
+            see_hi[start + lo : start + hi] = start + hi - 1
+    return dataclasses.replace(plan, see_hi=see_hi)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_triton_lets_image_tokens_see_their_whole_image(dtype):
+    """`see_hi` (Gemma 4's sliding layers over images): the kernel matches the reference with a window shorter
+    than a span, on the stream's and the readout rows, with the production tiling (float16: 32-token tiles of two
+    heads) and (float32) with tiles split into 64-key pieces; a tile table built without the bounds is refused.
+    Mutations caught: the tile's masked key range not extended past its last row (kernel or planner: the split
+    plan's key counts); a row's own keys bounded by itself, not its see_hi."""
+    window = 24
+    rnd, q, k, v, k_cache, v_cache = round_with_history(9, 4, 2, 16)
+    plan, rows = with_image_spans(rnd.attention), rnd.readout.rows
+    q, k, v, k_cache, v_cache = (x.to(dtype) for x in (q, k, v, k_cache, v_cache))
+    causal = fork_attention_reference(q.float(), k.float(), v.float(), rnd.attention, None, k_cache.float(),
+                                      v_cache.float(), window=window)
+    configs = [None] + ([float32_config(min_split_keys=64, extra_items=64)] if dtype == torch.float32 else [])
+    for config, query_rows in itertools.product(configs, (None, rows)):
+        picked = slice(None) if query_rows is None else query_rows
+        expected = fork_attention_reference(q[picked].float(), k.float(), v.float(), plan, query_rows,
+                                            k_cache.float(), v_cache.float(), window=window)
+        if query_rows is None:
+            assert relative_error(expected, causal) > 0.1, "the spans change the soft tokens' outputs"
+        tiled = attention_tiles(plan, rows, 4, 2, 16, dtype, config)
+        got = fork_attention_triton(q[picked], k, v, tiled, query_rows, k_cache, v_cache, window=window,
+                                    config=config)
+        assert relative_error(got, expected) <= (1e-5 if dtype == torch.float32 else 2e-3)
+    with pytest.raises(ValueError, match="key bounds"):
+        fork_attention_triton(q, k, v, dataclasses.replace(attention_tiles(rnd.attention, rows, 4, 2, 16, dtype),
+                                                           see_hi=plan.see_hi), None, k_cache, v_cache, window=window)

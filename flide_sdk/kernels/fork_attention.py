@@ -165,15 +165,20 @@ def tile_table(
     num_items = torch.empty(1, dtype=torch.int64, device=device)
     _plan_work_kernel[(1,)](
         rows, rows.shape[0], plan.num_tokens, block_tokens, tile_start, num_tiles,
-        plan.request_of, plan.history_len, plan.key_lo, plan.ctx_hi, plan.seg_lo,
+        plan.request_of, plan.history_len, plan.key_lo, plan.ctx_hi, plan.seg_lo, _see_hi(plan),
         item_tile, item_split, tile_splits, tile_piece, partial_slot, num_items, max_tiles, extra_items,
         min_split_keys,
         ROW_BLOCK=PLAN_ROW_BLOCK, BLOCK=PLAN_BLOCK, PAGE_SIZE=PAGE, PIECES=questions is not None,
-        num_warps=PLAN_WARPS,
+        SEE_HI=plan.see_hi is not None, num_warps=PLAN_WARPS,
     )
-    return TileTable(query_rows, block_tokens, min_split_keys, extra_items, questions is not None, rows, tile_start,
-                     num_tiles, max_tiles,
+    return TileTable(query_rows, block_tokens, min_split_keys, extra_items, questions is not None,
+                     plan.see_hi is not None, rows, tile_start, num_tiles, max_tiles,
                      item_tile, item_split, tile_splits, tile_piece, partial_slot, num_items, max_items, max_partials)
+
+
+def _see_hi(plan: AttentionPlan) -> torch.Tensor:
+    """The plan's per-token key bounds, or any int64 tensor for the kernels to ignore (SEE_HI off)."""
+    return plan.positions if plan.see_hi is None else plan.see_hi
 
 
 def attention_tiles(
@@ -201,9 +206,10 @@ def attention_tiles(
 
 @triton.jit
 def _tile_bounds(rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr,
-                 tile, ok):
-    """For tiles `tile` (where `ok`): (the last row's stream index, the request, its cached history length,
-    the first stream key, the end of the keys every row sees, the start of the masked keys)."""
+                 see_hi_ptr, tile, ok, SEE_HI: tl.constexpr):
+    """For tiles `tile` (where `ok`): (the end of the masked keys, the request, its cached history length,
+    the first stream key, the end of the keys every row sees, the start of the masked keys). The masked keys
+    end after the last row, or with SEE_HI after its see_hi (non-decreasing along a trunk: the tile's last)."""
     i0 = tl.load(tile_start_ptr + tile, mask=ok, other=0)
     i1 = tl.load(tile_start_ptr + tile + 1, mask=ok, other=1)
     first = tl.load(rows_ptr + i0, mask=ok, other=0)
@@ -215,7 +221,9 @@ def _tile_bounds(rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_
     branch_tile = ctx_hi > key_lo  # branch rows see their whole trunk; trunk rows the trunk before the tile
     full_hi = tl.where(branch_tile, ctx_hi, first)
     masked_lo = tl.where(branch_tile, tl.load(seg_lo_ptr + first, mask=ok, other=0), first)
-    return last, request, history, key_lo, full_hi, masked_lo
+    if SEE_HI:
+        last = tl.load(see_hi_ptr + last, mask=ok, other=0)
+    return last + 1, request, history, key_lo, full_hi, masked_lo
 
 
 @triton.jit
@@ -227,10 +235,11 @@ def _later(a, b):
 @triton.jit
 def _plan_work_kernel(
     rows_ptr, count, num_tokens_ptr, block_tokens, tile_start_ptr, num_tiles_ptr,
-    request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr,
+    request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, see_hi_ptr,
     item_tile_ptr, item_split_ptr, tile_splits_ptr, tile_piece_ptr, partial_slot_ptr, num_items_ptr,
     max_tiles, extra_items, min_split_keys,
     ROW_BLOCK: tl.constexpr, BLOCK: tl.constexpr, PAGE_SIZE: tl.constexpr, PIECES: tl.constexpr,
+    SEE_HI: tl.constexpr,
 ):
     """One program: the tile table of the `count` query rows (`plan_tiles_reference`), ROW_BLOCK rows at a
     time; then the tiles' key counts, each tile's splits, pieces and partial slots, and the work items in tile
@@ -268,7 +277,7 @@ def _plan_work_kernel(
     total = tl.zeros((), dtype=tl.int64)
     for t0 in range(0, max_tiles, BLOCK):
         keys = _tile_keys(rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr,
-                          seg_lo_ptr, t0 + lane, t0 + lane < num_tiles)
+                          seg_lo_ptr, see_hi_ptr, t0 + lane, t0 + lane < num_tiles, SEE_HI)
         total += tl.sum(keys, axis=0)
     split_keys = tl.maximum(min_split_keys, (total + extra_items - 1) // extra_items)
     items = tl.zeros((), dtype=tl.int64)
@@ -277,7 +286,7 @@ def _plan_work_kernel(
         tile = t0 + lane
         ok = tile < num_tiles
         keys = _tile_keys(rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr,
-                          seg_lo_ptr, tile, ok)
+                          seg_lo_ptr, see_hi_ptr, tile, ok, SEE_HI)
         splits = tl.where(ok, tl.maximum((keys + split_keys - 1) // split_keys, 1), 0)
         # equal pieces, whole pages (a history piece starts on a page): the last is the shortest
         piece = ((keys + splits - 1) // tl.maximum(splits, 1) + PAGE_SIZE - 1) // PAGE_SIZE * PAGE_SIZE
@@ -299,11 +308,12 @@ def _plan_work_kernel(
 
 @triton.jit
 def _tile_keys(rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr,
-               tile, ok):
+               see_hi_ptr, tile, ok, SEE_HI: tl.constexpr):
     """Keys each of the tiles `tile` visits (0 where not `ok`): its history, full and masked ranges."""
-    last, _, history, key_lo, full_hi, masked_lo = _tile_bounds(
-        rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, tile, ok)
-    return tl.where(ok, history + (full_hi - key_lo) + (last + 1 - masked_lo), 0)
+    masked_hi, _, history, key_lo, full_hi, masked_lo = _tile_bounds(
+        rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, see_hi_ptr,
+        tile, ok, SEE_HI)
+    return tl.where(ok, history + (full_hi - key_lo) + (masked_hi - masked_lo), 0)
 
 
 @triton.jit
@@ -336,10 +346,11 @@ def _fork_attention_kernel(
     q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, o_ptr, gate_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     rows_ptr, tile_start_ptr, item_tile_ptr, item_split_ptr, tile_splits_ptr, tile_piece_ptr, partial_slot_ptr,
     num_items_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, request_of_ptr, history_len_ptr, page_offset_ptr, pages_ptr,
-    vis_end_ptr, positions_ptr, stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om,
+    vis_end_ptr, positions_ptr, see_hi_ptr, stride_qm, stride_qh, stride_km, stride_kh, stride_cm, stride_ch, stride_om,
     stride_oh, stride_gm, stride_gh, scale_log2, window,
     GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
     IEEE: tl.constexpr, GATED: tl.constexpr, PAGE_SIZE: tl.constexpr, WINDOWED: tl.constexpr,
+    SEE_HI: tl.constexpr,
 ):
     """One work item (`TileTable`; programs past the round's items return at once): BT query tokens x HEADS
     query heads sharing one key/value head (BT * HEADS rows) over one piece of the tile's keys. A tile of one
@@ -347,7 +358,8 @@ def _fork_attention_kernel(
     the items of a tile of several store partial sums for `_merge_splits_kernel`. WINDOWED: a row sees only
     the keys at positions above its own minus `window`; history blocks before the tile's earliest window are
     skipped (a history key's position is its index), stream blocks no row sees are skipped after reading their
-    positions (a block no row sees adds nothing: skipping it keeps every bit)."""
+    positions (a block no row sees adds nothing: skipping it keeps every bit). SEE_HI: a row's own keys run to
+    its see_hi, not to itself."""
     item = tl.program_id(0)
     if item >= tl.load(num_items_ptr):
         return
@@ -363,8 +375,9 @@ def _fork_attention_kernel(
     piece = tl.load(tile_piece_ptr + tile)
     lo = split * piece  # this item's keys: [lo, lo + piece) of the tile's
     hi = lo + piece
-    last, request, history, key_lo, full_hi, masked_lo = _tile_bounds(
-        rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, tile, True)
+    masked_hi, request, history, key_lo, full_hi, masked_lo = _tile_bounds(
+        rows_ptr, tile_start_ptr, request_of_ptr, history_len_ptr, key_lo_ptr, ctx_hi_ptr, seg_lo_ptr, see_hi_ptr,
+        tile, True, SEE_HI)
     i0 = tl.load(tile_start_ptr + tile)
     i1 = tl.load(tile_start_ptr + tile + 1)
     # row r of the program is token i0 + r // HEADS, query head head_block * HEADS + r % HEADS
@@ -373,6 +386,7 @@ def _fork_attention_kernel(
     row_ok = offs_i < i1
     rows = tl.load(rows_ptr + offs_i, mask=row_ok, other=0)
     seg_lo = tl.load(seg_lo_ptr + rows, mask=row_ok, other=0)
+    own_hi = tl.load(see_hi_ptr + rows, mask=row_ok, other=0) if SEE_HI else rows  # the last own key a row sees
     earliest = tl.load(positions_ptr + rows, mask=row_ok, other=0) - window  # WINDOWED: positions no longer seen
     first_seen = tl.min(tl.where(row_ok, earliest, 1 << 30)) + 1 if WINDOWED else 0  # no row sees keys before
     q = tl.load(q_ptr + offs_i[:, None] * stride_qm + heads[:, None] * stride_qh + d[None, :],
@@ -421,12 +435,12 @@ def _fork_attention_kernel(
     # keys' subtrees
     before = history + (full_hi - key_lo)
     masked_start = masked_lo + tl.maximum(lo - before, 0)
-    masked_stop = tl.minimum(last + 1, masked_lo + tl.maximum(hi - before, 0))
+    masked_stop = tl.minimum(masked_hi, masked_lo + tl.maximum(hi - before, 0))
     for start in range(masked_start, masked_stop, BN):
         keys = start + n
         key_ok = keys < masked_stop
         vis_end = tl.load(vis_end_ptr + keys, mask=key_ok, other=0)
-        visible = ((keys[None, :] >= seg_lo[:, None]) & (keys[None, :] <= rows[:, None])
+        visible = ((keys[None, :] >= seg_lo[:, None]) & (keys[None, :] <= own_hi[:, None])
                    & (rows[:, None] < vis_end[None, :]) & key_ok[None, :])
         k_ptrs = k_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
         v_ptrs = v_ptr + keys[:, None] * stride_km + kv_head * stride_kh + d[None, :]
@@ -520,9 +534,6 @@ def fork_attention_triton(
     gets a table built for this call.
     """
     heads, kv_heads, head_dim = q.shape[1], k.shape[1], q.shape[2]
-    if plan.see_hi is not None:
-        raise NotImplementedError("per-token key bounds (an image's soft tokens seeing each other) are not in the "
-                                  "Triton kernel yet")
     if k.stride() != v.stride() or k_cache.stride() != v_cache.stride():
         raise ValueError("keys and values (and their caches) must share a layout")
     config = config or fork_attention_config(q.dtype, head_dim=head_dim)
@@ -532,9 +543,10 @@ def fork_attention_triton(
         table = tile_table(plan, query_rows, k.shape[0], tiling.block_tokens, config.min_split_keys,
                            tiling.extra_items, k.shape[0] if config.piece_tiles else None)
     elif (table.query_rows is not query_rows or table.rows.shape[0] != q.shape[0]
-          or (table.block_tokens, table.min_split_keys, table.extra_items, table.piece_tiles)
-          != (tiling.block_tokens, config.min_split_keys, tiling.extra_items, config.piece_tiles)):
-        raise ValueError("the plan's tile table was built for other query rows or another tiling")
+          or (table.block_tokens, table.min_split_keys, table.extra_items, table.piece_tiles, table.see_hi)
+          != (tiling.block_tokens, config.min_split_keys, tiling.extra_items, config.piece_tiles,
+              plan.see_hi is not None)):
+        raise ValueError("the plan's tile table was built for other query rows, another tiling or other key bounds")
     block_tokens, heads_per_program, head_blocks = tiling.block_tokens, tiling.heads_per_program, tiling.head_blocks
     warps = config.large_head_warps if config.large_head_warps is not None and head_dim >= 128 else config.warps
     out = torch.empty_like(q)
@@ -548,12 +560,12 @@ def fork_attention_triton(
         table.rows, table.tile_start, table.item_tile, table.item_split, table.tile_splits, table.tile_piece,
         table.partial_slot, table.num_items,
         plan.key_lo, plan.ctx_hi, plan.seg_lo, plan.request_of, plan.history_len, plan.page_offset, plan.pages,
-        plan.vis_end, plan.positions, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0),
+        plan.vis_end, plan.positions, _see_hi(plan), q.stride(0), q.stride(1), k.stride(0), k.stride(1), k_cache.stride(0),
         k_cache.stride(1), out.stride(0), out.stride(1), gated.stride(0), gated.stride(1),
         (head_dim**-0.5 if scale is None else scale) * math.log2(math.e), 0 if window is None else window,
         GROUP=heads // kv_heads, HEADS=heads_per_program, HEAD_DIM=head_dim, BT=block_tokens, BN=config.block_keys,
         IEEE=q.dtype == torch.float32, GATED=gate is not None, PAGE_SIZE=PAGE, WINDOWED=window is not None,
-        num_warps=warps,
+        SEE_HI=plan.see_hi is not None, num_warps=warps,
         num_stages=config.stages,
     )
     _merge_splits_kernel[(table.max_tiles, head_blocks)](

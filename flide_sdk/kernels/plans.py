@@ -72,6 +72,7 @@ class TileTable:
     min_split_keys: int
     extra_items: int
     piece_tiles: bool  # whether its tiles are of one piece each (a trunk or one branch)
+    see_hi: bool  # whether its tiles' masked keys run to the plan's `see_hi` (built from a plan with one)
     rows: torch.Tensor  # [Tq] the stream index of each query row
     tile_start: torch.Tensor  # [max_tiles + 2] tile i covers rows[tile_start[i]:tile_start[i + 1]]
     num_tiles: torch.Tensor  # [1]

@@ -324,13 +324,13 @@ class Gemma4Model(nn.Module):
             key = (kind, index >= self.selective_from)
             if key not in plans:
                 shape = c.attention(index)
-                plan = ops.attention_tiles(rnd.attention, rows if key[1] else None, c.num_heads,
-                                           shape.kv_heads, shape.head_dim, embedded.dtype)
-                windowed = shape.window is not None and rnd.sliding is not None
-                plan = rnd.sliding.attention(plan) if windowed else plan
+                plan = rnd.attention
                 if shape.window is not None and images is not None and images.see_hi is not None:
-                    plan = dataclasses.replace(plan, see_hi=images.see_hi)
-                plans[key] = plan
+                    plan = dataclasses.replace(plan, see_hi=images.see_hi)  # before tiling: the tiles' key ranges
+                plan = ops.attention_tiles(plan, rows if key[1] else None, c.num_heads, shape.kv_heads,
+                                           shape.head_dim, embedded.dtype)
+                windowed = shape.window is not None and rnd.sliding is not None
+                plans[key] = rnd.sliding.attention(plan) if windowed else plan
         rope = RoundRope(c, rnd.positions, embedded.dtype)
         x = embedded.to(self.residual_dtype)
         streams: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
