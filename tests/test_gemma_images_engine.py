@@ -98,8 +98,8 @@ def test_asks_with_images_answer_as_the_pipeline(generic, decide, count):
 def test_kernel_ops_answer_as_the_pipeline(path, generic, decide):
     """The Triton kernels (interpreted) on an ask with an image: ForkAttention's tile tables and masked keys with
     the sliding layers' `see_hi`."""
-    # mutations: see_hi set on the sliding plans after their tile tables are built (refused); the kernel's
-    # masked keys bounded by the row itself, not its see_hi
+    # mutations: see_hi set on the sliding plans after their tile tables are built (refused); a tile's masked
+    # keys not extended to see_hi of its last row; a row's masked keys bounded by itself, not its see_hi
     vision = load_gemma_vision(path, generic.device, torch.float32)
     with Engine(generic.model, generic.prompt, generic.device, ops=kernel_ops(), vision=vision) as engine:
         assets = screens(1, seed=20)

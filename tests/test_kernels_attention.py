@@ -334,7 +334,7 @@ def test_triton_lets_image_tokens_see_their_whole_image(dtype):
     than a span, on the stream's and the readout rows, with the production tiling (float16: 32-token tiles of two
     heads) and (float32) with tiles split into 64-key pieces; a tile table built without the bounds is refused.
     Mutations caught: the tile's masked key range not extended past its last row (kernel or planner: the split
-    plan's key counts); a row's own keys bounded by itself, not its see_hi."""
+    plan's key counts); a row's own keys bounded by itself, not its see_hi; a table's bounds not checked."""
     window = 24
     rnd, q, k, v, k_cache, v_cache = round_with_history(9, 4, 2, 16)
     plan, rows = with_image_spans(rnd.attention), rnd.readout.rows
