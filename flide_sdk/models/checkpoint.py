@@ -154,6 +154,33 @@ def tensor_files(path: Path) -> list[Path]:
     return files
 
 
+def load_module_weights(module: torch.nn.Module, path: Path, files: list[Path], prefix: str,
+                        device: torch.device | str, dtype: torch.dtype, what: str) -> torch.nn.Module:
+    """`module` (built on the meta device) with its weights read from `files`, each under `prefix` + its own name,
+    shapes and floating point checked as read; CheckpointError naming the file, or what is missing."""
+    expected = {name: tuple(t.shape) for name, t in module.state_dict().items()}
+    found: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as reader:
+                for key in reader.keys():  # noqa: SIM118 (a safe_open reader is not iterable)
+                    name = key.removeprefix(prefix)
+                    if not key.startswith(prefix) or name not in expected:
+                        continue
+                    tensor = reader.get_tensor(key)
+                    if tuple(tensor.shape) != expected[name] or not tensor.is_floating_point():
+                        raise CheckpointError(f"{file}: {key} has shape {tuple(tensor.shape)} and dtype "
+                                              f"{tensor.dtype}, expected {expected[name]} floating point")
+                    found[name] = tensor.to(device=device, dtype=dtype)
+        except (OSError, SafetensorError) as error:
+            raise CheckpointError(f"{file}: not a readable safetensors file ({error})") from error
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        raise CheckpointError(f"{path}: {len(missing)} {what} tensors missing, e.g. {prefix}{missing[0]}")
+    module.load_state_dict(found, assign=True)
+    return module.eval()
+
+
 def _target_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if name.rsplit(".", 1)[-1] in FLOAT32_PARAMETERS else dtype
 

@@ -28,11 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from flide_sdk.errors import CheckpointError
-from flide_sdk.models.checkpoint import read_raw_config, tensor_files
+from flide_sdk.models.checkpoint import load_module_weights, read_raw_config, tensor_files
 
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)  # the processor's allowed max_soft_tokens
 
@@ -346,27 +345,7 @@ def load_gemma_vision_tower(path: Path, config: GemmaVisionConfig, files: list[P
     safetensors `files`), shapes checked as read."""
     with torch.device("meta"):
         tower = GemmaVisionTower(config)
-    expected = {name: tuple(t.shape) for name, t in tower.state_dict().items()}
-    found: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt", device="cpu") as reader:
-                for key in reader.keys():  # noqa: SIM118 (a safe_open reader is not iterable)
-                    name = key.removeprefix("model.")
-                    if not key.startswith("model.") or name not in expected:
-                        continue
-                    tensor = reader.get_tensor(key)
-                    if tuple(tensor.shape) != expected[name] or not tensor.is_floating_point():
-                        raise CheckpointError(f"{file}: {key} has shape {tuple(tensor.shape)} and dtype "
-                                              f"{tensor.dtype}, expected {expected[name]} floating point")
-                    found[name] = tensor.to(device=device, dtype=dtype)
-        except (OSError, SafetensorError) as error:
-            raise CheckpointError(f"{file}: not a readable safetensors file ({error})") from error
-    missing = sorted(set(expected) - set(found))
-    if missing:
-        raise CheckpointError(f"{path}: {len(missing)} vision tower tensors missing, e.g. model.{missing[0]}")
-    tower.load_state_dict(found, assign=True)
-    return tower.eval()
+    return load_module_weights(tower, path, files, "model.", device, dtype, "vision tower")
 
 
 def gemma_image_ids(config: GemmaVisionConfig, patches: GemmaImagePatches) -> np.ndarray:

@@ -25,11 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from flide_sdk.errors import CheckpointError, InvalidAssetError
-from flide_sdk.models.checkpoint import read_raw_config, tensor_files
+from flide_sdk.models.checkpoint import load_module_weights, read_raw_config, tensor_files
 
 MAX_ASPECT_RATIO = 200  # the processor refuses images more elongated than this
 
@@ -316,28 +315,7 @@ def load_vision_tower(path: Path, config: VisionConfig, files: list[Path], devic
     """The tower's weights (`model.visual.*` in the checkpoint's safetensors `files`), shapes checked as read."""
     with torch.device("meta"):
         tower = VisionTower(config)
-    expected = {name: tuple(t.shape) for name, t in tower.state_dict().items()}
-    found: dict[str, torch.Tensor] = {}
-    prefix = "model.visual."
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt", device="cpu") as reader:
-                for key in reader.keys():  # noqa: SIM118 (a safe_open reader is not iterable)
-                    name = key.removeprefix(prefix)
-                    if not key.startswith(prefix) or name not in expected:
-                        continue
-                    tensor = reader.get_tensor(key)
-                    if tuple(tensor.shape) != expected[name] or not tensor.is_floating_point():
-                        raise CheckpointError(f"{file}: {key} has shape {tuple(tensor.shape)} and dtype "
-                                              f"{tensor.dtype}, expected {expected[name]} floating point")
-                    found[name] = tensor.to(device=device, dtype=dtype)
-        except (OSError, SafetensorError) as error:
-            raise CheckpointError(f"{file}: not a readable safetensors file ({error})") from error
-    missing = sorted(set(expected) - set(found))
-    if missing:
-        raise CheckpointError(f"{path}: {len(missing)} vision tower tensors missing, e.g. {prefix}{missing[0]}")
-    tower.load_state_dict(found, assign=True)
-    return tower.eval()
+    return load_module_weights(tower, path, files, "model.visual.", device, dtype, "vision tower")
 
 
 @dataclass(frozen=True)
