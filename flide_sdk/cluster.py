@@ -3,7 +3,9 @@ holds its checkpoints.
 
 `deployment(path, num_replicas=...)` is a Serve application of `FlideReplica`: one `Engine` per replica (one GPU
 each with `ray_actor_options={"num_gpus": 1}`). `ClusterClient(handle)` is the async API an application uses:
-`await client.ask(state, questions)`, `client.session()` with `append`, `ask` and `fork`. Affinity: a session's
+`await client.ask(state, questions, assets=...)`, `client.session()` with `append`, `ask` and `fork`. Images are
+decoded and checked at the client (InvalidAssetError before anything is sent) and travel decoded, so a replica
+never reads a client's files and sees the same pixels and digests. Affinity: a session's
 asks carry its family's id (a session and its forks share one, so forks find their parent's checkpoints) as
 Serve's multiplexed model id, which Serve routes to a replica that has served it (docs/decisions/
 cluster-affinity.md). The client keeps each session's history; a replica keeps its own session per session id
@@ -22,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from flide_sdk.engine import Engine
-from flide_sdk.errors import FlideError, QueueFullError, ReplicaError
+from flide_sdk.errors import FlideError, InvalidAssetError, QueueFullError, ReplicaError
+from flide_sdk.images import Assets, DecodedImage, decode_assets
 from flide_sdk.options import MAX_PENDING
 from flide_sdk.questions import Questions, State, SystemOneResponse
 from flide_sdk.session import Session
@@ -40,6 +43,14 @@ class SessionReply:
     replica: str
 
 
+@dataclass(frozen=True)
+class HistoryItem:
+    """One appended history item and the images its text names, decoded at the client."""
+
+    item: str | Mapping[str, Any]
+    assets: Mapping[str, DecodedImage] = field(default_factory=dict)
+
+
 @dataclass
 class _Held:
     session: Session
@@ -54,10 +65,11 @@ class FlideReplica:
         self.sessions: dict[str, _Held] = {}
         self.name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
-    async def ask(self, state: State, questions: Questions) -> SystemOneResponse:
-        return await self.engine.ask(state, questions)
+    async def ask(self, state: State, questions: Questions, assets: Assets | None = None) -> SystemOneResponse:
+        return await self.engine.ask(state, questions, assets=assets)
 
-    async def session_ask(self, session_id: str, first: int, items: list[Any], questions: Questions) -> SessionReply:
+    async def session_ask(self, session_id: str, first: int, items: list[HistoryItem], questions: Questions
+                          ) -> SessionReply:
         """Append `items` (history items `first` on) to the session, then ask; if it holds fewer than `first`
         items, ask nothing and say how many it holds."""
         held = self.sessions.get(session_id)
@@ -65,8 +77,8 @@ class FlideReplica:
             held = self.sessions[session_id] = _Held(self.engine.session(), 0)
         if first > held.items:
             return SessionReply(None, held.items, self.name)
-        for item in items[held.items - first :]:
-            held.session.append(item)
+        for entry in items[held.items - first :]:
+            held.session.append(entry.item, assets=entry.assets or None)
         held.items = first + len(items)
         return SessionReply(await held.session.ask(questions), held.items, self.name)
 
@@ -92,7 +104,7 @@ def deployment(path: str | Path, *, num_replicas: int = 1, ray_actor_options: Ma
         async def route(self, family: str) -> str:
             return family
 
-        async def session_ask(self, session_id: str, first: int, items: list[Any], questions: Questions
+        async def session_ask(self, session_id: str, first: int, items: list[HistoryItem], questions: Questions
                               ) -> SessionReply:
             family = serve.get_multiplexed_model_id()
             if family:
@@ -129,9 +141,11 @@ class ClusterClient:
     def __init__(self, handle: Any) -> None:
         self.handle = handle
 
-    async def ask(self, state: State, questions: Questions) -> SystemOneResponse:
+    async def ask(self, state: State, questions: Questions, *, assets: Assets | None = None) -> SystemOneResponse:
+        """`Engine.ask` on a replica; `assets` are decoded here (InvalidAssetError before anything is sent)."""
+        decoded = decode_assets(assets) or None
         try:
-            return await self.handle.ask.remote(state, questions)
+            return await self.handle.ask.remote(state, questions, decoded)
         except Exception as error:  # noqa: BLE001 - mapped to the SDK's errors
             _raise_as_flide(error)
 
@@ -155,13 +169,21 @@ class ClusterSession:
 
     client: ClusterClient
     family: str
-    items: list[Any] = field(default_factory=list)
+    items: list[HistoryItem] = field(default_factory=list)
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     replicas: list[str] = field(default_factory=list)
     _acknowledged: int = 0  # items the replica that answered last holds
+    _digests: dict[str, bytes] = field(default_factory=dict)  # each placeholder's image so far
 
-    def append(self, item: str | Mapping[str, Any]) -> None:
-        self.items.append(item)
+    def append(self, item: str | Mapping[str, Any], *, assets: Assets | None = None) -> None:
+        """Add a history item and the images its text names (decoded here: InvalidAssetError with the history
+        unchanged; a placeholder names one image for the whole session, as in `Session.append`)."""
+        decoded = decode_assets(assets)
+        for name, image in decoded.items():
+            if self._digests.get(name, image.digest) != image.digest:
+                raise InvalidAssetError(name, "this placeholder already names another image in this session")
+        self.items.append(HistoryItem(item, decoded))
+        self._digests.update((name, image.digest) for name, image in decoded.items())
 
     async def ask(self, questions: Questions) -> SystemOneResponse:
         first = self._acknowledged
@@ -182,4 +204,4 @@ class ClusterSession:
 
     def fork(self) -> ClusterSession:
         """A session with the same history, routed with its parent (whose checkpoints it resumes from)."""
-        return ClusterSession(self.client, self.family, list(self.items))
+        return ClusterSession(self.client, self.family, list(self.items), _digests=dict(self._digests))

@@ -432,3 +432,43 @@ def test_decide_sends_image_arguments_as_assets(generic, decide):
     assert got.probabilities["red"][True] == pytest.approx(answers["red"].noul, abs=1e-6)
     text_only = generic.ask_sync(state, look.questions)  # the reference read as text: another answer
     assert text_only["red"].noul != pytest.approx(answers["red"].noul, abs=1e-6)
+
+
+@pytest.mark.asyncio
+async def test_cluster_sessions_carry_their_images_to_the_replica_that_takes_them_over(vl_path, decide):
+    # mutations: a replica's session append dropping an item's assets (the placeholder read as text); assets
+    # checked on the replica, not before sending (a bad one is then a ReplicaError with every replica lost); a bad
+    # asset or a placeholder's second image accepted into the client's history
+    from flide_sdk.cluster import ClusterClient, FlideReplica
+    from tests.test_cluster import FakeHandle
+
+    load = {"device": "cpu", "dtype": "float32", "graphs": False, "rendering": "transformers"}
+    replicas = [FlideReplica(str(vl_path), load) for _ in range(2)]
+    handle = FakeHandle(replicas)
+    client = ClusterClient(handle)
+    try:
+        assets = {"<screen-2>": screens(3, seed=60)["<screen-2>"]}  # a PNG file's path
+        lone = await client.ask("The third window: <screen-2>", QUESTIONS, assets=assets)
+        assert_as_pipeline(decide, "The third window: <screen-2>", QUESTIONS, {"<screen-2>": noise(80, 50, seed=62)},
+                           lone)
+        session, state, seen = client.session(), "", {}
+        for step in range(3):
+            name, picture = f"<shot-{step}>", noise(40 + 8 * step, 60, seed=200 + step)
+            text = f"Step {step}: the agent clicked and saw {name}. "
+            session.append(text, assets={name: picture})
+            state, seen[name] = state + text, picture
+            if step == 2:
+                handle.lost.add(handle.routes[session.family])  # its replica is lost: the other one recomputes
+            assert_as_pipeline(decide, state, QUESTIONS, seen, await session.ask(QUESTIONS))
+        assert len(set(session.replicas)) == 2
+        with pytest.raises(InvalidAssetError):
+            session.append("a bad one <bad>", assets={"<bad>": b"not an image"})
+        with pytest.raises(InvalidAssetError, match="already names another image"):
+            session.append("again <shot-0>", assets={"<shot-0>": noise(20, 20, seed=9)})
+        assert_as_pipeline(decide, state, QUESTIONS, seen, await session.ask(QUESTIONS))  # history as it was
+        handle.lost.update((0, 1))
+        with pytest.raises(InvalidAssetError):
+            await client.ask("see <a>", QUESTIONS, assets={"<a>": b"GIF89a"})
+    finally:
+        for replica in replicas:
+            replica.engine.close()
