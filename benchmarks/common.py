@@ -67,6 +67,36 @@ def build_random_checkpoint(model_size: str, target: Path, seed: int = 0) -> Pat
     return target
 
 
+
+# Qwen3-VL's released image processor settings, which Qwen3.5's vision tower shares: 16-pixel patches, 2 x 2
+# merge, 2 frames per patch, between 256^2 and 4096^2 pixels (preprocessor_config.json's `size`)
+QWEN_IMAGE_PROCESSOR = {"patch_size": 16, "merge_size": 2, "temporal_patch_size": 2, "min_pixels": 65536,
+                        "max_pixels": 16777216}
+
+
+def build_random_vl_checkpoint(model_size: str, target: Path, seed: int = 0) -> Path:
+    """A release-layout (`qwen3_5`, vision tower included) Qwen3.5 checkpoint with the release config, random bf16
+    weights from transformers' own initialisation, the real tokenizer with a chat template that prints image
+    blocks as Qwen3.5's does, and Qwen3-VL's image processor settings: what `pipeline("decision")` and both
+    engines load."""
+    from transformers import PreTrainedTokenizerFast, Qwen3_5Config, Qwen3_5ForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from tests.vision_checkpoint import VL_CHAT_TEMPLATE
+
+    config = Qwen3_5Config.from_dict(release_config(model_size))
+    torch.manual_seed(seed)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = Qwen3_5ForConditionalGeneration._from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(target)
+    del model
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(data_path("tokenizer", "qwen3.5", "tokenizer.json")),
+                                        eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.chat_template = VL_CHAT_TEMPLATE
+    tokenizer.save_pretrained(target)
+    Qwen2VLImageProcessorPil(**QWEN_IMAGE_PROCESSOR).save_pretrained(target)
+    return target
+
 GEMMA_VOCAB = 262144  # Gemma 4's vocabulary, every size
 
 

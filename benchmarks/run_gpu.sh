@@ -8,6 +8,7 @@
 #   investigation steps (benchmarks/investigations/): check profile qps-threads host-wake
 #   self-checks of new paths (investigations/): gemma-check fp8-check full-card
 #   flide 0.1.4 side by side (its wheels in .whl): vs-flide (SIZES may name Gemma 4 sizes: E4B 31B --turns ...)
+#   photographs in asks against flide 0.1.4 and pipeline("decision") (.whl-tf, .bench-images carried): images
 #   (default: attention gdn fidelity)
 # JSON results land in $OUT (one <benchmark>-<size>.json per benchmark and size) with a combined log; on the
 # development machine `python benchmarks/readme_results.py --record <the returned files>` makes them the latest
@@ -76,6 +77,11 @@ for step in $steps; do
     fp8-check) python3 benchmarks/investigations/fp8_cuda_check.py --out "$OUT/fp8_cuda_check.json" | tail -c 3000 ;;
     full-card) for free in 3 1.5; do python3 benchmarks/investigations/full_card.py --model-size 0.8B --free-gib $free \
       | tail -c 800; done ;;
+    images) for size in $sizes; do  # needs .whl-tf (transformers 5.25, Pillow) and .bench-images carried: README
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tf .whl-tf/*.whl
+        FLIDE_BENCH_DATA=${FLIDE_BENCH_DATA:-$PWD/.bench-images} PYTHONPATH=/tmp/tf:/tmp/flide:$PYTHONPATH \
+          python3 benchmarks/images.py --model-size $size > /dev/null 2> "/tmp/images-$size.err"
+        tail -c 2500 "/tmp/images-$size.err"; done ;;
     vs-flide) for size in $sizes; do  # both engines resident unless the shape needs turns (31B, 26B-A4B)
         turns=$(case $size in 31B|26B-A4B) echo --turns ;; esac)
         PYTHONPATH=/tmp/flide:$PYTHONPATH python3 benchmarks/vs_flide.py --model-size $size $turns > /dev/null \

@@ -24,6 +24,8 @@ import asyncio
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +70,13 @@ def throughput_asks(block: int, count: int) -> list[tuple[Any, dict]]:
 class Sdk:
     name = "flide_sdk"
 
-    def __init__(self, path: Path, device: str, dtype: str, graphs: bool, fp8: bool) -> None:
+    def __init__(self, path: Path, device: str, dtype: str, graphs: bool, fp8: bool, **options: Any) -> None:
         from benchmarks.common import load_engine
 
-        self.engine, self.load = load_engine(path, device, dtype, graphs, weights="fp8" if fp8 else None)
+        self.engine, self.load = load_engine(path, device, dtype, graphs, weights="fp8" if fp8 else None, **options)
 
-    async def ask(self, state: Any, questions: dict) -> list[float]:
-        response = await self.engine.ask(state, questions)
+    async def ask(self, state: Any, questions: dict, assets: dict | None = None) -> list[float]:
+        response = await self.engine.ask(state, questions, assets=assets)
         return [p for answer in response.values()
                 for p in ([answer.noul] if hasattr(answer, "noul") else answer.probabilities.values())]
 
@@ -83,37 +85,54 @@ class Sdk:
 
 
 # ------------------------------------------------------------------------------------------- flide arm
-def flide_format(renderer_path: Path):
-    """Register the `sdk_ids` format with flide: its plan is flide_sdk's rendering (the same ids), its head the
-    output rows of every label flide_sdk reads, its finish a softmax over each question's labels."""
+@dataclass(frozen=True)
+class SamePrompt:
+    """A request as flide_sdk renders it, for flide: the ids, and flide's vision inputs for the images in the trunk
+    (`Plan.vision`: pixel_values, image_grid_thw, mm_token_type_ids) or None."""
+
+    rendered: Any  # flide_sdk.prompt.base.Rendered
+    vision: dict[str, torch.Tensor] | None = None
+
+
+Render = Callable[[Any, dict, list], SamePrompt]  # (state, questions, the request's images) -> its prompt
+
+
+def text_render(path: Path) -> Render:
+    """flide_sdk's own chat format of the checkpoint at `path`, text only."""
+    from flide_sdk.prompt.base import as_rendered
+    from flide_sdk.prompt.chat import ChatFormat
+    from flide_sdk.questions import parse_questions
+
+    chat = ChatFormat.from_checkpoint(path, 1 << 20)
+    return lambda state, questions, images: SamePrompt(as_rendered(chat.parts(state, parse_questions(questions))))
+
+
+def flide_format(render: Render, label_id: Callable[[str], int]):
+    """Register the `sdk_ids` format with flide: its plan is flide_sdk's rendering (`render`: the same ids, and
+    the same pixels for images), its head the output rows of every label flide_sdk reads (`label_id`), its finish a
+    softmax over each question's labels."""
     import math
 
     from flide.formats import register
     from flide.formats.base import Plan, Read
     from flide.formats.next_token import NextToken, TokenRows
 
-    from flide_sdk.prompt.base import as_rendered
-    from flide_sdk.prompt.chat import ChatFormat
-    from flide_sdk.questions import parse_questions
+    label_index = {label_id(label): i for i, label in enumerate(LABELS)}
 
     @register("sdk_ids")
     class SameIds(NextToken):
-        def __init__(self, model_dir: str, **options: Any) -> None:
-            super().__init__(model_dir, **options)
-            self.chat = ChatFormat.from_checkpoint(renderer_path, 1 << 20)
-            self.label_index = {self.chat.tokens.label_id(label): i for i, label in enumerate(LABELS)}
-
         def load_heads(self, backbone) -> dict[str, Any]:
             weight, bias = backbone.output_head()
-            return {"sdk": TokenRows(weight, list(self.label_index), bias)}
+            return {"sdk": TokenRows(weight, list(label_index), bias)}
 
         def plan(self, request, **_: Any) -> Plan:
             questions = {name: q.model_dump(exclude_none=True) for name, q in request.questions.items()}
-            rendered = as_rendered(self.chat.parts(request.state, parse_questions(questions)))
-            data = [(questions[name]["type"] == "noul", [self.label_index[int(i)] for i in q.label_ids])
+            prompt = render(request.state, questions, getattr(request, "images", None) or [])
+            rendered = prompt.rendered
+            data = [(questions[name]["type"] == "noul", [label_index[int(i)] for i in q.label_ids])
                     for name, q in rendered.questions.items()]
             return Plan(rendered.state_ids.tolist(), [q.ids.tolist() for q in rendered.questions.values()],
-                        (Read("sdk"),), data)
+                        (Read("sdk"),), data, vision=prompt.vision)
 
         def finish(self, request, plan: Plan, outputs, **_: Any):
             probabilities = []
@@ -131,13 +150,16 @@ def flide_format(renderer_path: Path):
 class Flide:
     name = "flide"
 
-    def __init__(self, path: Path, device: str, dtype: str, graphs: bool, fp8: bool) -> None:
+    def __init__(self, path: Path, device: str, dtype: str, graphs: bool, fp8: bool,
+                 render: Render | None = None) -> None:
         import flide
         from flide.api.schema import SystemOneRequest
         from flide.runtime.engine import Engine
         from flide.runtime.online import Batcher
 
-        flide_format(path)
+        from flide_sdk.text.tokens import Tokens
+
+        flide_format(render or text_render(path), Tokens.from_checkpoint(path, 1 << 20).label_id)
         started = time.perf_counter()
         self.engine = Engine(str(path), format="sdk_ids", device=f"{device}:0" if device == "cuda" else device,
                              dtype="bfloat16" if dtype == "bfloat16" else "float32",
@@ -146,13 +168,17 @@ class Flide:
         self.load = {"version": flide.__version__, "load_seconds": time.perf_counter() - started}
         self.request = SystemOneRequest.model_validate
 
-    async def ask(self, state: Any, questions: dict) -> list[float]:
-        """A lone ask: the engine's decide, as flide's server runs one without a batcher."""
-        return self.engine.decide(self.request({"state": state, "questions": questions}))[0]
+    def _request(self, state: Any, questions: dict, images: list | None):
+        return self.request({"state": state, "questions": questions, **({"images": images} if images else {})})
 
-    async def client_ask(self, state: Any, questions: dict) -> None:
+    async def ask(self, state: Any, questions: dict, images: list | None = None) -> list[float]:
+        """A lone ask: the engine's decide, as flide's server runs one without a batcher; `images` as flide's
+        requests carry them (base64)."""
+        return self.engine.decide(self._request(state, questions, images))[0]
+
+    async def client_ask(self, state: Any, questions: dict, images: list | None = None) -> None:
         """An ask among many: plan, forward and finish through the Batcher, as flide's server does."""
-        request = self.request({"state": state, "questions": questions})
+        request = self._request(state, questions, images)
         plan = await asyncio.wrap_future(self.batcher.plan(request))
         branches, _ = await asyncio.wrap_future(self.batcher.forward(plan))
         while (follow := await asyncio.wrap_future(self.batcher.follow_up(request, plan, branches))) is not None:
@@ -184,9 +210,9 @@ async def lone(arm, asks: list[tuple[Any, dict]]) -> tuple[float, list[float]]:
     return statistics.median(times), answers
 
 
-async def clients(arm, asks: list[tuple[Any, dict]], count: int) -> float:
+async def clients(ask: Callable[..., Any], asks: list[tuple], count: int) -> float:
+    """Requests per second of `count` clients taking `ask(*args)` of `asks` one after another."""
     pending = list(asks)
-    ask = getattr(arm, "client_ask", arm.ask)
     started = time.perf_counter()
 
     async def client() -> None:
@@ -212,7 +238,7 @@ def run_blocks(arms: list, args, phases, lone_ms: dict, throughput: dict) -> dic
             if block in (0, args.blocks):  # the clients' run: warm-up, then once at the end
                 asks = throughput_asks(block, 16 if args.tiny else args.client_requests)
                 for arm in order:
-                    rate = asyncio.run(clients(arm, asks, args.clients))
+                    rate = asyncio.run(clients(getattr(arm, "client_ask", arm.ask), asks, args.clients))
                     if block:
                         throughput[arm.name].append(rate)
     return answers
