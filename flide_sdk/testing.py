@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +39,7 @@ TINY_CHAT_TEMPLATE = (
     "{%- endif %}"
     "{%- endif %}"
 )
-_WORDS = (
-    "the a an of to and in is it that for on with as was be this by at or from are not have has had but all "
-    "can will one more if no yes out so what when which there their they we you he she his her them then "
-    "than into up down over after before about time work step file test error run agent tool action next "
-    "state question answer option level score choice reply letter number only with yes no true false open "
-    "close read write edit patch fix bug issue code line function class module import return value list "
-    "dict string json key name type order refund replace customer message urgent severity low mid high "
-    "done stuck loop fail pass check search find look think plan need want make use get set new old big "
-    "small good bad first last other same each every some many most few very also just still again here "
-    "now today week hour day reply within need should could would must may might article story passage "
-    "reader writer people city water school book year world house family child man woman friend teacher"
-).split()
+_WORDS = ["the", "a", "an", "of", "to", "and", "in", "is", "it", "that", "for", "on", "with", "as", "was", "be", "this", "by", "at", "or", "from", "are", "not", "have", "has", "had", "but", "all", "can", "will", "one", "more", "if", "no", "yes", "out", "so", "what", "when", "which", "there", "their", "they", "we", "you", "he", "she", "his", "her", "them", "then", "than", "into", "up", "down", "over", "after", "before", "about", "time", "work", "step", "file", "test", "error", "run", "agent", "tool", "action", "next", "state", "question", "answer", "option", "level", "score", "choice", "reply", "letter", "number", "only", "with", "yes", "no", "true", "false", "open", "close", "read", "write", "edit", "patch", "fix", "bug", "issue", "code", "line", "function", "class", "module", "import", "return", "value", "list", "dict", "string", "json", "key", "name", "type", "order", "refund", "replace", "customer", "message", "urgent", "severity", "low", "mid", "high", "done", "stuck", "loop", "fail", "pass", "check", "search", "find", "look", "think", "plan", "need", "want", "make", "use", "get", "set", "new", "old", "big", "small", "good", "bad", "first", "last", "other", "same", "each", "every", "some", "many", "most", "few", "very", "also", "just", "still", "again", "here", "now", "today", "week", "hour", "day", "reply", "within", "need", "should", "could", "would", "must", "may", "might", "article", "story", "passage", "reader", "writer", "people", "city", "water", "school", "book", "year", "world", "house", "family", "child", "man", "woman", "friend", "teacher"]
 
 
 def _training_corpus(seed: int) -> list[str]:
@@ -254,11 +244,17 @@ def make_tiny_checkpoint(path: str | Path, seed: int = 0, **config_overrides: An
 
 def tiny_checkpoint(seed: int = 0) -> Path:
     """The cached tiny checkpoint for `seed` in the temp dir, built on first use."""
-    target = Path(tempfile.gettempdir()) / f"flide_sdk-tiny-v{TINY_FORMAT}-seed{seed}"
+    return cached_checkpoint(f"flide_sdk-tiny-v{TINY_FORMAT}-seed{seed}", lambda path: make_tiny_checkpoint(path, seed))
+
+
+def cached_checkpoint(name: str, make: Callable[[Path], Any]) -> Path:
+    """The checkpoint directory `name` in the temp dir, written by `make(path)` on first use: into a staging
+    directory moved into place when complete, so concurrent test processes never read a partial one."""
+    target = Path(tempfile.gettempdir()) / name
     if (target / ".complete").is_file():
         return target
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    make_tiny_checkpoint(staging, seed=seed)
+    make(staging)
     (staging / ".complete").touch()
     try:
         os.replace(staging, target)

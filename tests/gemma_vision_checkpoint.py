@@ -14,15 +14,18 @@ written by `Gemma4ForConditionalGeneration.save_pretrained` (release layout: `mo
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from tokenizers import AddedToken, Tokenizer
 
-from flide_sdk.testing import GEMMA_CHAT_TEMPLATE, gemma_tokenizer, train_gemma_tokenizer, write_gemma_tokenizer
+from flide_sdk.testing import (
+    GEMMA_CHAT_TEMPLATE,
+    cached_checkpoint,
+    gemma_tokenizer,
+    train_gemma_tokenizer,
+    write_gemma_tokenizer,
+)
 
 MEDIA_TOKENS = {  # the releases' ids and the tokenizer_config.json keys naming them
     255999: ("<|image>", "boi_token"), 258880: ("<|image|>", "image_token"), 258882: ("<image|>", "eoi_token"),
@@ -123,14 +126,5 @@ def gemma_vision_processor(path: str | Path):
 
 def gemma_vision_checkpoint(seed: int = 0) -> Path:
     """The cached tiny Gemma 4 vision-language checkpoint for `seed` in the temp dir."""
-    target = Path(tempfile.gettempdir()) / f"flide_sdk-tiny-gemma-vl-v2-seed{seed}"
-    if (target / ".complete").is_file():
-        return target
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    make_gemma_vision_checkpoint(staging, seed=seed)
-    (staging / ".complete").touch()
-    try:
-        os.replace(staging, target)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return cached_checkpoint(f"flide_sdk-tiny-gemma-vl-v2-seed{seed}",
+                             lambda path: make_gemma_vision_checkpoint(path, seed=seed))

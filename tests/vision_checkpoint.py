@@ -9,14 +9,11 @@ and `Qwen3VLProcessor.save_pretrained` (preprocessor_config.json, tokenizer, cha
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
-from flide_sdk.testing import tiny_config_json, train_tiny_tokenizer
+from flide_sdk.testing import cached_checkpoint, tiny_config_json, train_tiny_tokenizer
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 VL_CHAT_TEMPLATE = (
@@ -111,14 +108,4 @@ def tiny_vl_processor(path: str | Path):
 
 def tiny_vl_checkpoint(seed: int = 0) -> Path:
     """The cached tiny vision-language checkpoint for `seed` in the temp dir."""
-    target = Path(tempfile.gettempdir()) / f"flide_sdk-tiny-vl-v1-seed{seed}"
-    if (target / ".complete").is_file():
-        return target
-    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    make_tiny_vl_checkpoint(staging, seed=seed)
-    (staging / ".complete").touch()
-    try:
-        os.replace(staging, target)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return cached_checkpoint(f"flide_sdk-tiny-vl-v1-seed{seed}", lambda path: make_tiny_vl_checkpoint(path, seed=seed))
