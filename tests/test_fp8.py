@@ -234,3 +234,25 @@ def test_lora_adapters_merge_before_quantizing(tiny_path, tmp_path):
             results.append(probabilities(ask_all(engine, requests), requests))
     for got, expected in zip(*results):
         np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_the_token_quantization_kernel_is_bit_equal_to_its_definition(dtype):
+    """`quantize_rows_triton` (the CUDA engine's, interpreted here) against `quantize_rows`: rows over six decades
+    of scale, a zero row, one dominated by an outlier, a width past one block, strided rows; then every float32 step
+    of a sweep over e4m3's range (ties, subnormals, signed zeros) at scale 1. Mutations caught: a plain cast to
+    float8 (the interpreter rounds a carry into the next power of two down: 127.2 -> 64), the zero's sign dropped."""
+    from flide_sdk.kernels.fp8 import quantize_rows
+    from flide_sdk.kernels.fp8_quantize import QUANTIZE_BLOCK, quantize_rows_triton
+
+    generator = torch.Generator().manual_seed(3)
+    wide = torch.randn(7, QUANTIZE_BLOCK + 500, generator=generator) * torch.logspace(-3, 3, 7)[:, None]
+    wide[3] = 0.0
+    wide[4, 5] = 1e4
+    x = wide.to(dtype)[:, : QUANTIZE_BLOCK + 300]  # strided rows
+    sweep = torch.cat([torch.linspace(-448.0, 448.0, 200_001), torch.tensor([448.0, -0.0, 2.0**-10, 3 * 2.0**-10,
+                                                                             -(2.0**-11), 0.5 + 2.0**-5])])
+    for tokens in (x, sweep.to(dtype)[None, :]):
+        want, got = quantize_rows(tokens), quantize_rows_triton(tokens)
+        assert torch.equal(got.scale, want.scale)
+        assert torch.equal(got.values.view(torch.uint8), want.values.view(torch.uint8))

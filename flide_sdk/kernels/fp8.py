@@ -2,7 +2,8 @@
 on the device (dynamic: no calibration, no host sync), products through `torch._scaled_mm` with row-wise scales.
 
 `Fp8Weight` is what a quantized projection holds in place of its weight tensor; `fp8_linear` is the op (CPU and
-sm90), `fp8_linear_reference` its definition in float32 arithmetic on the dequantized operands. The routed
+sm90), `fp8_linear_reference` its definition in float32 arithmetic on the dequantized operands. On CUDA the
+tokens' quantization is one kernel (`kernels.fp8_quantize`) in place of `quantize_rows`, its definition. The routed
 experts of an MoE FFN are weight-only FP8 (`moe_experts_fp8`): no grouped FP8 GEMM runs on every device a round
 may run on (`torch._scaled_grouped_mm` is CUDA-only and wants 16-row groups), so their weights are dequantized to
 the compute dtype per call and go through the compute dtype's grouped GEMMs (docs/decisions/fp8-weights.md).
@@ -66,10 +67,12 @@ def stacked(weights: list[Fp8Weight]) -> Fp8Weight:
     return Fp8Weight(torch.stack([w.values for w in weights]), torch.stack([w.scale for w in weights]))
 
 
-def fp8_linear(x: torch.Tensor, weight: Fp8Weight) -> torch.Tensor:
-    """x [T, K] @ weight.T -> [T, N] in x's dtype: x quantized per token (`quantize_rows`), one row-wise scaled GEMM
-    (float32 accumulation) with the token and weight scales applied to its output."""
-    tokens = quantize_rows(x)
+def fp8_linear(x: torch.Tensor, weight: Fp8Weight,
+               quantize: Callable[[torch.Tensor], Fp8Weight] = quantize_rows) -> torch.Tensor:
+    """x [T, K] @ weight.T -> [T, N] in x's dtype: x quantized per token (`quantize`: `quantize_rows` or its
+    kernel), one row-wise scaled GEMM (float32 accumulation) with the token and weight scales applied to its
+    output."""
+    tokens = quantize(x)
     return torch._scaled_mm(tokens.values, weight.values.t(), scale_a=tokens.scale[:, None],
                             scale_b=weight.scale[None, :], out_dtype=x.dtype)
 

@@ -214,7 +214,11 @@ def ops_for(device: torch.device, batch_invariant: bool = False, fp8: bool = Fal
     """The op set the engine uses on `device`: kernels on CUDA, the torch references elsewhere; in the
     batch-invariant mode, their fixed-order forms; for a model with FP8 projections, `fp8_ops` of those."""
     if device.type == "cuda":
+        from flide_sdk.kernels.fp8_quantize import quantize_rows_triton
+
         ops = kernel_ops(batch_invariant)
+        product = functools.partial(fp8_linear, quantize=quantize_rows_triton)
     else:
         ops = invariant_reference_ops if batch_invariant else reference_ops
-    return fp8_ops(ops) if fp8 else ops
+        product = fp8_linear
+    return fp8_ops(ops, product) if fp8 else ops
