@@ -1,5 +1,6 @@
-"""GPU self-check of FP8 weights (issue 64 item 4): the FP8 GEMM against its float reference on CUDA, inside a CUDA
-graph, its time next to bf16's at 4B's projection shapes, and tiny engines (dense and MoE Qwen3.5) loaded with
+"""GPU self-check of FP8 weights (issue 64 item 4): the tokens' quantization kernel bit-equal to its definition on
+CUDA, the FP8 GEMM against its float reference, inside a CUDA graph, its time (with the kernel's quantization, with
+torch's, and the GEMM alone) next to bf16's at 4B's projection shapes, and tiny engines (dense and MoE Qwen3.5) loaded with
 weights="fp8" on CUDA (bf16, graphs) against the same FP8 engine on CPU in float32 and the CUDA bf16 engine.
 Prints JSON (and writes it with --out).
 
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 import flide_sdk as fl
 from flide_sdk.kernels.fp8 import fp8_linear, fp8_linear_reference, quantize_rows
+from flide_sdk.kernels.fp8_quantize import quantize_rows_triton
 from flide_sdk.models.checkpoint import random_state_dict, save_text_checkpoint
 from flide_sdk.models.config import Qwen35Config
 from flide_sdk.testing import tiny_checkpoint, tiny_config_json, write_tokenizer_files
@@ -35,6 +37,10 @@ def op_check() -> dict:
         weight = quantize_rows(torch.randn(2048, 1024, device="cuda", generator=generator) / 32)
         got, expected = fp8_linear(x, weight).float(), fp8_linear_reference(x, weight).float()
         found[f"T{tokens}_max_rel_to_reference"] = float(((got - expected).abs().max() / expected.abs().max()))
+        kernel, torch_ops = quantize_rows_triton(x * 3), quantize_rows(x * 3)
+        found[f"T{tokens}_quantize_kernel_bit_equal"] = bool(
+            torch.equal(kernel.scale, torch_ops.scale)
+            and torch.equal(kernel.values.view(torch.uint8), torch_ops.values.view(torch.uint8)))
     x = torch.randn(333, 1024, device="cuda", generator=generator).bfloat16()
     static = x.clone()
     eager = fp8_linear(static, weight)
@@ -70,7 +76,9 @@ def gemm_times() -> dict:
             tokens_q = quantize_rows(x)
             found[f"T{tokens}_K{k}_N{n}"] = {
                 "bf16_ms": timed(lambda x=x, dense=dense: F.linear(x, dense)),
-                "fp8_ms": timed(lambda x=x, weight=weight: fp8_linear(x, weight)),
+                "fp8_ms": timed(lambda x=x, weight=weight: fp8_linear(x, weight, quantize_rows_triton)),
+                "fp8_torch_quantize_ms": timed(lambda x=x, weight=weight: fp8_linear(x, weight)),
+                "quantize_kernel_ms": timed(lambda x=x: quantize_rows_triton(x)),
                 "fp8_gemm_only_ms": timed(lambda q=tokens_q, weight=weight: torch._scaled_mm(
                     q.values, weight.values.t(), scale_a=q.scale[:, None], scale_b=weight.scale[None, :],
                     out_dtype=torch.bfloat16)),
