@@ -385,7 +385,8 @@ def load_engine(path: Path, device: str, dtype: str, graphs: bool, **options: An
     loaded = time.perf_counter()
     engine.wait_for_graphs()  # the workloads time replays, not the eager rounds of the background capture
     return engine, {"graphs": graphs, "load_options": options, "load_seconds": loaded - started,
-                    "graphs_ready_seconds": time.perf_counter() - started, "switch_interval_s": sys.getswitchinterval()}
+                    "graphs_ready_seconds": time.perf_counter() - started, "switch_interval_s": sys.getswitchinterval(),
+                    "memory_bytes": engine.info()["memory_bytes"]}  # weights, graphs, pool, work space after load
 
 
 def engine_settings(args) -> tuple[bool, dict[str, Any]]:
