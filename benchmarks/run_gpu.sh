@@ -7,7 +7,8 @@
 #   several GPUs (every visible one; a machine of two or more): multi
 #   investigation steps (benchmarks/investigations/): check profile qps-threads host-wake
 #   self-checks of new paths (investigations/): gemma-check fp8-check full-card
-#   flide 0.1.4 side by side (its wheels in .whl): vs-flide (SIZES may name Gemma 4 sizes: E4B 31B --turns ...)
+#   flide 0.1.4 side by side (its wheels in .whl): vs-flide (SIZES may name Gemma 4 sizes: E4B 31B --turns ...;
+#   VS_FLIDE_ARGS=--pipeline adds pipeline("decision"), with .whl-tf carried: transformers 5.25)
 #   photographs in asks against flide 0.1.4 and pipeline("decision") (.whl-tf, .bench-images carried): images
 #   (default: attention gdn fidelity)
 # JSON results land in $OUT (one <benchmark>-<size>.json per benchmark and size) with a combined log; on the
@@ -84,7 +85,9 @@ for step in $steps; do
         tail -c 2500 "/tmp/images-$size.err"; done ;;
     vs-flide) for size in $sizes; do  # both engines resident unless the shape needs turns (31B, 26B-A4B)
         turns=$(case $size in 31B|26B-A4B) echo --turns ;; esac)
-        PYTHONPATH=/tmp/flide:$PYTHONPATH python3 benchmarks/vs_flide.py --model-size $size $turns > /dev/null \
+        [ -d .whl-tf ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/tf .whl-tf/*.whl
+        PYTHONPATH=/tmp/tf:/tmp/flide:$PYTHONPATH python3 benchmarks/vs_flide.py --model-size $size $turns \
+          ${VS_FLIDE_ARGS:-} > /dev/null \
           2> "/tmp/vs_flide-$size.err"; tail -c 1500 "/tmp/vs_flide-$size.err"; done ;;
     *) echo "unknown step $step" ;;
   esac >> "$OUT/log.txt" 2>&1

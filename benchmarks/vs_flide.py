@@ -12,7 +12,10 @@ Workloads, each ask a state no earlier ask saw: W1 (a ~2,000-token QuALITY state
 questions), RACE passages with their questions, MultiRC paragraphs with all their yes/no questions; lone
 latency in alternating blocks (ABBA over the engines, block 0 warms up), and RACE with 64 concurrent clients.
 Reported: medians per engine, sdk / flide ratios, memory in use after load, and max |dp| between the engines'
-answers (bf16 rounding only: same weights, same ids). With --fp8 both engines quantize the checkpoint's
+answers (bf16 rounding only: same weights, same ids). With --pipeline, transformers' `pipeline("decision")` on the
+same checkpoint (transformers >= 5.25) answers `--pipeline-requests` asks of each lone workload after the engines
+are closed (one warm-up first): its own generic prompt, about as long, one prompt at a time; its 64-client rate is
+1 / its RACE latency (it answers one request at a time). With --fp8 both engines quantize the checkpoint's
 projections to FP8 at load (flide: `backbone_options={"quantize": "fp8"}`, flide_sdk: `weights="fp8"`); the lone
 bar is then FP8_LONE_RATIO of flide's own FP8 (their answers then differ by both quantizations too).
 """
@@ -190,6 +193,40 @@ class Flide:
         pass
 
 
+class Pipeline:
+    """transformers' `pipeline("decision")` on the checkpoint, in the engines' dtype on their device."""
+
+    name = "pipeline"
+
+    def __init__(self, path: Path, device: str, dtype: str) -> None:
+        import transformers
+
+        started = time.perf_counter()
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        self.decide = transformers.pipeline("decision", model=model, tokenizer=tokenizer)
+        self.device = device
+        self.load = {"version": transformers.__version__, "load_seconds": time.perf_counter() - started}
+
+    async def ask(self, state: Any, questions: dict) -> list[float]:
+        answers = self.decide({"state": state, "questions": questions})
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        return [p for name in questions for p in ([answers[name]["noul"]] if answers[name]["type"] == "noul"
+                                                  else answers[name]["probabilities"].values())]
+
+
+def pipeline_lone(path: Path, device: str, dtype: str, args, phases) -> tuple[dict[str, float], dict]:
+    """The pipeline's median lone latency per workload over `args.pipeline_requests` asks of the last block's,
+    after one warm-up ask; and its load."""
+    with phases("pipeline"):
+        arm = Pipeline(path, device, dtype)
+        asks = workloads(args.blocks, args.tiny)
+        asyncio.run(arm.ask(*asks["race"][-1]))  # warm-up
+        medians = {key: asyncio.run(lone(arm, found[: args.pipeline_requests]))[0] for key, found in asks.items()}
+    return medians, arm.load
+
+
 # ------------------------------------------------------------------------------------------- driver
 def used_bytes(device: str) -> int:
     """Device memory in use (all allocators: torch's, the pool's own mappings, graphs), context excluded by
@@ -278,6 +315,9 @@ def main() -> None:
     parser.add_argument("--client-requests", type=int, default=256)
     parser.add_argument("--no-flide", action="store_true", help="the flide_sdk arm alone (CPU smoke test)")
     parser.add_argument("--fp8", action="store_true", help="both engines with FP8 weights quantized at load")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="also time pipeline(\"decision\") on the lone workloads (transformers >= 5.25)")
+    parser.add_argument("--pipeline-requests", type=int, default=2, help="the pipeline's asks per workload")
     parser.add_argument("--turns", action="store_true",
                         help="one engine at a time (shapes where both do not fit on the card): every block on "
                              "flide_sdk, then every block on flide, instead of alternating blocks")
@@ -309,15 +349,24 @@ def main() -> None:
         release_device_memory()
     gaps = {key: max(abs(x - y) for x, y in zip(*both.values(), strict=True))
             for key, both in answers.items() if len(both) == 2}
+    pipeline: dict[str, float] = {}
+    if args.pipeline:
+        pipeline, loads["pipeline"] = pipeline_lone(path, device, dtype, args, phases)
     summary: dict[str, Any] = {}
     for key in lone_ms["flide_sdk"]:
         row = {name: statistics.median(values[key]) for name, values in lone_ms.items()}
         if "flide" in row:
             row["sdk_over_flide"] = row["flide_sdk"] / row["flide"]
+        if key in pipeline:
+            row["pipeline"] = pipeline[key]
+            row["sdk_over_pipeline"] = row["flide_sdk"] / pipeline[key]
         summary[f"{key}_lone_ms"] = row
     row = {name: statistics.median(values) for name, values in throughput.items()}
     if "flide" in row:
         row["sdk_over_flide"] = row["flide_sdk"] / row["flide"]
+    if "race" in pipeline:
+        row["pipeline"] = 1000.0 / pipeline["race"]
+        row["sdk_over_pipeline"] = row["flide_sdk"] / row["pipeline"]
     summary[f"race_{args.clients}_clients_requests_per_s"] = row
     for key, row in summary.items():
         print(f"{key:40s} " + "  ".join(f"{name} {value:9.3f}" for name, value in row.items()), file=sys.stderr)
