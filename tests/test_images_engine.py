@@ -472,3 +472,44 @@ async def test_cluster_sessions_carry_their_images_to_the_replica_that_takes_the
     finally:
         for replica in replicas:
             replica.engine.close()
+
+
+def test_a_decision_checkpoint_with_images_answers_as_the_pipeline(vl_path, processor, tmp_path):
+    # a decision.json without a template (the generic prompt with the repo's labels and temperatures) next to a
+    # vision-language checkpoint: lone asks and a session of screenshots as `pipeline("decision")` answers them.
+    # Mutations: the repo's labels or temperatures dropped when images are present (the plain generic prompt's
+    # answers differ); a template that prints the state itself taking images it cannot place (a typed error instead)
+    import shutil
+
+    from tests.test_decision_models import GENERIC_CONFIG, QUESTION_TEMPLATE
+
+    path = tmp_path / "vl-decision"
+    shutil.copytree(vl_path, path)
+    (path / "decision.json").write_text(json.dumps(GENERIC_CONFIG))
+    model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    decide = transformers.pipeline("decision", model=model, tokenizer=processor.tokenizer, processor=processor,
+                                   image_processor=processor.image_processor)
+    with fl.Engine.load(path, device="cpu", dtype="float32", graphs=False) as engine:
+        for count in (1, 2):
+            assets = screens(count, seed=90 + count)
+            answers = engine.ask_sync(STATES[count], QUESTIONS, assets=assets)
+            assert_as_pipeline(decide, STATES[count], QUESTIONS, assets, answers)
+        with fl.Engine.load(vl_path, device="cpu", dtype="float32", graphs=False,
+                            rendering="transformers") as plain:  # the same model without its decision.json
+            without = plain.ask_sync(STATES[1], QUESTIONS, assets=screens(1, seed=91))
+        with_config = engine.ask_sync(STATES[1], QUESTIONS, assets=screens(1, seed=91))
+        assert np.abs(probabilities(with_config["busy"]) - probabilities(without["busy"])).max() > 1e-3
+        session, state, seen = engine.session(), [], {}
+        for step in range(3):
+            name = f"<shot-{step}>"
+            item = {"role": "user", "content": f"Step {step}: the agent saw {name}."}
+            session.append(item, assets={name: noise(40 + 8 * step, 60, seed=120 + step)})
+            state, seen[name] = [*state, item], noise(40 + 8 * step, 60, seed=120 + step)
+            assert_as_pipeline(decide, state, QUESTIONS, seen, session.ask_sync(QUESTIONS))
+        assert engine.stats()["checkpoint_hits"] >= 2
+    (path / "decision_template.jinja").write_text(QUESTION_TEMPLATE)
+    with fl.Engine.load(path, device="cpu", dtype="float32", graphs=False) as templated:
+        before = templated.stats()["asks"]
+        with pytest.raises(InvalidAssetError, match="prints the state itself"):
+            templated.ask_sync(STATES[1], QUESTIONS, assets=screens(1, seed=91))
+        assert templated.stats()["asks"] == before
