@@ -56,3 +56,25 @@ def test_summary_lists_the_longest_kernels_of_ours_and_the_baseline(tmp_path):
         "    ours kernels: _state_scan_kernel 0.062, _chunk_prep_kernel 0.046",
         "    fla kernels: chunk_gated_delta_rule_fwd_k 0.04",
     ]
+
+
+def test_results_of_every_model_size_and_variant_are_recorded_apart(tmp_path):
+    """`readme_results --record` takes Gemma 4 sizes (E4B, 26B-A4B) and variants (vs_flide's -fp8) as well as
+    Qwen3.5's; a variant is its own latest result and table row, and its history row names it. Mutation caught:
+    the old name pattern (only <number>B or tiny) skips all three."""
+    from benchmarks.readme_results import latest, record, table
+
+    target = {"met": True, "measured": 0.7, "target": 0.75, "kind": "max"}
+    names = ("vs_flide-4B", "vs_flide-4B-fp8", "vs_flide-E4B", "vs_flide-26B-A4B", "images-0.8B")
+    for name in names:
+        data = {"benchmark": name.split("-")[0], "date": "2026-12-07", "gpu": "H100", "commit": "abc1234",
+                "command": "x", "targets": {"w1_q1_lone_sdk_over_flide": target}}
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+        record(tmp_path / f"{name}.json", tmp_path / "results")
+    found = latest(tmp_path / "results" / "latest")
+    assert list(found) == [("vs_flide", "4B"), ("vs_flide", "4B-fp8"), ("vs_flide", "E4B"), ("vs_flide", "26B-A4B"),
+                           ("images", "0.8B")]
+    row = "| vs_flide | 26B-A4B | w1_q1_lone_sdk_over_flide | 0.7 | ≤ 0.75 | yes |"
+    assert row in table(tmp_path / "results" / "latest")
+    history = (tmp_path / "results" / "history.csv").read_text().splitlines()
+    assert len(history) == 1 + len(names) and ",4B,fp8," in history[2]
