@@ -28,16 +28,19 @@ from flide_sdk.text.pretokenizer import QWEN_PRETOKENIZER_PATTERN
 
 TINY_FORMAT = 1  # bump when the tiny checkpoint's contents change, to invalidate caches
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
-TINY_CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
+GENERATION_PROMPT = (  # the tiny chat templates' ending: Qwen3.5's reply opening, thinking off on request
     "{%- if add_generation_prompt %}"
     "{{- '<|im_start|>assistant\\n' }}"
     "{%- if enable_thinking is defined and enable_thinking is false %}"
     "{{- '<think>\\n\\n</think>\\n\\n' }}"
     "{%- endif %}"
     "{%- endif %}"
+)
+TINY_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    + GENERATION_PROMPT
 )
 _WORDS = ["the", "a", "an", "of", "to", "and", "in", "is", "it", "that", "for", "on", "with", "as", "was", "be", "this", "by", "at", "or", "from", "are", "not", "have", "has", "had", "but", "all", "can", "will", "one", "more", "if", "no", "yes", "out", "so", "what", "when", "which", "there", "their", "they", "we", "you", "he", "she", "his", "her", "them", "then", "than", "into", "up", "down", "over", "after", "before", "about", "time", "work", "step", "file", "test", "error", "run", "agent", "tool", "action", "next", "state", "question", "answer", "option", "level", "score", "choice", "reply", "letter", "number", "only", "with", "yes", "no", "true", "false", "open", "close", "read", "write", "edit", "patch", "fix", "bug", "issue", "code", "line", "function", "class", "module", "import", "return", "value", "list", "dict", "string", "json", "key", "name", "type", "order", "refund", "replace", "customer", "message", "urgent", "severity", "low", "mid", "high", "done", "stuck", "loop", "fail", "pass", "check", "search", "find", "look", "think", "plan", "need", "want", "make", "use", "get", "set", "new", "old", "big", "small", "good", "bad", "first", "last", "other", "same", "each", "every", "some", "many", "most", "few", "very", "also", "just", "still", "again", "here", "now", "today", "week", "hour", "day", "reply", "within", "need", "should", "could", "would", "must", "may", "might", "article", "story", "passage", "reader", "writer", "people", "city", "water", "school", "book", "year", "world", "house", "family", "child", "man", "woman", "friend", "teacher"]
 

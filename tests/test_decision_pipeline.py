@@ -48,8 +48,9 @@ def probabilities(answer) -> np.ndarray:
     return np.array([answer.noul] if isinstance(answer, fl.NoulAnswer) else list(answer.probabilities.values()))
 
 
-def assert_as_pipeline(decide, state, questions: dict, answers) -> None:
-    expected = decide({"state": state, "questions": questions})
+def assert_as_pipeline(decide, state, questions: dict, answers, assets: dict | None = None) -> None:
+    """`answers` (the SDK's) equal the pipeline's on the same request (with `assets`, its images) within TOLERANCE."""
+    expected = decide({"state": state, "questions": questions, **({"assets": assets} if assets else {})})
     assert set(answers) == set(questions)
     for name in questions:
         want, got = probabilities(expected[name]), probabilities(answers[name])

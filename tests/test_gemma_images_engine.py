@@ -21,7 +21,8 @@ from flide_sdk.models.gemma4_vision import load_gemma_vision
 from flide_sdk.models.ops import kernel_ops
 from flide_sdk.questions import parse_questions
 from tests.gemma_vision_checkpoint import gemma_vision_checkpoint, gemma_vision_processor
-from tests.test_images_engine import QUESTIONS, assert_as_pipeline, pipeline_prompts, probabilities
+from tests.test_decision_pipeline import assert_as_pipeline, probabilities
+from tests.test_images_engine import QUESTIONS, pipeline_prompts
 from tests.test_vision import noise
 
 from .conftest import TOLERANCE
@@ -89,7 +90,7 @@ def test_asks_with_images_answer_as_the_pipeline(generic, decide, count):
     assets = screens(count, seed=10 * count)
     before = generic.stats()
     answers = generic.ask_sync(STATES[count], QUESTIONS, assets=assets)
-    assert_as_pipeline(decide, STATES[count], QUESTIONS, assets, answers)
+    assert_as_pipeline(decide, STATES[count], QUESTIONS, answers, assets=assets)
     after = generic.stats()
     assert after["image_rounds"] - before["image_rounds"] == 1
     assert after["images_encoded"] - before["images_encoded"] == count
@@ -105,7 +106,7 @@ def test_kernel_ops_answer_as_the_pipeline(path, generic, decide):
         assets = screens(1, seed=20)
         answers = engine.ask_sync(STATES[1], QUESTIONS, assets=assets)
         assert engine.stats()["image_rounds"] == 1
-    assert_as_pipeline(decide, STATES[1], QUESTIONS, assets, answers)
+    assert_as_pipeline(decide, STATES[1], QUESTIONS, answers, assets=assets)
 
 
 def test_mixed_rounds_answer_as_the_pipeline(generic, decide):
@@ -121,11 +122,11 @@ def test_mixed_rounds_answer_as_the_pipeline(generic, decide):
     answers = asyncio.run(run())
     after = generic.stats()
     for state, answer in zip(states, answers):
-        assert_as_pipeline(decide, state, QUESTIONS, assets, answer)
+        assert_as_pipeline(decide, state, QUESTIONS, answer, assets=assets)
     assert after["rounds"] - before["rounds"] == 1
     assert after["images_encoded"] - before["images_encoded"] == 2
     text_only = generic.ask_sync(states[1], QUESTIONS)
-    assert_as_pipeline(decide, states[1], QUESTIONS, None, text_only)
+    assert_as_pipeline(decide, states[1], QUESTIONS, text_only)
     assert generic.stats()["image_rounds"] == after["image_rounds"]
 
 
@@ -145,7 +146,7 @@ def test_a_session_of_screenshots_resumes_past_its_images(generic, decide):
         before = generic.stats()
         answers = session.ask_sync(QUESTIONS)
         after = generic.stats()
-        assert_as_pipeline(decide, state, QUESTIONS, assets, answers)
+        assert_as_pipeline(decide, state, QUESTIONS, answers, assets=assets)
         assert after["images_encoded"] - before["images_encoded"] == 1
         if step:
             assert after["checkpoint_hits"] > before["checkpoint_hits"]

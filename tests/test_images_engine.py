@@ -28,6 +28,7 @@ from tests.test_vision import noise
 from tests.vision_checkpoint import tiny_vl_checkpoint, tiny_vl_processor
 
 from .conftest import TOLERANCE
+from .test_decision_pipeline import assert_as_pipeline, probabilities
 
 IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 QUESTIONS = {
@@ -144,23 +145,6 @@ def test_a_trunk_carries_its_images(generic, processor):
     assert as_rendered([part]).state_ids.tolist() == ids.tolist()
 
 
-def probabilities(answer) -> np.ndarray:
-    """An answer's option probabilities (a pipeline dict or an SDK answer); a noul's is P(true)."""
-    if isinstance(answer, dict):
-        return np.array([answer["noul"]] if answer["type"] == "noul" else list(answer["probabilities"].values()))
-    return np.array([answer.noul] if isinstance(answer, fl.NoulAnswer) else list(answer.probabilities.values()))
-
-
-def assert_as_pipeline(decide, state, questions: dict, assets: dict | None, answers) -> None:
-    request = {"state": state, "questions": questions, **({"assets": assets} if assets else {})}
-    expected = decide(request)
-    assert set(answers) == set(questions)
-    for name in questions:
-        want, got = probabilities(expected[name]), probabilities(answers[name])
-        assert want.shape == got.shape, name
-        assert np.abs(want - got).max() <= TOLERANCE, (name, want, got)
-
-
 @pytest.mark.parametrize("count", [1, 2, 3])
 def test_asks_with_images_answer_as_the_pipeline(generic, decide, count):
     # mutations: pads keep their token embedding (no tower rows); the text after an image at index positions;
@@ -168,7 +152,7 @@ def test_asks_with_images_answer_as_the_pipeline(generic, decide, count):
     assets = screens(count, seed=10 * count)
     before = generic.stats()
     answers = generic.ask_sync(STATES[count], QUESTIONS, assets=assets)
-    assert_as_pipeline(decide, STATES[count], QUESTIONS, assets, answers)
+    assert_as_pipeline(decide, STATES[count], QUESTIONS, answers, assets=assets)
     after = generic.stats()
     assert after["image_rounds"] - before["image_rounds"] == 1
     assert after["images_encoded"] - before["images_encoded"] == count
@@ -188,11 +172,11 @@ def test_mixed_rounds_answer_as_the_pipeline(generic, decide):
     answers = asyncio.run(run())
     after = generic.stats()
     for state, answer in zip(states, answers):
-        assert_as_pipeline(decide, state, QUESTIONS, assets, answer)
+        assert_as_pipeline(decide, state, QUESTIONS, answer, assets=assets)
     assert after["rounds"] - before["rounds"] == 1
     assert after["images_encoded"] - before["images_encoded"] == 2  # <screen-1> encoded once for both trunks
     text_only = generic.ask_sync(states[1], QUESTIONS)  # a text round after them: no tower, answers as before
-    assert_as_pipeline(decide, states[1], QUESTIONS, None, text_only)
+    assert_as_pipeline(decide, states[1], QUESTIONS, text_only)
     assert generic.stats()["image_rounds"] == after["image_rounds"]
 
 
@@ -215,7 +199,8 @@ def test_bad_assets_are_typed_before_anything_is_queued(generic, decide, case):
     assert info.value.name == "<screen-0>"
     assert generic.stats()["asks"] == before["asks"] and generic.stats()["rounds"] == before["rounds"]
     assets = screens(1, seed=5)
-    assert_as_pipeline(decide, STATES[1], QUESTIONS, assets, generic.ask_sync(STATES[1], QUESTIONS, assets=assets))
+    assert_as_pipeline(decide, STATES[1], QUESTIONS, generic.ask_sync(STATES[1], QUESTIONS, assets=assets),
+                       assets=assets)
 
 
 def test_a_model_without_vision_refuses_assets(tiny_path):
@@ -244,7 +229,7 @@ def test_a_session_of_screenshots_resumes_past_its_images(generic, decide, kind)
         before = generic.stats()
         answers = session.ask_sync(QUESTIONS)
         after = generic.stats()
-        assert_as_pipeline(decide, state, QUESTIONS, assets, answers)
+        assert_as_pipeline(decide, state, QUESTIONS, answers, assets=assets)
         # only the new screenshot: the earlier ones are in the checkpoint the ask resumed from
         assert after["images_encoded"] - before["images_encoded"] == 1
         if step:
@@ -279,8 +264,8 @@ def test_different_images_of_one_size_share_no_checkpoint(generic, decide):
     after = generic.stats()
     assert after["checkpoint_hits"] - before["checkpoint_hits"] >= 1  # the same image: its checkpoint serves
     for picture, answer in zip((first, second), answers):
-        assert_as_pipeline(decide, state, QUESTIONS, {"<frame>": picture}, answer)
-    assert_as_pipeline(decide, state, QUESTIONS, {"<frame>": second}, again)
+        assert_as_pipeline(decide, state, QUESTIONS, answer, assets={"<frame>": picture})
+    assert_as_pipeline(decide, state, QUESTIONS, again, assets={"<frame>": second})
     assert probabilities(answers[0]["red"]) != pytest.approx(probabilities(answers[1]["red"]), abs=1e-6)
 
 
@@ -295,7 +280,7 @@ def test_the_typesafe_client_sends_images_the_engine_answers(generic, decide):
     png = buffer.getvalue()
     state = "The checkout page: <shot>. The user hovers over Pay. " * 12  # > 1 KiB: a zstd body
     native = generic.ask_sync(state, QUESTIONS, assets={"<shot>": png})
-    assert_as_pipeline(decide, state, QUESTIONS, {"<shot>": noise(44, 60, seed=21)}, native)
+    assert_as_pipeline(decide, state, QUESTIONS, native, assets={"<shot>": noise(44, 60, seed=21)})
     image = ts.Image(png)
     with client(generic, retry=ts.RetryPolicy(max_retries=0)) as local:
         multipart = local.system_one(state=state, questions=QUESTIONS, assets={"<shot>": image})
@@ -310,10 +295,9 @@ def test_the_typesafe_client_sends_images_the_engine_answers(generic, decide):
         assert through.nouls["red"].noul == pytest.approx(native["red"].noul, abs=1e-9)
         assert through.choices["where"].probabilities == pytest.approx(native["where"].probabilities, abs=1e-9)
     reference = str(image)
-    assert_as_pipeline(decide, {"page": reference, "note": "the user hovers over Pay"}, QUESTIONS,
-                       {reference: noise(44, 60, seed=21)},
-                       generic.ask_sync({"page": reference, "note": "the user hovers over Pay"}, QUESTIONS,
-                                        assets={reference: png}))
+    json_state = {"page": reference, "note": "the user hovers over Pay"}
+    assert_as_pipeline(decide, json_state, QUESTIONS, generic.ask_sync(json_state, QUESTIONS, assets={reference: png}),
+                       assets={reference: noise(44, 60, seed=21)})
     assert placed.nouls["red"].noul == pytest.approx(
         generic.ask_sync({"page": reference, "note": "the user hovers over Pay"}, QUESTIONS,
                          assets={reference: png})["red"].noul, abs=1e-9)
@@ -385,7 +369,8 @@ def test_an_engine_group_passes_assets(vl_path, decide):
     group = fl.EngineGroup.load(vl_path, ["cpu", "cpu"], dtype="float32", graphs=False, rendering="transformers")
     try:
         assets = screens(1, seed=80)
-        assert_as_pipeline(decide, STATES[1], QUESTIONS, assets, group.ask_sync(STATES[1], QUESTIONS, assets=assets))
+        assert_as_pipeline(decide, STATES[1], QUESTIONS, group.ask_sync(STATES[1], QUESTIONS, assets=assets),
+                           assets=assets)
         want = pipeline_prompts(decide, STATES[1], QUESTIONS, assets)
         assert np.array_equal(group.render(STATES[1], QUESTIONS, assets=assets).prompt_ids("red"), want["red"])
     finally:
@@ -403,7 +388,7 @@ def test_batch_invariant_sessions_with_images_answer_as_the_pipeline(vl_path, de
             text = f"Step {step} of a long task where the agent reads a lot of text before it sees {name} and types. "
             session.append(text, assets={name: noise(120, 200, seed=300 + step)})
             state, assets[name] = state + text, noise(120, 200, seed=300 + step)
-            assert_as_pipeline(decide, state, QUESTIONS, assets, session.ask_sync(QUESTIONS))
+            assert_as_pipeline(decide, state, QUESTIONS, session.ask_sync(QUESTIONS), assets=assets)
         assert engine.stats()["checkpoint_hits"] >= 2
 
 
@@ -449,8 +434,8 @@ async def test_cluster_sessions_carry_their_images_to_the_replica_that_takes_the
     try:
         assets = {"<screen-2>": screens(3, seed=60)["<screen-2>"]}  # a PNG file's path
         lone = await client.ask("The third window: <screen-2>", QUESTIONS, assets=assets)
-        assert_as_pipeline(decide, "The third window: <screen-2>", QUESTIONS, {"<screen-2>": noise(80, 50, seed=62)},
-                           lone)
+        assert_as_pipeline(decide, "The third window: <screen-2>", QUESTIONS, lone,
+                           assets={"<screen-2>": noise(80, 50, seed=62)})
         session, state, seen = client.session(), "", {}
         for step in range(3):
             name, picture = f"<shot-{step}>", noise(40 + 8 * step, 60, seed=200 + step)
@@ -459,13 +444,13 @@ async def test_cluster_sessions_carry_their_images_to_the_replica_that_takes_the
             state, seen[name] = state + text, picture
             if step == 2:
                 handle.lost.add(handle.routes[session.family])  # its replica is lost: the other one recomputes
-            assert_as_pipeline(decide, state, QUESTIONS, seen, await session.ask(QUESTIONS))
+            assert_as_pipeline(decide, state, QUESTIONS, await session.ask(QUESTIONS), assets=seen)
         assert len(set(session.replicas)) == 2
         with pytest.raises(InvalidAssetError):
             session.append("a bad one <bad>", assets={"<bad>": b"not an image"})
         with pytest.raises(InvalidAssetError, match="already names another image"):
             session.append("again <shot-0>", assets={"<shot-0>": noise(20, 20, seed=9)})
-        assert_as_pipeline(decide, state, QUESTIONS, seen, await session.ask(QUESTIONS))  # history as it was
+        assert_as_pipeline(decide, state, QUESTIONS, await session.ask(QUESTIONS), assets=seen)  # history as it was
         handle.lost.update((0, 1))
         with pytest.raises(InvalidAssetError):
             await client.ask("see <a>", QUESTIONS, assets={"<a>": b"GIF89a"})
@@ -493,7 +478,7 @@ def test_a_decision_checkpoint_with_images_answers_as_the_pipeline(vl_path, proc
         for count in (1, 2):
             assets = screens(count, seed=90 + count)
             answers = engine.ask_sync(STATES[count], QUESTIONS, assets=assets)
-            assert_as_pipeline(decide, STATES[count], QUESTIONS, assets, answers)
+            assert_as_pipeline(decide, STATES[count], QUESTIONS, answers, assets=assets)
         with fl.Engine.load(vl_path, device="cpu", dtype="float32", graphs=False,
                             rendering="transformers") as plain:  # the same model without its decision.json
             without = plain.ask_sync(STATES[1], QUESTIONS, assets=screens(1, seed=91))
@@ -505,7 +490,7 @@ def test_a_decision_checkpoint_with_images_answers_as_the_pipeline(vl_path, proc
             item = {"role": "user", "content": f"Step {step}: the agent saw {name}."}
             session.append(item, assets={name: noise(40 + 8 * step, 60, seed=120 + step)})
             state, seen[name] = [*state, item], noise(40 + 8 * step, 60, seed=120 + step)
-            assert_as_pipeline(decide, state, QUESTIONS, seen, session.ask_sync(QUESTIONS))
+            assert_as_pipeline(decide, state, QUESTIONS, session.ask_sync(QUESTIONS), assets=seen)
         assert engine.stats()["checkpoint_hits"] >= 2
     (path / "decision_template.jinja").write_text(QUESTION_TEMPLATE)
     with fl.Engine.load(path, device="cpu", dtype="float32", graphs=False) as templated:

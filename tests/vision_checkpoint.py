@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from flide_sdk.testing import cached_checkpoint, tiny_config_json, train_tiny_tokenizer
+from flide_sdk.testing import GENERATION_PROMPT, cached_checkpoint, tiny_config_json, train_tiny_tokenizer
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 VL_CHAT_TEMPLATE = (
@@ -26,12 +26,7 @@ VL_CHAT_TEMPLATE = (
     "{%- endfor %}{%- endif %}"
     "{{- '<|im_end|>\\n' }}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}"
-    "{{- '<think>\\n\\n</think>\\n\\n' }}"
-    "{%- endif %}"
-    "{%- endif %}"
+    + GENERATION_PROMPT
 )
 VISION_CONFIG = {
     "depth": 2,
