@@ -100,11 +100,11 @@ def check_options(positions: int, **options: float | None) -> None:
                                  f"{positions} positions (max_position_embeddings)")
 
 
-def default_pool_bytes(device: torch.device, token_bytes: int) -> int:
+def default_pool_bytes(device: torch.device, session_bytes: int) -> int:
     """The checkpoint pool's default cap: the key/value pages of POOL_SESSIONS sessions of POOL_SESSION_TOKENS
-    (`token_bytes` each) plus the quarter the pool gives its state slots, or CUDA_POOL_FRACTION of the free
+    (`session_bytes` each) plus the quarter the pool gives its state slots, or CUDA_POOL_FRACTION of the free
     device memory (CPU: CPU_POOL_BYTES) if that is smaller. The pool holds memory only as it needs it."""
-    sessions = POOL_SESSIONS * POOL_SESSION_TOKENS * token_bytes * 4 // 3
+    sessions = POOL_SESSIONS * session_bytes * 4 // 3
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return min(sessions, int(free * CUDA_POOL_FRACTION))

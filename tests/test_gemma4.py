@@ -308,6 +308,33 @@ async def test_sliding_pages_far_past_the_window(gemma, kernels):
         assert engine.stats()["pool_sliding_pages"] <= engine.stats()["checkpoints"] * window_pages
 
 
+@pytest.mark.asyncio
+async def test_a_capped_pool_holds_the_history_its_bytes_allow(gemma):
+    """The pool's cap is bytes the page kinds share: a cap of 1.3 checkpoints of a 1,500-token history (its full
+    pages for every token, its sliding pages for the window only) keeps that checkpoint, so the next step resumes
+    from it, exactly; a second such session evicts the first, and the pool never holds more than its cap.
+    Mutations caught: the cap counted as a full plus a sliding page per page (the 1,500 tokens' pages did not fit:
+    nothing saved, no step resumed); the full pages growing ahead of need into all the room (none left for the
+    sliding pages: nothing saved)."""
+    path, hf_model = gemma("sliding")
+    with fl.Engine.load(path, device="cpu", dtype="float32", pool_bytes=0) as probe:
+        cap = int(1.3 * probe.model.config.state_layout().checkpoint_bytes(1_500, torch.float32))
+    async with fl.Engine.load(path, device="cpu", dtype="float32", pool_bytes=cap) as engine:
+        fixed = engine.stats()["pool_reserved_bytes"]  # the sinks
+        texts = [text_of_tokens(engine.tokens, 1_500, seed=70 + i) for i in range(2)]
+        sessions = [engine.session() for _ in texts]
+        for session, text in zip(sessions, texts):
+            session.append(text)
+            check(await session.ask(QUESTIONS), hf_model, engine, text)
+            stats = engine.stats()
+            assert stats["checkpoints"] == 1 and stats["pool_pages"] >= 1_400 // 64, stats
+            assert stats["pool_reserved_bytes"] - fixed <= cap
+        assert engine.stats()["evictions"] == 1
+        sessions[1].append(" and then the agent stopped")
+        check(await sessions[1].ask(QUESTIONS), hf_model, engine, texts[1] + " and then the agent stopped")
+        assert engine.stats()["checkpoint_hits"] == 1
+
+
 def test_checkpoint_bytes_of_a_long_history(gemma):
     """`Engine.info()["checkpoint_bytes"]`: a checkpoint's bytes grow with the history by the full layers' bytes per
     token only; the sliding layers hold at most ceil(window / 64) + 1 pages. Mutation caught: sliding layers

@@ -4,9 +4,11 @@ and gives memory back once its checkpoints are gone and the device is idle; answ
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
+import pytest
 import torch
 
 import flide_sdk as fl
@@ -68,6 +70,31 @@ def test_a_capped_pool_never_holds_more_than_its_cap(tiny_path):
             assert stats["pool_reserved_bytes"] - fixed <= cap
             assert stats["checkpoints"] <= 4
         assert engine.stats()["evictions"] > 0
+
+
+@pytest.mark.asyncio
+async def test_scratch_rows_are_held_by_need(tiny_path):
+    """A round keeps its distinct trunks' states in scratch rows, held by need: a few after load (a lone ask uses
+    one), twice as many whenever asks wait for rows, the extra given back once the device idles; 24 states asked
+    at once answer as each alone. No checkpoints (pool_bytes=0), so the pool's memory is its scratch rows and
+    sinks. Mutations caught: rounds not kept to the rows held (one round takes them all at once); rows never
+    taken (memory flat); never given back."""
+    texts = [history(i, 30 + 3 * i) for i in range(24)]
+    with fl.Engine.load(tiny_path, device="cpu", pool_bytes=0) as fresh:
+        alone = [fresh.ask_sync(text, QUESTION) for text in texts]
+    async with fl.Engine.load(tiny_path, device="cpu", pool_bytes=0) as engine:
+        start = engine.stats()["pool_reserved_bytes"]
+        answers = await asyncio.gather(*(engine.ask(text, QUESTION) for text in texts))
+        for answer, reference in zip(answers, alone):
+            difference = np.abs(answer_probabilities(answer["q"]) - answer_probabilities(reference["q"])).max()
+            assert difference <= TOLERANCE
+        stats = engine.stats()
+        assert stats["pool_reserved_bytes"] > start and stats["rounds"] >= 3, stats
+        engine.clear_pool()
+        assert await asyncio.to_thread(wait_until, lambda: engine.stats()["pool_reserved_bytes"] == start)
+        single = await engine.ask(texts[5], QUESTION)
+        assert np.abs(answer_probabilities(single["q"]) - answer_probabilities(alone[5]["q"])).max() <= TOLERANCE
+        assert engine.stats()["pool_reserved_bytes"] == start
 
 
 def test_slots_and_pages_are_taken_lowest_first_and_trimmed_past_the_highest_in_use(engine):

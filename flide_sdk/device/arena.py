@@ -2,8 +2,8 @@
 
 The checkpoint pool's state, window and key/value arrays are read by captured CUDA graphs, so they can never
 move; yet the pool should take memory as its sessions need it and give it back when they are gone. An arena
-holds rows [0, backed) plus a fixed tail of rows (zero, scratch and sink rows), the rest of its rows being
-address space only. On CUDA the memory is the driver's virtual memory (reserve the whole range once, map
+holds rows [0, backed) plus the first `tail_held` rows of its tail (zero, scratch and sink rows), the rest of its
+rows being address space only. On CUDA the memory is the driver's virtual memory (reserve the whole range once, map
 physical memory into it as rows are backed, one extent a growth, and unmap an extent once none of its rows is
 held; the first row stays mapped: Triton checks a tensor's address); rows are zeroed when they are backed. Where
 that API is missing the arena allocates every row at once (`PlainArena`), as on CPU, where untouched host memory
@@ -13,6 +13,7 @@ is not resident.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 
 import torch
@@ -22,14 +23,16 @@ CHUNK_BYTES = 2 << 20  # physical memory is mapped in chunks of this size (round
 
 
 class PlainArena:
-    """Every row allocated up front; `backed` is bookkeeping (host memory becomes resident as rows are used)."""
+    """Every row allocated up front; `backed` and `tail_held` are bookkeeping (host memory becomes resident as rows
+    are used)."""
 
     def __init__(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                 tail_from: int) -> None:
+                 tail_from: int, tail_held: int | None = None) -> None:
         self.rows, self.tail_from = rows, tail_from
+        self.tail_held = rows - tail_from if tail_held is None else tail_held
         self.tensor = torch.empty(rows, *row_shape, dtype=dtype, device=device)
         self.row_bytes = self.tensor[0].numel() * self.tensor.element_size() if rows else 0
-        self.tensor[tail_from:].zero_()
+        self.tensor[tail_from : tail_from + self.tail_held].zero_()
         self.backed = 0
 
     def back(self, rows: int) -> None:
@@ -39,15 +42,22 @@ class PlainArena:
             self.tensor[self.backed : rows].zero_()
         self.backed = rows
 
+    def back_tail(self, rows: int) -> None:
+        """Hold the tail's first `rows` rows (fewer: give the rest back); new rows read zero."""
+        rows = min(rows, self.rows - self.tail_from)
+        if rows > self.tail_held:
+            self.tensor[self.tail_from + self.tail_held : self.tail_from + rows].zero_()
+        self.tail_held = rows
+
     @property
     def reserved_bytes(self) -> int:
         """Device memory the arena holds (on CPU, the rows in use: the rest is not resident)."""
-        held = self.backed + self.rows - self.tail_from
+        held = self.backed + self.tail_held
         return (held if self.tensor.device.type == "cpu" else self.rows) * self.row_bytes
 
     def release(self) -> None:
         self.tensor = torch.zeros(0, device=self.tensor.device)
-        self.rows = self.tail_from = self.backed = 0
+        self.rows = self.tail_from = self.tail_held = self.backed = 0
 
 
 class _Prop(ctypes.Structure):  # CUmemAllocationProp
@@ -94,7 +104,7 @@ class VirtualArena:
     """Rows in one reserved range of device addresses, physical memory mapped chunk by chunk."""
 
     def __init__(self, rows: int, row_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-                 tail_from: int) -> None:
+                 tail_from: int, tail_held: int | None = None) -> None:
         self.driver = _Driver()
         device = torch.device(device.type, torch.cuda.current_device() if device.index is None else device.index)
         torch.cuda.set_device(device)  # the driver calls need the device's primary context current
@@ -115,12 +125,17 @@ class VirtualArena:
         self.extents: dict[int, tuple[int, int]] = {}
         # and the first row: the address of a view of it (a layer's states) must be mapped memory for Triton to
         # take it as a device pointer
-        self.tail = set(self._chunks(tail_from, rows)) | set(self._chunks(0, 1))
+        self.tail_held = rows - tail_from if tail_held is None else tail_held
+        self.tail = self._tail_chunks(self.tail_held)
         self._map(self.tail)
         raw = torch.as_tensor(_DeviceMemory(self.address, self.size), device=device)
         self.tensor = raw[: rows * self.row_bytes].view(dtype).view(rows, *row_shape)
-        self.tensor[tail_from:].zero_()
+        self.tensor[tail_from : tail_from + self.tail_held].zero_()
         self.backed = 0
+
+    def _tail_chunks(self, held: int) -> set[int]:
+        """Chunks always mapped with `held` tail rows held: theirs and the first row's."""
+        return set(self._chunks(self.tail_from, self.tail_from + held)) | set(self._chunks(0, 1))
 
     def _chunks(self, start: int, stop: int) -> range:
         """Chunks holding bytes of rows [start, stop)."""
@@ -174,6 +189,18 @@ class VirtualArena:
             self._unmap(self._mapped() - set(self._chunks(0, rows)) - self.tail)
         self.backed = rows
 
+    def back_tail(self, rows: int) -> None:
+        """Hold the tail's first `rows` rows (fewer: unmap what no held row uses; call it with the device idle)."""
+        rows = min(rows, self.rows - self.tail_from)
+        tail = self._tail_chunks(rows)
+        if rows > self.tail_held:
+            self._map(tail)
+            self.tensor[self.tail_from + self.tail_held : self.tail_from + rows].zero_()
+        elif rows < self.tail_held:
+            torch.cuda.synchronize(self.device)
+            self._unmap(self._mapped() - set(self._chunks(0, self.backed)) - tail)
+        self.tail, self.tail_held = tail, rows
+
     @property
     def reserved_bytes(self) -> int:
         return sum(count for count, _ in self.extents.values()) * self.chunk
@@ -192,12 +219,27 @@ class VirtualArena:
 Arena = PlainArena | VirtualArena
 
 
+@functools.cache
+def holds_on_demand(device: torch.device) -> bool:
+    """Whether arenas on `device` hold memory only for the rows in use: on CPU (untouched host memory is not
+    resident) and on CUDA with the driver's virtual memory (tried once per device)."""
+    if device.type != "cuda":
+        return True
+    try:
+        VirtualArena(1, (1,), torch.uint8, device, 1).release()
+    except (OSError, AttributeError, RuntimeError, ValueError) as error:
+        LOG.warning("CUDA virtual memory unavailable (%s): the checkpoint pool allocates its cap at once", error)
+        return False
+    return True
+
+
 def arena(rows: int, row_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-          tail_from: int) -> Arena:
-    """An arena of `rows` rows, rows [tail_from, rows) always held: virtual memory on CUDA, else plain."""
-    if device.type == "cuda":
+          tail_from: int, tail_held: int | None = None) -> Arena:
+    """An arena of `rows` rows, the tail rows [tail_from, rows) held as `back_tail` says (at first `tail_held`,
+    default all): virtual memory on CUDA, else plain."""
+    if device.type == "cuda" and holds_on_demand(device):
         try:
-            return VirtualArena(rows, row_shape, dtype, device, tail_from)
+            return VirtualArena(rows, row_shape, dtype, device, tail_from, tail_held)
         except (OSError, AttributeError, RuntimeError, ValueError) as error:
             LOG.warning("CUDA virtual memory unavailable (%s): the checkpoint pool allocates its cap at once", error)
-    return PlainArena(rows, row_shape, dtype, device, tail_from)
+    return PlainArena(rows, row_shape, dtype, device, tail_from, tail_held)

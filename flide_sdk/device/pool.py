@@ -21,12 +21,16 @@ arenas, free list, reference counts and fill marks): a checkpoint refers to full
 history and to sliding pages only from the page its window starts in (`StateLayout.sliding_from`), its table's
 entries before that pointing at the sink page (the attention skips those blocks, and masks what it reads of
 them); a checkpoint that extends another takes no reference to the sliding pages its window has left, so they
-are freed with the checkpoint it supersedes. Both kinds have the same number of pages at most (a checkpoint
-never holds more sliding pages than full ones) and the same sink page, and each grows and trims on its own. The host keeps the bookkeeping (free lists, reference counts, fill marks,
+are freed with the checkpoint it supersedes. The kinds share the byte cap, not a page count: a long history
+holds many full pages and a window's few sliding ones, so each kind grows (and trims) on its own while their
+pages together stay within the cap. Their arenas address the same page range, so they share the sink page's
+index. The host keeps the bookkeeping (free lists, reference counts, fill marks,
 the hash index) and hands the round planner plain integer tables. Past the checkpoint slots, the state
-arena has an always-zero row and `scratch_rows` rows where a round keeps its trunks' states
-(`layout.StateRows`), so a round reads and saves states in place; the window arena has one sink slot and
-the key/value arenas one sink page, where padded saves of a fixed-shape round go.
+arena has an always-zero row and up to `scratch_rows` rows where a round keeps its trunks' states
+(`layout.StateRows`), so a round reads and saves states in place; the scratch rows are held by need too (a lone
+ask uses one; the scheduler keeps a round's trunks to the rows held, and more are taken when asks wait). The
+window arena has one sink slot and the key/value arenas one sink page, where padded saves of a fixed-shape
+round go.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from flide_sdk.device.arena import Arena, DeviceMemoryFull, PlainArena, arena
+from flide_sdk.device.arena import Arena, DeviceMemoryFull, PlainArena, arena, holds_on_demand
 from flide_sdk.models.qwen35 import LayerCache
 from flide_sdk.models.state import KeyValueShape, RecurrentShape, StateLayout
 from flide_sdk.plan.layout import PAGE, StateRows
@@ -94,12 +98,14 @@ class PageTable:
 class PageKind:
     """The pages of one kind of attention layer (full or sliding-window): per layer keeping its own, a key and a
     value arena of `pages` pages plus the sink page; per page its references and fill mark; the free heap of
-    the backed pages."""
+    the backed pages. `limit`: the most pages it may back (those of `page_budget` bytes, within `pages`)."""
 
-    def __init__(self, shapes: list[KeyValueShape], pages: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, shapes: list[KeyValueShape], pages: int, page_budget: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
         self.layers = [kv.layer for kv in shapes]
         self.page_bytes = PAGE * sum(2 * kv.heads * kv.head_dim for kv in shapes) * dtype.itemsize
         self.sink = pages
+        self.limit = min(pages, page_budget // self.page_bytes) if self.page_bytes else pages
         self.arenas = [arena((pages + 1) * PAGE, (kv.heads, kv.head_dim), dtype, device, pages * PAGE)
                        for kv in shapes for _ in range(2)]  # per layer: keys, values
         self.refs = np.zeros(pages, dtype=np.int64)
@@ -167,9 +173,21 @@ class ModelConfig(Protocol):
     def state_layout(self) -> StateLayout: ...
 
 
-def token_bytes(config: ModelConfig, dtype: torch.dtype) -> int:
-    """Key/value bytes of one token in the pool (every attention layer that keeps its own)."""
-    return config.state_layout().token_bytes(dtype)
+def page_range(page_budget: int, kind_bytes: list[int], on_demand: bool) -> int:
+    """How many pages every kind's arenas address (one range: the kinds share the sink page's index). Arenas that
+    hold memory on demand address as many as the budget holds of the smallest kind's pages (the cap is kept as
+    they grow); arenas allocated whole address as many as it holds of one page of every kind (what they take)."""
+    kind_bytes = [size for size in kind_bytes if size]
+    if not kind_bytes:
+        return 0
+    return page_budget // (min(kind_bytes) if on_demand else sum(kind_bytes))
+
+
+def session_bytes(config: ModelConfig, dtype: torch.dtype, tokens: int) -> int:
+    """Key/value bytes a checkpoint of `tokens` tokens holds on its own (sliding layers keeping their window's
+    pages)."""
+    layout = config.state_layout()
+    return layout.checkpoint_bytes(tokens, dtype) - layout.slot_bytes(dtype)
 
 
 class CheckpointPool:
@@ -195,20 +213,25 @@ class CheckpointPool:
         else:  # no recurrent state (attention only): a checkpoint is its pages, one at least
             slots = budget_bytes // self.page_bytes
             slots = slots if max_checkpoints is None else min(slots, max_checkpoints)
-        pages = (budget_bytes - slots * self.slot_bytes) // self.page_bytes
+        self.page_budget = budget_bytes - slots * self.slot_bytes  # the pages of every kind together
+        full = [kv for kv in layout.key_values if kv.window is None]
+        sliding = [kv for kv in layout.key_values if kv.window is not None]
+        kind_bytes = [PAGE * layout.token_bytes(dtype, sliding=False), PAGE * layout.token_bytes(dtype, sliding=True)]
+        pages = page_range(self.page_budget, kind_bytes, holds_on_demand(device))
         self.num_slots, self.num_pages = slots, pages  # at most, within the cap
-        self.state_rows = StateRows(zero=slots, scratch=slots + 1, scratch_count=scratch_rows)
+        self.max_scratch = scratch_rows
         self.window_sink = slots
         self.kv_sink = pages * PAGE
-        # without recurrent layers the state and window arenas have rows of no elements (slots stay bookkeeping)
+        # without recurrent layers the state and window arenas have rows of no elements (slots stay bookkeeping);
+        # past the slots, the zero row and the scratch rows, GROW_SLOTS of them held at first
         shape = layout.recurrent or RecurrentShape(1, 1, 1, 1, 1)
-        self._states = arena(self.state_rows.num_rows, (len(self.gdn_layers), shape.heads, shape.key_dim,
-                                                        shape.value_dim), torch.float32, device, slots)
+        self._states = arena(slots + 1 + scratch_rows, (len(self.gdn_layers), shape.heads, shape.key_dim,
+                                                        shape.value_dim), torch.float32, device, slots,
+                             1 + min(GROW_SLOTS, scratch_rows))
         self._windows = arena(slots + 1, (len(self.gdn_layers), shape.conv_kernel - 1, shape.conv_dim), dtype, device,
                               slots)
-        self._full = PageKind([kv for kv in layout.key_values if kv.window is None], pages, dtype, device)
-        sliding = [kv for kv in layout.key_values if kv.window is not None]
-        self._sliding = PageKind(sliding, pages, dtype, device) if sliding else None
+        self._full = PageKind(full, pages, self.page_budget, dtype, device)
+        self._sliding = PageKind(sliding, pages, self.page_budget, dtype, device) if sliding else None
         self.sliding = self._sliding is not None  # whether rounds stage the sliding layers' page tables
         self._free_slots: list[int] = []  # the heap of the free slots among the backed ones
         self._lru: OrderedDict[Checkpoint, None] = OrderedDict()
@@ -220,8 +243,33 @@ class CheckpointPool:
     # -------------------------------------------------------------------------------------- queries
     @property
     def capacity_bytes(self) -> int:
-        """The cap: what the pool's slots and pages take when all are in use."""
-        return self.num_slots * self.slot_bytes + self.num_pages * self.page_bytes
+        """The cap: what the pool's slots and pages may take at most."""
+        return self.num_slots * self.slot_bytes + self.page_budget
+
+    @property
+    def state_rows(self) -> StateRows:
+        """The state arena's rows a round may use: the slots, the zero row and the scratch rows held now."""
+        return StateRows(zero=self.num_slots, scratch=self.num_slots + 1, scratch_count=self._states.tail_held - 1)
+
+    def hold_scratch(self, rows: int) -> bool:
+        """Hold at least `rows` scratch rows, where rounds keep their trunks' states (doubling, up to
+        `max_scratch`); False if there are not that many or the device has no memory left for them."""
+        held = self._states.tail_held - 1
+        if rows <= held:
+            return True
+        if rows > self.max_scratch or self._device_full:
+            return False
+        wanted = min(self.max_scratch, max(rows, 2 * held))
+        try:
+            self._check_room((wanted - held) * self._states.row_bytes)
+            self._states.back_tail(1 + wanted)
+        except DeviceMemoryFull:
+            self._device_full = True
+            self.counters["growth_refused"] += 1
+            LOG.warning("the device has no memory left for %d scratch state rows; rounds keep to %d trunks",
+                        wanted, held)
+            return False
+        return True
 
     @property
     def kinds(self) -> list[PageKind]:
@@ -263,7 +311,7 @@ class CheckpointPool:
         """A copy of the full-attention pages' bookkeeping: references and entries written per page, and the free
         pages."""
         full = self._full
-        free = sorted(full.free) + list(range(full.backed, self.num_pages))  # unbacked pages are free too
+        free = sorted(full.free) + list(range(full.backed, full.limit))  # unbacked pages are free too
         return PageUsage(full.refs.copy(), full.fill.copy(), free)
 
     def layer_caches(self) -> list[LayerCache]:
@@ -403,7 +451,7 @@ class CheckpointPool:
             memory.release()
         for kind in self.kinds:
             kind.arenas, kind.free = [], []
-        self.num_slots = self.num_pages = 0
+        self.num_slots = self.num_pages = self.page_budget = 0
         self._free_slots = []
 
     def clear(self) -> None:
@@ -415,12 +463,13 @@ class CheckpointPool:
     def trimmable(self) -> bool:
         """Whether `trim` should give memory back: a quarter of the backed slots or pages is in use, or less (a
         pool that doubled to fit is not trimmable at once)."""
-        return (4 * self._needed_slots() < self.backed[0]
+        return (4 * self._needed_slots() < self.backed[0] or self._states.tail_held > 1 + GROW_SLOTS
                 or any(4 * kind.needed() < kind.backed for kind in self.kinds))
 
     def trim(self) -> None:
-        """Give back the memory of slots and pages past twice the highest in use (call it with the device idle:
-        no round in flight reads them)."""
+        """Give back the memory of slots and pages past twice the highest in use, and of the scratch rows past the
+        first GROW_SLOTS (call it with the device idle: no round in flight reads them)."""
+        self._states.back_tail(1 + min(GROW_SLOTS, self.max_scratch))
         keep_slots = min(self.backed[0], 2 * self._needed_slots())
         self._free_slots = [slot for slot in self._free_slots if slot < keep_slots]
         heapq.heapify(self._free_slots)
@@ -443,15 +492,19 @@ class CheckpointPool:
         return next((s + 1 for s in range(self.backed[0] - 1, -1, -1) if s not in free_slots), 0)
 
     def _grow(self, slots: int = 0, pages: int = 0, kind: PageKind | None = None) -> bool:
-        """Back at least `slots` more slots / `pages` more pages of `kind` (doubling, within the cap); False at the
-        cap, or when the device has no memory left for it (the pool then evicts, or saves no checkpoint: never an
-        error)."""
+        """Back at least `slots` more slots / `pages` more pages of `kind` (doubling, within the cap: the pages of
+        every kind together within `page_budget`); False at the cap, or when the device has no memory left for it
+        (the pool then evicts, or saves no checkpoint: never an error)."""
         backed_slots = self.backed[0]
         backed_pages = kind.backed if kind is not None else 0
         new_slots = backed_slots if not slots else min(self.num_slots, max(backed_slots + slots, 2 * backed_slots,
                                                                              GROW_SLOTS))
-        new_pages = backed_pages if not pages else min(self.num_pages, max(backed_pages + pages, 2 * backed_pages,
-                                                                             GROW_PAGES))
+        new_pages = backed_pages
+        if pages:  # what it needs, and ahead of need at most half the room the other kind has left it
+            room = self.page_budget - sum(other.backed * other.page_bytes for other in self.kinds if other is not kind)
+            most, need = min(kind.limit, room // kind.page_bytes), backed_pages + pages
+            ahead = min(max(0, max(2 * backed_pages, GROW_PAGES) - need), max(0, most - need) // 2)
+            new_pages = max(backed_pages, min(most, need + ahead))
         if new_slots == backed_slots and new_pages == backed_pages or self._device_full:
             return False
         page_bytes = kind.page_bytes if kind is not None else 0

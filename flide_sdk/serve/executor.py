@@ -28,16 +28,17 @@ import numpy as np
 import torch
 
 from flide_sdk.device.graphs import GraphRunner, Launch
-from flide_sdk.device.pool import Checkpoint, CheckpointPool, PlannedSave, token_bytes
+from flide_sdk.device.pool import Checkpoint, CheckpointPool, PlannedSave, session_bytes
 from flide_sdk.kernels.plans import GDN_CHUNK
 from flide_sdk.models.gemma4_vision import GemmaVision
 from flide_sdk.models.ops import Ops
 from flide_sdk.models.qwen35 import LayerCache, Qwen35Model
 from flide_sdk.models.qwen35_vision import Vision, mrope_axes
-from flide_sdk.options import default_pool_bytes, on_device
+from flide_sdk.options import POOL_SESSION_TOKENS, default_pool_bytes, on_device
 from flide_sdk.plan.capacity import capacity_ladder
 from flide_sdk.plan.images import TrunkImages, image_bounds, pad_rows, stream_positions
 from flide_sdk.plan.layout import Branches, HostRound, RequestSpec, Resume, RoundImages, RoundPlan, Save
+from flide_sdk.plan.requests import state_rows_needed
 from flide_sdk.questions import Answer, SystemOneResponse, Usage
 from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.scheduler import Request, RoundBatch, RoundLimits, asks_of, schedule
@@ -69,7 +70,8 @@ def build_executor(model: Qwen35Model, ops: Ops, tokens: Tokens, pool_bytes: int
     `graphs`, the graph ladder up to `max_round_tokens`; `vision`: the checkpoint's vision tower, if any. Batch-invariant: checkpoints only at multiples of
     GDN_CHUNK tokens, so a resumed trunk runs the chunks (and attention key blocks) of a fresh one."""
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
-    cap = default_pool_bytes(device, token_bytes(model.config, dtype)) if pool_bytes is None else pool_bytes
+    cap = (default_pool_bytes(device, session_bytes(model.config, dtype, POOL_SESSION_TOKENS)) if pool_bytes is None
+           else pool_bytes)
     pool = CheckpointPool(model.config, device, dtype, cap, pool_checkpoints, max_round_requests)
     caches = pool.layer_caches()
     # every question has at least one branch token; with graphs a round must fit the largest capacity:
@@ -134,7 +136,11 @@ class Executor:
         ask cancelled meanwhile is dropped)."""
         started = time.perf_counter()
         with self.pool_lock:
-            batch = schedule(queue, self.pool.lookup, self.limits)
+            held = self.pool.state_rows.scratch_count  # a round's trunks keep to the scratch rows held
+            limits = self.limits if held >= self.limits.requests else dataclasses.replace(self.limits, requests=held)
+            batch = schedule(queue, self.pool.lookup, limits)
+            if batch.kept and held < self.limits.requests:  # asks wait: more rows for the next round
+                self.pool.hold_scratch(min(2 * held, self.limits.requests))
             batch.requests = [request for request in batch.requests if still_asked(request)]
             for request in batch.requests:
                 if request.resume is not None:
@@ -152,6 +158,8 @@ class Executor:
             try:
                 specs = [self._request_spec(request, saves) for request in batch.requests]
                 specified = time.perf_counter()
+                # a round's first ask is taken whatever its rows; RoundPlan refuses more than are held
+                self.pool.hold_scratch(state_rows_needed(specs))
                 plan = RoundPlan(specs, self.pool.layout.conv_kernel, self.pool.state_rows, self.pool.kv_sink,
                                  not self.limits.batch_invariant, self.pool.sliding)
                 planned, cpu_planned = time.perf_counter(), time.thread_time()
