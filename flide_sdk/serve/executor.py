@@ -139,7 +139,7 @@ class Executor:
             held = self.pool.state_rows.scratch_count  # a round's trunks keep to the scratch rows held
             limits = self.limits if held >= self.limits.requests else dataclasses.replace(self.limits, requests=held)
             batch = schedule(queue, self.pool.lookup, limits)
-            if batch.kept and held < self.limits.requests:  # asks wait: more rows for the next round
+            if batch.out_of_rows and held < self.limits.requests:  # asks wait for rows: more for the next round
                 self.pool.hold_scratch(min(2 * held, self.limits.requests))
             batch.requests = [request for request in batch.requests if still_asked(request)]
             for request in batch.requests:
