@@ -40,6 +40,7 @@ from flide_sdk.plan.layout import (
     plan_round,
     round_tensors,
 )
+from flide_sdk.plan.requests import state_rows_needed
 from flide_sdk.testing import make_tiny_checkpoint
 
 from .test_kernels_engine import SMALL_TINY
@@ -301,6 +302,7 @@ def test_padded_rounds_compute_what_unpadded_rounds_compute(two_layer_path):
                     tensor.zero_()
                 outputs = []
                 for requests in (first, second):
+                    assert pool.hold_scratch(state_rows_needed(requests))  # as the engine's round thread does
                     host = plan_round(requests, model.config.conv_kernel, pool.state_rows, pool.kv_sink)
                     if padded:
                         capacity = choose(ladder, host)
@@ -413,6 +415,7 @@ def test_a_pass_over_refilled_round_tensors_answers_the_new_round(two_layer_path
         rng = np.random.default_rng(8)
         rounds = [[RequestSpec.of(rng.integers(0, 200, n), [rng.integers(0, 200, 6)] * b, [np.array([5, 6])] * b)
                    for n, b in requests] for requests in ([(20, 1)], [(70, 1), (20, 2)])]
+        assert pool.hold_scratch(max(map(state_rows_needed, rounds)))  # as the engine's round thread does
         hosts = [plan_round(requests, model.config.conv_kernel, pool.state_rows, pool.kv_sink) for requests in rounds]
         capacity = choose(capacity_ladder(model.config.conv_kernel, 1024, 8, 4096), hosts[1])
         layout, expanded = StagingLayout(capacity), FlatLayout(capacity.shape.expanded_shapes())

@@ -28,8 +28,8 @@ index. The host keeps the bookkeeping (free lists, reference counts, fill marks,
 the hash index) and hands the round planner plain integer tables. Past the checkpoint slots, the state
 arena has an always-zero row and up to `scratch_rows` rows where a round keeps its trunks' states
 (`layout.StateRows`), so a round reads and saves states in place; the scratch rows are held by need too (a lone
-ask uses one; the scheduler keeps a round's trunks to the rows held, and more are taken when asks wait for
-rows). The
+ask uses one; a round takes what it needs before it is planned, and keeps to the rows held when the device
+has no memory for more). The
 window arena has one sink slot and the key/value arenas one sink page, where padded saves of a fixed-shape
 round go.
 """

@@ -131,16 +131,15 @@ class Executor:
         self.axes = None if not isinstance(vision, Vision) else torch.from_numpy(
             mrope_axes(model.config.rotary_dim, list(vision.config.mrope_section))).to(self.device)
 
-    def select(self, queue: Iterable[Ask]) -> RoundBatch:
+    def select(self, queue: Sequence[Ask]) -> RoundBatch:
         """Schedule the next round and pin the checkpoints it resumes from; its asks are marked running (an
         ask cancelled meanwhile is dropped)."""
         started = time.perf_counter()
         with self.pool_lock:
-            held = self.pool.state_rows.scratch_count  # a round's trunks keep to the scratch rows held
-            limits = self.limits if held >= self.limits.requests else dataclasses.replace(self.limits, requests=held)
-            batch = schedule(queue, self.pool.lookup, limits)
-            if batch.out_of_rows and held < self.limits.requests:  # asks wait for rows: more for the next round
-                self.pool.hold_scratch(min(2 * held, self.limits.requests))
+            batch = schedule(queue, self.pool.lookup, self.limits)
+            if not self.pool.hold_scratch(batch.rows):  # the device has no memory for more: rounds keep to those held
+                limits = dataclasses.replace(self.limits, requests=self.pool.state_rows.scratch_count)
+                batch = schedule(queue, self.pool.lookup, limits)
             batch.requests = [request for request in batch.requests if still_asked(request)]
             for request in batch.requests:
                 if request.resume is not None:
@@ -158,7 +157,7 @@ class Executor:
             try:
                 specs = [self._request_spec(request, saves) for request in batch.requests]
                 specified = time.perf_counter()
-                # a round's first ask is taken whatever its rows; RoundPlan refuses more than are held
+                # the rows the specs need, as `select` counted them (a first ask is taken whatever its rows)
                 self.pool.hold_scratch(state_rows_needed(specs))
                 plan = RoundPlan(specs, self.pool.layout.conv_kernel, self.pool.state_rows, self.pool.kv_sink,
                                  not self.limits.batch_invariant, self.pool.sliding)

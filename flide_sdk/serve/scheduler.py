@@ -77,12 +77,12 @@ class Request:
 @dataclass(eq=False)
 class RoundBatch:
     """The next round's requests, and the asks left queued (in queue order) with how many of them wait for a
-    checkpoint this round writes, and whether one of them found no scratch row left."""
+    checkpoint this round writes."""
 
     requests: list[Request] = field(default_factory=list)
     kept: list[Ask] = field(default_factory=list)
     deferred: int = 0
-    out_of_rows: bool = False  # an ask was left queued for want of scratch state rows
+    rows: int = 0  # scratch state rows its requests use
 
     @property
     def asks(self) -> list[Ask]:
@@ -138,12 +138,11 @@ def schedule(queue: Iterable[Ask], lookup: Callable[[Trunk], Checkpoint | None],
         # state rows: a trunk's, one per piece others continue, and a split row for a request with a fork
         new_rows = (0 if shared else 1) + (producer is not None and not producer.forks) + ask.branches.inner
         pieces = len(ask.branches.lengths) + 2 * (producer is not None)  # a fork's trunk: two pieces
-        out_of_rows = rows + new_rows > limits.requests
-        full = (tokens + cost > limits.tokens or out_of_rows or questions + pieces > limits.questions
+        full = (tokens + cost > limits.tokens or rows + new_rows > limits.requests
+                or questions + pieces > limits.questions
                 or limits.pages is not None and pages + history > limits.pages)
         if batch.requests and full:
             batch.kept.append(ask)
-            batch.out_of_rows |= out_of_rows
             continue
         if shared is not None:
             shared.asks.append(ask)
@@ -161,4 +160,5 @@ def schedule(queue: Iterable[Ask], lookup: Callable[[Trunk], Checkpoint | None],
         rows += new_rows
         questions += pieces
         pages += history
+    batch.rows = rows
     return batch
