@@ -24,14 +24,12 @@ them); a checkpoint that extends another takes no reference to the sliding pages
 are freed with the checkpoint it supersedes. The kinds share the byte cap, not a page count: a long history
 holds many full pages and a window's few sliding ones, so each kind grows (and trims) on its own while their
 pages together stay within the cap. Their arenas address the same page range, so they share the sink page's
-index. The host keeps the bookkeeping (free lists, reference counts, fill marks,
-the hash index) and hands the round planner plain integer tables. Past the checkpoint slots, the state
-arena has an always-zero row and up to `scratch_rows` rows where a round keeps its trunks' states
-(`layout.StateRows`), so a round reads and saves states in place; the scratch rows are held by need too (a lone
-ask uses one; a round takes what it needs before it is planned, and keeps to the rows held when the device
-has no memory for more). The
-window arena has one sink slot and the key/value arenas one sink page, where padded saves of a fixed-shape
-round go.
+index. The host keeps the bookkeeping (free lists, reference counts, fill marks, the hash index) and hands the
+round planner plain integer tables. Past the checkpoint slots, the state arena has an always-zero row and up to
+`scratch_rows` rows where a round keeps its trunks' states (`layout.StateRows`), so a round reads and saves
+states in place; the scratch rows are held by need too (a lone ask uses one; a round takes what it needs before
+it is planned, and keeps to the rows held when the device has no memory for more). The window arena has one
+sink slot and the key/value arenas one sink page, where padded saves of a fixed-shape round go.
 """
 
 from __future__ import annotations
