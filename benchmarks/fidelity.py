@@ -14,7 +14,10 @@ With --variants it repeats the bf16 engine with its precision choices changed (t
 dtype, the Gated DeltaNet's storage dtype), so a choice is made on measured fidelity. The FP8 arm (unless
 --no-fp8) is the engine with `weights="fp8"` (projections in FP8, bf16 compute) on the same requests, reported
 next to bf16's (mean TV to the float32 reference, flips at 0.5) with both engines' weight bytes; issue 64's bar is
-its mean TV at most FP8_TV_OVER_BF16 times the bf16 engine's.
+its mean TV at most FP8_TV_OVER_BF16 times the bf16 engine's. With --flide DIR (flide 0.1.4's wheels installed
+there), flide's own bf16 and FP8 (`quantize: fp8`) answer the same ids (vs_flide's `sdk_ids` format), after the
+references (so transformers' import of DIR's flash-linear-attention cannot change them): whether FP8's TV over
+bf16's is a property of FP8 on these weights or of ours.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import asyncio
 import dataclasses
 import functools
+import sys
 import tempfile
 from pathlib import Path
 
@@ -113,6 +117,30 @@ async def ask_all(engine, requests):
     return await asyncio.gather(*(engine.ask(state, questions) for state, questions in requests))
 
 
+def flide_probabilities(checkpoint: Path, fp8: bool, requests, rendered_all) -> list[np.ndarray]:
+    """flide 0.1.4's answers on the ids flide_sdk renders, per question as `answer_probabilities` gives ours (its
+    finish flattens them: a Noul's P(yes), the other questions' every option)."""
+    from benchmarks.vs_flide import Flide
+
+    arm = Flide(checkpoint, "cuda", "bfloat16", graphs=False, fp8=fp8)
+    out = []
+    for (state, questions), rendered in zip(requests, rendered_all):
+        flat = asyncio.run(arm.ask(state, {name: q.to_dict() for name, q in questions.items()}))
+        at = 0
+        for name, question in questions.items():
+            if isinstance(question, fl.Noul):
+                out.append(np.array([flat[at], 1.0 - flat[at]]))
+                at += 1
+            else:
+                count = len(rendered.questions[name].label_ids)
+                out.append(np.asarray(flat[at : at + count], dtype=np.float64))
+                at += count
+    arm.close()
+    del arm
+    torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-size", default="0.8B")
@@ -121,6 +149,8 @@ def main() -> None:
     parser.add_argument("--no-fp8", dest="fp8", action="store_false", help="leave out the FP8 engine's arm")
     parser.add_argument("--no-engine-fp32", dest="engine_fp32", action="store_false",
                         help="leave out the float32 engine's comparison (eager, slow at 4B)")
+    parser.add_argument("--flide", default=None, metavar="DIR",
+                        help="also flide 0.1.4's own bf16 and FP8 (its wheels installed in DIR), after the references")
     args = parser.parse_args()
     phases = Phases()
     with phases("checkpoint"):
@@ -179,11 +209,20 @@ def main() -> None:
                 noul.append(isinstance(question, fl.Noul))
                 for variant, answers in variant_answers.items():
                     variant_probabilities[variant].append(answer_probabilities(answers[index][name]))
+    flide_results = {}
+    if args.flide:
+        sys.path.append(args.flide)
+        for name, fp8 in (("bf16", False), ("fp8", True)):
+            with phases(f"flide_{name} (load, ask one at a time)"):
+                flide_results[f"{name}_vs_fp32_reference"] = summarize(
+                    flide_probabilities(checkpoint, fp8, requests, rendered_all), reference, noul)
+        flide_results["fp8_mean_tv_over_bf16"] = (flide_results["fp8_vs_fp32_reference"]["mean_tv"]
+                                                  / flide_results["bf16_vs_fp32_reference"]["mean_tv"])
     result = {
         "benchmark": "fidelity", "model_size": args.model_size,
         **run_metadata(f"python benchmarks/fidelity.py --model-size {args.model_size} --race {args.race}"
                        + (" --variants" if args.variants else "") + ("" if args.engine_fp32 else " --no-engine-fp32")
-                       + ("" if args.fp8 else " --no-fp8")),
+                       + ("" if args.fp8 else " --no-fp8") + (f" --flide {args.flide}" if args.flide else "")),
         "data": "QuALITY (CC BY 4.0) article 1 cut to 2,000 tokens + its questions; RACE dev/middle (non-commercial "
                 f"research) first {args.race} passages; plus one Noul and one Score per state",
         "requests": len(requests),
@@ -192,6 +231,7 @@ def main() -> None:
         "engine_fp32_cuda_vs_fp32_reference": summarize(ours32, reference, noul) if ours32 else "not run",
         "engine_fp8_vs_fp32_reference": summarize(ours8, reference, noul) if ours8 else "not run",
         "weights_bytes": {"bf16": bytes16, "fp8": bytes8},
+        "flide_0.1.4": flide_results or "not run",
         "transformers_gdn": fla_status(),  # the bar and the reference: FLA's kernels or torch's fallback
         "seconds": phases.seconds,
         "engine_bf16_rounds": stats16["rounds"],

@@ -57,7 +57,8 @@ for step in $steps; do
     graphs) for size in $sizes; do python3 benchmarks/check_graphs.py --model-size $size --no-float32 | tail -c 3000; done ;;
     profile) for size in $sizes; do python3 benchmarks/investigations/profile_round.py --model-size $size | tail -c 3000; done ;;
     fidelity) for size in $sizes; do  # the float32 engine's CUDA exactness check at 0.8B only (eager, slow)
-        python3 benchmarks/fidelity.py --model-size $size $([ "$size" = 0.8B ] || echo --no-engine-fp32); done ;;
+        python3 benchmarks/fidelity.py --model-size $size $([ "$size" = 0.8B ] || echo --no-engine-fp32) \
+          $([ -d /tmp/flide/flide ] && echo --flide /tmp/flide); done ;;
     check) python3 benchmarks/investigations/check_kernels.py ;;
     conv) for size in $sizes; do python3 benchmarks/bench_conv.py --model-size $size | tail -c 3000; done ;;
     qps) for size in $sizes; do engine_bench questions_per_state $size; done ;;
