@@ -222,11 +222,12 @@ class CheckpointPool:
         self.window_sink = slots
         self.kv_sink = pages * PAGE
         # without recurrent layers the state and window arenas have rows of no elements (slots stay bookkeeping);
-        # past the slots, the zero row and the scratch rows, GROW_SLOTS of them held at first
+        # past the slots, the zero row and the scratch rows, GROW_SLOTS of them held at rest
         shape = layout.recurrent or RecurrentShape(1, 1, 1, 1, 1)
+        self._resting_scratch = min(GROW_SLOTS, scratch_rows)
         self._states = arena(slots + 1 + scratch_rows, (len(self.gdn_layers), shape.heads, shape.key_dim,
                                                         shape.value_dim), torch.float32, device, slots,
-                             1 + min(GROW_SLOTS, scratch_rows))
+                             1 + self._resting_scratch)
         self._windows = arena(slots + 1, (len(self.gdn_layers), shape.conv_kernel - 1, shape.conv_dim), dtype, device,
                               slots)
         self._full = PageKind(full, pages, self.page_budget, dtype, device)
@@ -248,12 +249,17 @@ class CheckpointPool:
     @property
     def state_rows(self) -> StateRows:
         """The state arena's rows a round may use: the slots, the zero row and the scratch rows held now."""
-        return StateRows(zero=self.num_slots, scratch=self.num_slots + 1, scratch_count=self._states.tail_held - 1)
+        return StateRows(zero=self.num_slots, scratch=self.num_slots + 1, scratch_count=self.scratch_held)
+
+    @property
+    def scratch_held(self) -> int:
+        """Scratch rows held now (past the zero row in the state arena's tail)."""
+        return self._states.tail_held - 1
 
     def hold_scratch(self, rows: int) -> bool:
         """Hold at least `rows` scratch rows, where rounds keep their trunks' states (doubling, up to
         `max_scratch`); False if there are not that many or the device has no memory left for them."""
-        held = self._states.tail_held - 1
+        held = self.scratch_held
         if rows <= held:
             return True
         if rows > self.max_scratch or self._device_full:
@@ -263,10 +269,7 @@ class CheckpointPool:
             self._check_room((wanted - held) * self._states.row_bytes)
             self._states.back_tail(1 + wanted)
         except DeviceMemoryFull:
-            self._device_full = True
-            self.counters["growth_refused"] += 1
-            LOG.warning("the device has no memory left for %d scratch state rows; rounds keep to %d trunks",
-                        wanted, held)
+            self._refused("the device has no memory left for %d scratch state rows; rounds keep to %d", wanted, held)
             return False
         return True
 
@@ -462,13 +465,13 @@ class CheckpointPool:
     def trimmable(self) -> bool:
         """Whether `trim` should give memory back: a quarter of the backed slots or pages is in use, or less (a
         pool that doubled to fit is not trimmable at once)."""
-        return (4 * self._needed_slots() < self.backed[0] or self._states.tail_held > 1 + GROW_SLOTS
+        return (4 * self._needed_slots() < self.backed[0] or self.scratch_held > self._resting_scratch
                 or any(4 * kind.needed() < kind.backed for kind in self.kinds))
 
     def trim(self) -> None:
         """Give back the memory of slots and pages past twice the highest in use, and of the scratch rows past the
         first GROW_SLOTS (call it with the device idle: no round in flight reads them)."""
-        self._states.back_tail(1 + min(GROW_SLOTS, self.max_scratch))
+        self._states.back_tail(1 + self._resting_scratch)
         keep_slots = min(self.backed[0], 2 * self._needed_slots())
         self._free_slots = [slot for slot in self._free_slots if slot < keep_slots]
         heapq.heapify(self._free_slots)
@@ -518,10 +521,8 @@ class CheckpointPool:
             self._windows.back(backed_slots)
             if kind is not None:
                 kind.back(backed_pages)
-            self._device_full = True
-            self.counters["growth_refused"] += 1
-            LOG.warning("the device has no memory left for the checkpoint pool to grow past %d slots and %d pages; "
-                        "it evicts checkpoints for room instead", backed_slots, backed_pages)
+            self._refused("the device has no memory left for the checkpoint pool to grow past %d slots and %d pages; "
+                          "it evicts checkpoints for room instead", backed_slots, backed_pages)
             return False
         for slot in range(backed_slots, new_slots):
             heapq.heappush(self._free_slots, slot)
@@ -529,6 +530,12 @@ class CheckpointPool:
             for page in range(backed_pages, new_pages):
                 heapq.heappush(kind.free, page)
         return True
+
+    def _refused(self, message: str, *args: int) -> None:
+        """The device refused a growth: grow no more until a trim gives memory back; counted and logged."""
+        self._device_full = True
+        self.counters["growth_refused"] += 1
+        LOG.warning(message, *args)
 
     def _check_room(self, extra: int) -> None:
         """DeviceMemoryFull unless the device keeps DEVICE_HEADROOM free for the rounds (torch's cached, unused

@@ -38,7 +38,6 @@ from flide_sdk.options import POOL_SESSION_TOKENS, default_pool_bytes, on_device
 from flide_sdk.plan.capacity import capacity_ladder
 from flide_sdk.plan.images import TrunkImages, image_bounds, pad_rows, stream_positions
 from flide_sdk.plan.layout import Branches, HostRound, RequestSpec, Resume, RoundImages, RoundPlan, Save
-from flide_sdk.plan.requests import state_rows_needed
 from flide_sdk.questions import Answer, SystemOneResponse, Usage
 from flide_sdk.serve.asks import Ask
 from flide_sdk.serve.scheduler import Request, RoundBatch, RoundLimits, asks_of, schedule
@@ -138,7 +137,7 @@ class Executor:
         with self.pool_lock:
             batch = schedule(queue, self.pool.lookup, self.limits)
             if not self.pool.hold_scratch(batch.rows):  # the device has no memory for more: rounds keep to those held
-                limits = dataclasses.replace(self.limits, requests=self.pool.state_rows.scratch_count)
+                limits = dataclasses.replace(self.limits, requests=self.pool.scratch_held)
                 batch = schedule(queue, self.pool.lookup, limits)
             batch.requests = [request for request in batch.requests if still_asked(request)]
             for request in batch.requests:
@@ -157,8 +156,6 @@ class Executor:
             try:
                 specs = [self._request_spec(request, saves) for request in batch.requests]
                 specified = time.perf_counter()
-                # the rows the specs need, as `select` counted them (a first ask is taken whatever its rows)
-                self.pool.hold_scratch(state_rows_needed(specs))
                 plan = RoundPlan(specs, self.pool.layout.conv_kernel, self.pool.state_rows, self.pool.kv_sink,
                                  not self.limits.batch_invariant, self.pool.sliding)
                 planned, cpu_planned = time.perf_counter(), time.thread_time()
