@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark in one device call (the lent H200 has no internet and a bare image).
-# Usage on the device, from the repository root with .whl/ and .bench-data/ carried:
+# Usage on the device, from the repository root with .whl/ and .bench-data/ (or .bench.tar.xz) carried:
 #   [SIZES="0.8B 4B"] bash benchmarks/run_gpu.sh [step ...]
 #   scoreboard steps: qps passages agent fidelity startup invariance attention gdn gdn-options conv graphs
 #   token-tree steps (0.8B): text packing
@@ -28,6 +28,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/flide 
   .whl/annotated_types*.whl .whl/typing_inspection*.whl .whl/typing_extensions*.whl .whl/fla_core*.whl \
   .whl/flash_linear*.whl || true  # flide 0.1.4, the vs-flide step's other engine
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# the data packed in one file (.bench.tar.xz: benchmarks/README.md), unpacked once per machine
+if [ -f .bench.tar.xz ] && [ -z "${FLIDE_BENCH_DATA:-}" ]; then
+  [ -d .bench/configs ] || { mkdir -p .bench && tar xJf .bench.tar.xz -C .bench; } || exit 1
+  export FLIDE_BENCH_DATA=$PWD/.bench
+fi
 export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 steps=${*:-attention gdn fidelity}
 # GDN knob settings timed (with their errors, unpadded and padded as the engine replays them) next to the
