@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flide_sdk.kernels.reference import add_rms_norm_reference, gated_rms_norm_reference, rms_norm_reference
-from flide_sdk.kernels.rms_norm import add_rms_norm_triton, gated_rms_norm_triton, rms_norm_triton
+from flide_sdk.kernels.reference import (
+    add_rms_norm_reference,
+    gated_rms_norm_reference,
+    norm_add_reference,
+    rms_norm_reference,
+)
+from flide_sdk.kernels.rms_norm import add_rms_norm_triton, gated_rms_norm_triton, norm_add_triton, rms_norm_triton
 
 EPS = 1e-6
 WIDTHS = [16, 64, 1000, 1024]  # 1000: a row narrower than its power-of-two block
@@ -141,3 +146,51 @@ def test_float32_residual_stream_with_16_bit_delta_and_weight(dtype: torch.dtype
     alone = rms_norm_triton(x, weight, EPS)
     assert alone.dtype == dtype
     check(alone, rms_norm_reference(x, weight, EPS))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("scaled", [False, True], ids=["unscaled", "scaled"])
+@pytest.mark.parametrize("then_norm", [False, True], ids=["alone", "then-norm"])
+def test_norm_add_matches_reference(dtype: torch.dtype, scaled: bool, then_norm: bool):
+    """Gemma 4's sandwich: the float32 residual stream plus a sublayer's output normed in the compute dtype, times
+    the layer scalar, then the next sublayer's norm. The sum may differ from the reference only by the normed
+    delta's rounding (the interpreter's bf16 casts round toward zero), never by a rounding of the stream."""
+    width = 1000
+    x = inputs((21, width), torch.float32, seed=41)
+    delta = inputs((21, width), dtype, seed=42)
+    weight = inputs((width,), dtype, seed=43, scale=0.1) + 1.0
+    scale = inputs((1,), dtype, seed=44, scale=0.3) if scaled else None
+    following = inputs((width,), dtype, seed=45, scale=0.1) + 1.0 if then_norm else None
+    total, normed = norm_add_triton(x, delta, weight, EPS, offset=0.0, scale=scale, next_weight=following)
+    expected_total, expected = norm_add_reference(x, delta, weight, EPS, offset=0.0, scale=scale,
+                                                  next_weight=following)
+    assert total.dtype == expected_total.dtype == torch.float32
+    normed_delta = rms_norm_reference(delta, weight, EPS, offset=0.0).float().abs()
+    factor = 1.0 if scale is None else float(scale.float().abs())
+    step = STEP.get(dtype, 0.0)
+    bound = factor * (1.5 * step * normed_delta + 1e-6 * (x.abs() + normed_delta))
+    assert bool(((total - expected_total).abs() <= bound).all())
+    if dtype == torch.float16:  # rounded to nearest, as torch rounds: its bits, save ties moved by float32 noise
+        assert float((total != expected_total).float().mean()) <= 1e-3
+    if following is None:
+        assert normed is None and expected is None
+    else:
+        assert expected is not None and normed.dtype == dtype
+        check(normed, rms_norm_reference(total, following, EPS, offset=0.0))  # the next norm of the sum returned
+
+
+def test_norm_add_of_two_16_bit_terms():
+    """Two sublayer outputs summed in the compute dtype (a routed-experts block's dense and routed halves): the
+    sum is rounded to bf16 once, as torch rounds a bf16 add."""
+    x = inputs((9, 256), torch.bfloat16, seed=51)
+    delta = inputs((9, 256), torch.bfloat16, seed=52)
+    weight = inputs((256,), torch.bfloat16, seed=53, scale=0.1) + 1.0
+    total, normed = norm_add_triton(x, delta, weight, EPS, offset=0.0)
+    expected_total, _ = norm_add_reference(x, delta, weight, EPS, offset=0.0)
+    assert normed is None and total.dtype == torch.bfloat16
+    step = STEP[torch.bfloat16]  # the normed delta's rounding, then the sum's
+    normed_delta = rms_norm_reference(delta, weight, EPS, offset=0.0).float().abs()
+    gap = (total.float() - expected_total.float()).abs()
+    assert bool((gap <= 1.5 * step * (normed_delta + expected_total.float().abs())).all())
+    empty = x[:0]
+    assert norm_add_triton(empty, empty, weight, EPS, next_weight=weight)[1].shape == (0, 256)

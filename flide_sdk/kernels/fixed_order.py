@@ -28,6 +28,7 @@ from flide_sdk.kernels.reference import (
     geglu_reference,
     head_logits,
     history_slots,
+    norm_add_reference,
     rms_norm_reference,
     rms_norm_rotary_reference,
     swiglu_reference,
@@ -157,6 +158,7 @@ def fork_attention_fixed(
 gated_delta_fixed = functools.partial(gated_delta_reference, matmul=fixed_matmul, pointwise=FIXED)
 rms_norm_fixed = functools.partial(rms_norm_reference, pointwise=FIXED)
 add_rms_norm_fixed = functools.partial(add_rms_norm_reference, pointwise=FIXED)
+norm_add_fixed = functools.partial(norm_add_reference, pointwise=FIXED)
 gated_rms_norm_fixed = functools.partial(gated_rms_norm_reference, pointwise=FIXED)
 attention_front_fixed = functools.partial(attention_front_reference, pointwise=FIXED)
 gdn_front_fixed = functools.partial(gdn_front_reference, pointwise=FIXED)

@@ -69,6 +69,21 @@ def add_rms_norm_reference(
     return total, rms_norm_reference(total, weight, eps, offset=offset, pointwise=pointwise)
 
 
+def norm_add_reference(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, *, offset: float = 1.0,
+    scale: torch.Tensor | None = None, next_weight: torch.Tensor | None = None, pointwise: Pointwise = TORCH,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(s, rms_norm(s, next_weight) or None) with s = (x + rms_norm(delta, weight)) * scale in x's dtype: a
+    sublayer's output norm, the residual add, the layer's scalar (`scale` [1]) and the next norm, each rounded
+    as the separate ops round."""
+    total = (x + rms_norm_reference(delta, weight, eps, offset=offset, pointwise=pointwise)).to(x.dtype)
+    if scale is not None:
+        total = (total * scale).to(x.dtype)
+    if next_weight is None:
+        return total, None
+    return total, rms_norm_reference(total, next_weight, eps, offset=offset, pointwise=pointwise)
+
+
 def gated_rms_norm_reference(
     x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float, *, pointwise: Pointwise = TORCH
 ) -> torch.Tensor:

@@ -6,6 +6,10 @@
 - `add_rms_norm`: the residual add folded into the norm after it: s = x + delta in x's dtype (delta may be
   narrower), and rms_norm(s). Returns (s, normed), so the residual stream and the next sublayer's input come
   out of one read of x and delta.
+- `norm_add`: a sublayer's output normed before the residual add (Gemma 4's sandwich norms): s = (x +
+  rms_norm(delta)) * scale in x's dtype, the norm rounded to its weight's dtype first as `rms_norm` rounds it, and
+  optionally the next norm of s. Returns (s, normed or None): the norm, the add, the layer scalar and the next
+  norm in one pass.
 - `gated_rms_norm`: the Gated DeltaNet output norm, w * rmsnorm(x) * silu(gate), with the casts of
   transformers' version: normalise in float32, cast to x's dtype, multiply by w (rounded to the product's
   dtype), multiply by silu(gate) in float32, cast to x's dtype.
@@ -51,6 +55,30 @@ def _rms_norm_kernel(
     weight = tl.load(weight_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
     out = normed * (offset + weight)[None, :]
     tl.store(out_ptr + row[:, None] * stride_out + col[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def _norm_add_kernel(
+    x_ptr, delta_ptr, weight_ptr, scale_ptr, next_weight_ptr, sum_ptr, out_ptr, rows, width, eps, offset,
+    stride_x, stride_delta, stride_sum, stride_out,
+    HAS_SCALE: tl.constexpr, HAS_NEXT: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr,
+):
+    row = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
+    col = tl.arange(0, BN)
+    col_ok = col < width
+    ok = (row < rows)[:, None] & col_ok[None, :]
+    delta = tl.load(delta_ptr + row[:, None] * stride_delta + col[None, :], mask=ok, other=0.0).to(tl.float32)
+    weight = tl.load(weight_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
+    normed = (_normalise(delta, width, eps) * (offset + weight)[None, :]).to(weight_ptr.dtype.element_ty)
+    x = tl.load(x_ptr + row[:, None] * stride_x + col[None, :], mask=ok, other=0.0)
+    total = (x.to(tl.float32) + normed.to(tl.float32)).to(sum_ptr.dtype.element_ty)  # rounded as stored
+    if HAS_SCALE:
+        total = (total.to(tl.float32) * tl.load(scale_ptr).to(tl.float32)).to(sum_ptr.dtype.element_ty)
+    tl.store(sum_ptr + row[:, None] * stride_sum + col[None, :], total, mask=ok)
+    if HAS_NEXT:
+        next_weight = tl.load(next_weight_ptr + col, mask=col_ok, other=0.0).to(tl.float32)
+        out = _normalise(total.to(tl.float32), width, eps) * (offset + next_weight)[None, :]
+        tl.store(out_ptr + row[:, None] * stride_out + col[None, :], out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -126,6 +154,30 @@ def add_rms_norm_triton(
     if delta.shape != x.shape:
         raise ValueError(f"add_rms_norm: delta {tuple(delta.shape)} {delta.dtype} vs x {tuple(x.shape)} {x.dtype}")
     return _norm(x, delta, weight, eps, offset)
+
+
+def norm_add_triton(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, *, offset: float = 1.0,
+    scale: torch.Tensor | None = None, next_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The Triton kernel behind the contract of `norm_add_reference` (x and delta of one shape, scale [1])."""
+    if delta.shape != x.shape:
+        raise ValueError(f"norm_add: delta {tuple(delta.shape)} {delta.dtype} vs x {tuple(x.shape)} {x.dtype}")
+    width = x.shape[-1]
+    total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = None if next_weight is None else torch.empty(x.shape, dtype=next_weight.dtype, device=x.device)
+    rows = total.numel() // max(width, 1)
+    if rows:
+        xs, ds, sums = _as_rows(x), _as_rows(delta), total.view(-1, width)
+        outs = sums if out is None else out.view(-1, width)  # never written without a next norm
+        grid, blocks = _launch(rows, width)
+        _norm_add_kernel[grid](
+            xs, ds, weight.contiguous(), weight if scale is None else scale,
+            weight if next_weight is None else next_weight.contiguous(), sums, outs, rows, width, eps, offset,
+            xs.stride(0), ds.stride(0), sums.stride(0), outs.stride(0),
+            HAS_SCALE=scale is not None, HAS_NEXT=next_weight is not None, **blocks,
+        )
+    return total, out
 
 
 def gated_rms_norm_triton(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

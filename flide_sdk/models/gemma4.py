@@ -3,7 +3,8 @@ transformers' `Gemma4ForCausalLM` operation for operation; the sibling of `model
 (`models.ops`), its projections and the stream's metadata (`RoundTensors`).
 
 Every layer attends. A layer is sandwiched by norms (input, post-attention, pre- and post-feedforward) that scale
-by w (not 1 + w); attention has q/k norms, a scale-free value norm, scores scaled by 1, and its rotary embedding
+by w (not 1 + w), an output norm running with its residual add (and the layer scalar, and the next norm) as one
+op (`ops.norm_add`); attention has q/k norms, a scale-free value norm, scores scaled by 1, and its rotary embedding
 (sliding layers: every channel pair turns; full layers: proportional RoPE, the first pairs turn and the rest stay).
 A sliding layer sees only the keys of the last `sliding_window` positions. The last `kv_shared_layers` layers
 compute no keys or values: they attend over those of the last earlier layer of their type (its stream keys and
@@ -53,9 +54,11 @@ class RMSNorm(Weight):
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         return ops.rms_norm(x, self.weight, self.eps, offset=0.0)
 
-    def add(self, x: torch.Tensor, delta: torch.Tensor, ops: Ops) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x + delta, its norm) in one pass."""
-        return ops.add_rms_norm(x, delta, self.weight, self.eps, offset=0.0)
+    def add_to(self, x: torch.Tensor, delta: torch.Tensor, ops: Ops, scale: torch.Tensor | None = None,
+               then: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """((x + this norm of delta) * scale, `then`'s norm of that or None) in one pass (`ops.norm_add`)."""
+        return ops.norm_add(x, delta, self.weight, self.eps, offset=0.0, scale=scale,
+                            next_weight=None if then is None else then.weight)
 
 
 def unit_norm(x: torch.Tensor, ones: torch.Tensor, eps: float, ops: Ops) -> torch.Tensor:
@@ -230,18 +233,20 @@ class DecoderLayer(nn.Module):
         if rows is not None and not at_rows:
             x = x[rows]
             per_layer = None if per_layer is None else per_layer[rows]
-        x, h = self.pre_feedforward_layernorm.add(x, self.post_attention_layernorm(mixed, ops), ops)
+        x, h = self.post_attention_layernorm.add_to(x, mixed, ops, then=self.pre_feedforward_layernorm)
         out = self.mlp(h, ops)
         if self.is_moe:
             experts, weights = self.router(x, ops)
             routed = ops.moe_experts(self.pre_feedforward_layernorm_2(x, ops), self.experts.gate_up_proj,
                                      self.experts.down_proj, experts, weights, ops.geglu)
-            out = self.post_feedforward_layernorm_1(out, ops) + self.post_feedforward_layernorm_2(routed, ops)
-        x = (x + self.post_feedforward_layernorm(out, ops)).to(x.dtype)
+            out, _ = self.post_feedforward_layernorm_2.add_to(self.post_feedforward_layernorm_1(out, ops), routed, ops)
+        # the layer scalar scales the layer's last residual add
+        x, _ = self.post_feedforward_layernorm.add_to(x, out, ops, None if self.per_layer else self.layer_scalar)
         if self.per_layer:
             gated = ops.geglu(self.per_layer_input_gate(x.to(per_layer.dtype), ops), per_layer)
-            x = (x + self.post_per_layer_input_norm(self.per_layer_projection(gated, ops), ops)).to(x.dtype)
-        return x * self.layer_scalar
+            x, _ = self.post_per_layer_input_norm.add_to(x, self.per_layer_projection(gated, ops), ops,
+                                                         self.layer_scalar)
+        return x
 
 
 class Gemma4Model(nn.Module):

@@ -3,10 +3,11 @@
 The model never touches request structure itself: attention (with a sliding window where a layer has one), the
 gated delta rule, the Gated DeltaNet's front (short convolution, gates, saved conv windows) and attention's
 front (q/k norms with the rotary embedding, the keys and values saved into the pool) read it from the round's
-metadata through the first four functions. The RMS norms (plain, with the residual add folded in, the Gated
-DeltaNet's gated one, a query head's with its rotary embedding), the MLP's SwiGLU (Qwen3.5) or GeGLU (Gemma 4),
-the readout's label log-softmax and its token log-probabilities go through here too, so that each is one
-kernel on CUDA instead of a chain of elementwise ops. Norms scale by (offset + w): offset 1 for Qwen3.5's
+metadata through the first four functions. The RMS norms (plain, with the residual add folded in, Gemma 4's
+output norm with the add, its layer scalar and the next norm, the Gated DeltaNet's gated one, a query head's with
+its rotary embedding), the MLP's SwiGLU (Qwen3.5) or GeGLU (Gemma 4), the readout's label log-softmax and its
+token log-probabilities go through here too, so that each is one kernel on CUDA instead of a chain of
+elementwise ops. Norms scale by (offset + w): offset 1 for Qwen3.5's
 zero-centred weights, 0 for Gemma 4's.
 So do an MoE FFN's routed experts (`moe_experts`: grouped GEMMs on CUDA). The projections (`linear`) go
 through here as well, so the batch-invariant mode can swap in its fixed-order GEMM.
@@ -39,6 +40,7 @@ from flide_sdk.kernels.reference import (
     geglu_reference,
     label_log_softmax_reference,
     moe_experts_reference,
+    norm_add_reference,
     rms_norm_reference,
     rms_norm_rotary_reference,
     swiglu_reference,
@@ -84,6 +86,10 @@ class Ops:
     wider; offset 1 by default)."""
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     """(x, delta, weight, eps[, offset=]) -> (s = x + delta in x's dtype, rms_norm(s, weight, eps, offset))."""
+    norm_add: Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+    """(x, delta, weight, eps[, offset=, scale=, next_weight=]) -> (s = (x + rms_norm(delta, weight)) * scale in x's
+    dtype, rms_norm(s, next_weight) or None): a sublayer's output norm, the residual add, the layer scalar [1] and
+    the next norm (Gemma 4's sandwich norms)."""
     gated_rms_norm: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
     """(x [..., D], gate [..., D], weight [D], eps) -> weight * rmsnorm(x) * silu(gate) in x's dtype."""
     swiglu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -119,6 +125,7 @@ reference_ops = Ops(
     rms_norm_rotary=rms_norm_rotary_reference,
     rms_norm=rms_norm_reference,
     add_rms_norm=add_rms_norm_reference,
+    norm_add=norm_add_reference,
     gated_rms_norm=gated_rms_norm_reference,
     swiglu=swiglu_reference,
     geglu=geglu_reference,
@@ -139,6 +146,7 @@ invariant_reference_ops = replace(
     rms_norm_rotary=fixed_order.rms_norm_rotary_fixed,
     rms_norm=fixed_order.rms_norm_fixed,
     add_rms_norm=fixed_order.add_rms_norm_fixed,
+    norm_add=fixed_order.norm_add_fixed,
     gated_rms_norm=fixed_order.gated_rms_norm_fixed,
     swiglu=fixed_order.swiglu_fixed,
     geglu=fixed_order.geglu_fixed,
@@ -162,6 +170,7 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
     from flide_sdk.kernels.rms_norm import (
         add_rms_norm_triton,
         gated_rms_norm_triton,
+        norm_add_triton,
         rms_norm_triton,
     )
     from flide_sdk.kernels.rotary import rms_norm_rotary_triton
@@ -190,6 +199,7 @@ def kernel_ops(batch_invariant: bool = False) -> Ops:
         rms_norm_rotary=rms_norm_rotary_triton,
         rms_norm=rms_norm_triton,
         add_rms_norm=add_rms_norm_triton,
+        norm_add=norm_add_triton,
         gated_rms_norm=gated_rms_norm_triton,
         swiglu=swiglu_triton,
         geglu=geglu_triton,
