@@ -7,8 +7,7 @@ metadata through the first four functions. The RMS norms (plain, with the residu
 output norm with the add, its layer scalar and the next norm, the Gated DeltaNet's gated one, a query head's with
 its rotary embedding), the MLP's SwiGLU (Qwen3.5) or GeGLU (Gemma 4), the readout's label log-softmax and its
 token log-probabilities go through here too, so that each is one kernel on CUDA instead of a chain of
-elementwise ops. Norms scale by (offset + w): offset 1 for Qwen3.5's
-zero-centred weights, 0 for Gemma 4's.
+elementwise ops. Norms scale by (offset + w): offset 1 for Qwen3.5's zero-centred weights, 0 for Gemma 4's.
 So do an MoE FFN's routed experts (`moe_experts`: grouped GEMMs on CUDA). The projections (`linear`) go
 through here as well, so the batch-invariant mode can swap in its fixed-order GEMM.
 An FP8 engine's table (`fp8_ops`) sends a projection whose weight is a `kernels.fp8.Fp8Weight` to the FP8 GEMM and
