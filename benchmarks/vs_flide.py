@@ -150,6 +150,18 @@ def flide_format(render: Render, label_id: Callable[[str], int]):
     return SameIds
 
 
+def transformers_norm_eps() -> None:
+    """flide 0.1.4's Gemma 4 reads transformers' `Gemma4RMSNorm.eps`, which transformers 5.25 (the pipeline arm's,
+    first on the path when it runs) names `variance_epsilon`: alias it so both engines load in one process."""
+    try:
+        from transformers.models.gemma4.modeling_gemma4 import Gemma4RMSNorm
+    except ImportError:
+        return
+    stored = Gemma4RMSNorm.__init__.__code__.co_names  # the attributes its constructor sets
+    if "variance_epsilon" in stored and "eps" not in stored:
+        Gemma4RMSNorm.eps = property(lambda norm: norm.variance_epsilon)
+
+
 class Flide:
     name = "flide"
 
@@ -162,6 +174,7 @@ class Flide:
 
         from flide_sdk.text.tokens import Tokens
 
+        transformers_norm_eps()
         flide_format(render or text_render(path), Tokens.from_checkpoint(path, 1 << 20).label_id)
         started = time.perf_counter()
         self.engine = Engine(str(path), format="sdk_ids", device=f"{device}:0" if device == "cuda" else device,
