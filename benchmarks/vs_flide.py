@@ -39,7 +39,8 @@ Q_COUNTS = (1, 16, 64)
 LONE_RATIO = {"0.8B": 0.7, "4B": 0.75}
 FP8_LONE_RATIO = {"4B": 0.6}  # with --fp8: sdk / flide, both in FP8
 THROUGHPUT_RATIO = 1.2
-LABELS = ("yes", "no", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ", *"0123456789")
+# the labels flide_sdk reads: its own prompt's, and the "Yes" / "No" of transformers' generic prompt (images.py)
+LABELS = ("yes", "no", "Yes", "No", *"ABCDEFGHIJKLMNOPQRSTUVWXYZ", *"0123456789")
 
 
 def workloads(block: int, tiny: bool) -> dict[str, list[tuple[Any, dict]]]:
@@ -120,7 +121,14 @@ def flide_format(render: Render, label_id: Callable[[str], int]):
     from flide.formats.base import Plan, Read
     from flide.formats.next_token import NextToken, TokenRows
 
-    label_index = {label_id(label): i for i, label in enumerate(LABELS)}
+    from flide_sdk.errors import InvalidQuestionError
+
+    label_index: dict[int, int] = {}  # label token -> its row of the head
+    for label in LABELS:
+        try:
+            label_index.setdefault(label_id(label), len(label_index))
+        except InvalidQuestionError:  # not one token in this tokenizer: no question of it reads this label
+            continue
 
     @register("sdk_ids")
     class SameIds(NextToken):
